@@ -1,0 +1,115 @@
+//! Sliding-window counter (Cloudflare's): estimate the count in the last `W` as
+//! `previous·(W − elapsed)/W + current`, where `elapsed` is the time into the current
+//! aligned window.
+//!
+//! It assumes the previous window's requests were spread evenly. Bounds, checked by the
+//! property tests in `tests/algorithms.rs`: it never admits more than `limit` per aligned
+//! window, so never more than `2·limit` in any interval of length `W` (the adversarial case:
+//! a whole previous window spent in its last instant). On Poisson traffic at 1-3x the limit
+//! it stays within 5% of `limit` in every sliding window, and on bursty traffic within 25%.
+
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::policy::Policy;
+
+/// The counts of one key: the current aligned window's index, its count and the previous one's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlidingWindowState {
+    /// Index of the current window (`now / W`).
+    pub window_index: u64,
+    /// Tokens admitted in the window before `window_index`.
+    pub previous: u64,
+    /// Tokens admitted in window `window_index`.
+    pub current: u64,
+}
+
+impl SlidingWindowState {
+    /// Move the state to the window that contains `now`.
+    #[inline]
+    fn roll(&mut self, index: u64) {
+        if index == self.window_index {
+            return;
+        }
+        if index == self.window_index + 1 {
+            self.previous = self.current;
+        } else if index > self.window_index {
+            self.previous = 0;
+        } else {
+            // A caller with an older `now`: count it in the current window (conservative).
+            return;
+        }
+        self.current = 0;
+        self.window_index = index;
+    }
+
+    /// Decide a request of `cost` tokens at `now`, updating the counts if admitted.
+    pub fn decide(&mut self, policy: &Policy, now: Nanos, cost: u64) -> Decision {
+        let limit = policy.capacity();
+        if cost > limit {
+            return Decision::cannot_fit(limit);
+        }
+        let w = u128::from(policy.window_ns());
+        self.roll(now / policy.window_ns());
+        let elapsed = u128::from(now.saturating_sub(self.window_index * policy.window_ns()));
+        let elapsed = elapsed.min(w);
+        let previous = u128::from(self.previous);
+        let current = u128::from(self.current);
+        let budget = u128::from(limit) * w;
+        // All in token·ns, exact: admit iff previous·(W−e) + (current+cost)·W ≤ limit·W.
+        let used = previous * (w - elapsed) + current * w;
+        // Until the estimate is back to zero: the end of the next window if the current one
+        // has counts, else the end of this one.
+        let reset_after = if self.current > 0 {
+            2 * w - elapsed
+        } else if self.previous > 0 {
+            w - elapsed
+        } else {
+            0
+        } as Nanos;
+        if used + u128::from(cost) * w > budget {
+            let remaining = (budget.saturating_sub(used) / w) as u64;
+            let retry = self.retry_after(limit, cost, w, elapsed);
+            return Decision::denied(limit, remaining, reset_after, retry);
+        }
+        self.current += cost;
+        let remaining = ((budget - used) / w) as u64 - cost;
+        Decision::allowed(limit, remaining, (2 * w - elapsed) as Nanos)
+    }
+
+    /// Compute how long until a request of `cost` fits, assuming no other admissions.
+    fn retry_after(&self, limit: u64, cost: u64, w: u128, elapsed: u128) -> Nanos {
+        // The instant `e` into a window with counts (prev, cur) at which prev·(W−e) ≤ room·W.
+        let fits_at = |prev: u64, room: u64| -> u128 {
+            if prev == 0 {
+                0
+            } else {
+                w - (u128::from(room) * w / u128::from(prev)).min(w)
+            }
+        };
+        if self.current + cost <= limit {
+            let at = fits_at(self.previous, limit - self.current - cost);
+            (at.saturating_sub(elapsed)) as Nanos
+        } else {
+            let at = fits_at(self.current, limit - cost);
+            (w - elapsed + at) as Nanos
+        }
+    }
+
+    /// Give back `cost` tokens admitted at `charged_at`.
+    pub fn refund(&mut self, policy: &Policy, charged_at: Nanos, cost: u64) {
+        let index = charged_at / policy.window_ns();
+        if index == self.window_index {
+            self.current = self.current.saturating_sub(cost);
+        } else if index + 1 == self.window_index {
+            self.previous = self.previous.saturating_sub(cost);
+        }
+    }
+
+    /// Tell whether both stored windows are over, so the key can be forgotten.
+    pub fn is_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        let index = now / policy.window_ns();
+        (self.previous == 0 && self.current == 0)
+            || index > self.window_index + 1
+            || (index == self.window_index + 1 && self.current == 0)
+    }
+}

@@ -1,0 +1,43 @@
+//! ratemesh: a rate limiter for API gateways that needs no central store.
+//!
+//! Every gateway node decides locally, in nanoseconds, from per-key state in a concurrent
+//! map. A request is decided in [`Limiter::check`] (see `limiter.rs`): it reads the clock
+//! once, and each layered policy's [`local::Store`] runs one compare-and-swap (or one
+//! per-key lock) on the key's cell through the pure functions of [`algorithm`].
+//!
+//! ```
+//! use std::time::Duration;
+//! use ratemesh::{Limiter, Policy};
+//!
+//! let limiter = Limiter::builder()
+//!     .policy(Policy::token_bucket(10, Duration::from_secs(1), 20).unwrap())
+//!     .policy(Policy::fixed_window(1000, Duration::from_secs(86_400)).unwrap())
+//!     .build::<String>()
+//!     .unwrap();
+//! let decision = limiter.check("tenant-42", 1);
+//! assert!(decision.is_allowed());
+//! assert_eq!(decision.remaining, 19);
+//! ```
+//!
+//! Module map (pure modules take `now` as an argument and do no IO):
+//! - [`clock`]: `Nanos`, the `Clock` trait, system, manual and tokio clocks.
+//! - [`policy`]: validated policies and their typed errors.
+//! - [`algorithm`]: the algorithms as pure state machines over `now`.
+//! - [`local`]: the concurrent per-key store with a hard cap on keys.
+//! - [`limiter`]: layered policies, `check` and `until_ready`.
+//! - [`decision`]: what a decision reports.
+
+#![deny(missing_docs)]
+
+pub mod algorithm;
+pub mod clock;
+pub mod decision;
+pub mod limiter;
+pub mod local;
+pub mod policy;
+mod sync;
+
+pub use clock::{Clock, ManualClock, Nanos, SystemClock, TokioClock};
+pub use decision::{Decision, Verdict};
+pub use limiter::{Limiter, LimiterBuilder, LimiterError, WaitError};
+pub use policy::{Algorithm, Policy, PolicyError};

@@ -1,0 +1,289 @@
+//! The `Limiter`: where a request is decided. One or more policies over one key space,
+//! checked together ("layered"), with one clock read per decision.
+//!
+//! A request is admitted only if every policy admits it. Policies are charged in order; when
+//! one denies, the charges already taken from the earlier ones are given back, so a denied
+//! request leaves no charge anywhere. A shaping leaky bucket (at most one per limiter) is
+//! always checked last, so its reserved slot never needs to be given back.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+use std::time::Duration;
+
+use crate::clock::{Clock, Nanos, SystemClock, duration_to_nanos};
+use crate::decision::{Decision, Verdict};
+use crate::local::{Charge, DEFAULT_MAX_KEYS, DefaultHasher, Store, StoreStats};
+use crate::policy::{Algorithm, Policy};
+
+/// The most policies one limiter layers.
+pub const MAX_POLICIES: usize = 64;
+
+/// Why a limiter could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimiterError {
+    /// A limiter needs at least one policy.
+    #[error("a limiter needs at least one policy")]
+    NoPolicy,
+    /// More than `MAX_POLICIES` policies.
+    #[error("{count} policies given; a limiter layers at most {MAX_POLICIES}")]
+    TooManyPolicies {
+        /// How many were given.
+        count: usize,
+    },
+    /// Two shaping leaky buckets: only one can decide when a request is released.
+    #[error("policies {first} and {second} are both shaping leaky buckets; a limiter takes one")]
+    TwoShapers {
+        /// Index of the first.
+        first: usize,
+        /// Index of the second.
+        second: usize,
+    },
+}
+
+/// Why `until_ready` gave up. Nothing was charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    /// The cost exceeds a policy's capacity; no wait can help.
+    #[error("the cost can never fit policy {}", .0.policy_index)]
+    CannotFit(Decision),
+    /// The request could not be admitted within the maximum wait; the decision says when
+    /// it could be (`retry_after_ns`, from the moment of giving up).
+    #[error("not admitted within the maximum wait; retry after {} ns", .0.retry_after_ns)]
+    WaitTooLong(Decision),
+}
+
+/// Build a [`Limiter`].
+#[derive(Debug, Clone)]
+pub struct LimiterBuilder<C = SystemClock, S = DefaultHasher> {
+    policies: Vec<Policy>,
+    max_keys: usize,
+    clock: C,
+    hasher: S,
+}
+
+impl LimiterBuilder<SystemClock, DefaultHasher> {
+    fn new() -> Self {
+        LimiterBuilder {
+            policies: Vec::new(),
+            max_keys: DEFAULT_MAX_KEYS,
+            clock: SystemClock::new(),
+            hasher: DefaultHasher::new(),
+        }
+    }
+}
+
+impl<C: Clock, S: BuildHasher + Clone> LimiterBuilder<C, S> {
+    /// Add a policy; a request must satisfy all of them.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Hold at most `max_keys` keys per policy (see [`Store`] for the rule at the cap).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// Read time from `clock` instead of the system clock.
+    pub fn clock<C2: Clock>(self, clock: C2) -> LimiterBuilder<C2, S> {
+        LimiterBuilder {
+            policies: self.policies,
+            max_keys: self.max_keys,
+            clock,
+            hasher: self.hasher,
+        }
+    }
+
+    /// Hash keys with `hasher` (keys come from clients: keep it keyed and seeded).
+    pub fn hasher<S2: BuildHasher + Clone>(self, hasher: S2) -> LimiterBuilder<C, S2> {
+        LimiterBuilder {
+            policies: self.policies,
+            max_keys: self.max_keys,
+            clock: self.clock,
+            hasher,
+        }
+    }
+
+    /// Build the limiter.
+    pub fn build<K: Hash + Eq>(self) -> Result<Limiter<K, C, S>, LimiterError> {
+        let count = self.policies.len();
+        if count == 0 {
+            return Err(LimiterError::NoPolicy);
+        }
+        if count > MAX_POLICIES {
+            return Err(LimiterError::TooManyPolicies { count });
+        }
+        let is_shaper = |p: &Policy| matches!(p.algorithm(), Algorithm::LeakyBucketShape { .. });
+        let shapers: Vec<usize> = (0..count)
+            .filter(|&i| is_shaper(&self.policies[i]))
+            .collect();
+        if let [first, second, ..] = shapers[..] {
+            return Err(LimiterError::TwoShapers { first, second });
+        }
+        // Evaluation order: the shaper last; `index` keeps the caller's numbering.
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_by_key(|&i| is_shaper(&self.policies[i]));
+        let layers = order
+            .into_iter()
+            .map(|index| Layer {
+                index,
+                store: Store::with_hasher(self.policies[index], self.max_keys, self.hasher.clone()),
+            })
+            .collect();
+        Ok(Limiter {
+            layers,
+            clock: self.clock,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Layer<K, S> {
+    index: usize,
+    store: Store<K, S>,
+}
+
+/// Decide requests for keys of type `K` against one or more layered policies.
+///
+/// `Limiter` is `Sync`: share it behind an `Arc` and call it from any thread.
+#[derive(Debug)]
+pub struct Limiter<K, C = SystemClock, S = DefaultHasher> {
+    layers: Box<[Layer<K, S>]>,
+    clock: C,
+}
+
+impl Limiter<(), SystemClock, DefaultHasher> {
+    /// Start building a limiter (system clock, ahash, one million keys per policy).
+    pub fn builder() -> LimiterBuilder<SystemClock, DefaultHasher> {
+        LimiterBuilder::new()
+    }
+}
+
+impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
+    /// Return the clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Return the policies in the order they were given.
+    pub fn policies(&self) -> Vec<Policy> {
+        let mut policies: Vec<(usize, Policy)> = self
+            .layers
+            .iter()
+            .map(|l| (l.index, *l.store.policy()))
+            .collect();
+        policies.sort_by_key(|&(i, _)| i);
+        policies.into_iter().map(|(_, p)| p).collect()
+    }
+
+    /// Return each policy's store counters, in the order the policies were given.
+    pub fn stats(&self) -> Vec<StoreStats> {
+        let mut stats: Vec<(usize, StoreStats)> = self
+            .layers
+            .iter()
+            .map(|l| (l.index, l.store.stats()))
+            .collect();
+        stats.sort_by_key(|&(i, _)| i);
+        stats.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Decide a request of `cost` tokens for `key` now.
+    ///
+    /// A cost of 0 takes nothing and reports the current state.
+    #[inline]
+    pub fn check<Q>(&self, key: &Q, cost: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide(key, cost, self.clock.now_ns(), true)
+    }
+
+    /// Decide a request of `cost` tokens for `key` at `now` (nanoseconds on this limiter's
+    /// clock), for callers that already read the clock.
+    #[inline]
+    pub fn check_at<Q>(&self, key: &Q, cost: u64, now: Nanos) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide(key, cost, now, true)
+    }
+
+    /// Wait until a request of `cost` tokens for `key` is admitted, at most `max_wait`.
+    ///
+    /// The future holds no tokens while it sleeps: it checks, sleeps until the earliest
+    /// instant a retry can succeed, and checks again. Dropping it (a timeout, a client that
+    /// went away) therefore leaves no charge. Waiters are not served in FIFO order.
+    pub async fn until_ready<Q>(
+        &self,
+        key: &Q,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, WaitError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let start = self.clock.now_ns();
+        let deadline = start.saturating_add(duration_to_nanos(max_wait));
+        let mut now = start;
+        loop {
+            let decision = self.decide(key, cost, now, false);
+            match decision.verdict {
+                Verdict::Allowed => return Ok(decision),
+                Verdict::CannotFit => return Err(WaitError::CannotFit(decision)),
+                Verdict::Denied => {
+                    if now.saturating_add(decision.retry_after_ns) > deadline {
+                        return Err(WaitError::WaitTooLong(decision));
+                    }
+                    tokio::time::sleep(Duration::from_nanos(decision.retry_after_ns)).await;
+                    now = self.clock.now_ns();
+                }
+            }
+        }
+    }
+
+    /// Remove idle keys from every policy's store; return how many were removed.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.clock.now_ns();
+        self.layers.iter().map(|l| l.store.evict_idle(now)).sum()
+    }
+
+    #[inline]
+    fn decide<Q>(&self, key: &Q, cost: u64, now: Nanos, reserve: bool) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // The neutral element: every real decision is at least as tight.
+        let mut result = Decision::allowed(u64::MAX, u64::MAX, 0);
+        // Bit i set: layer i charged the overflow cell instead of the key's own.
+        let mut overflow_charges: u64 = 0;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let (mut decision, charge) = layer.store.decide_charge(key, now, cost, reserve);
+            decision.policy_index = layer.index;
+            if !decision.is_allowed() {
+                for (j, earlier) in self.layers[..i].iter().enumerate().rev() {
+                    let charge = if overflow_charges & (1 << j) != 0 {
+                        Charge::Overflow
+                    } else {
+                        Charge::Key
+                    };
+                    earlier.store.refund(key, charge, now, cost);
+                }
+                return decision;
+            }
+            if charge == Charge::Overflow {
+                overflow_charges |= 1 << i;
+            }
+            let delay_ns = result.delay_ns.max(decision.delay_ns);
+            if !result.is_tighter_than(&decision) {
+                result = decision;
+            }
+            result.delay_ns = delay_ns;
+        }
+        result
+    }
+}

@@ -1,0 +1,134 @@
+//! Per-key cells: where one request is decided against one key's state.
+//!
+//! [`WordCell`] holds a word algorithm's state in one `AtomicU64` and decides with a
+//! compare-and-swap loop: read the state, run the pure algorithm, publish the next state only
+//! if nobody changed it meanwhile, otherwise decide again on the newer state. A denial writes
+//! nothing. The sliding algorithms keep a small struct behind a per-key mutex.
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::algorithm::{SlidingLog, SlidingWindowState, word_decide, word_is_idle, word_refund};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::policy::Policy;
+use crate::sync::{AtomicU64, Ordering};
+
+/// One key's state for token bucket, GCRA, leaky buckets and fixed window: one atomic word.
+#[derive(Debug)]
+pub struct WordCell {
+    state: AtomicU64,
+}
+
+impl Default for WordCell {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WordCell {
+    /// Create the cell of a fresh key.
+    pub fn new() -> Self {
+        WordCell {
+            state: AtomicU64::new(0),
+        }
+    }
+
+    /// Decide a request of `cost` tokens at `now` with one compare-and-swap loop.
+    #[inline]
+    pub fn decide(&self, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
+        let mut current = self.state.load(Ordering::Acquire);
+        loop {
+            let (decision, next) = word_decide(policy, current, now, cost, reserve);
+            if next == current {
+                return decision;
+            }
+            match self.state.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return decision,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Give back `cost` tokens admitted at `charged_at`.
+    pub fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64) {
+        let mut current = self.state.load(Ordering::Acquire);
+        loop {
+            let next = word_refund(policy, current, charged_at, cost);
+            match self.state.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Return the raw state word.
+    pub fn load(&self) -> u64 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// Tell whether the key is back to its fresh state at `now`.
+    pub fn is_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        word_is_idle(policy, self.load(), now)
+    }
+}
+
+/// Lock a per-key mutex; a poisoned lock (a panic elsewhere) still yields the state.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The behaviour the store needs from any per-key cell.
+pub(crate) trait Cell: Default + Send + Sync {
+    fn decide(&self, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision;
+    fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64);
+    fn is_idle(&self, policy: &Policy, now: Nanos) -> bool;
+}
+
+impl Cell for WordCell {
+    #[inline]
+    fn decide(&self, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
+        WordCell::decide(self, policy, now, cost, reserve)
+    }
+    fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64) {
+        WordCell::refund(self, policy, charged_at, cost)
+    }
+    fn is_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        WordCell::is_idle(self, policy, now)
+    }
+}
+
+impl Cell for Mutex<SlidingWindowState> {
+    fn decide(&self, policy: &Policy, now: Nanos, cost: u64, _reserve: bool) -> Decision {
+        lock(self).decide(policy, now, cost)
+    }
+    fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64) {
+        lock(self).refund(policy, charged_at, cost)
+    }
+    fn is_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        lock(self).is_idle(policy, now)
+    }
+}
+
+impl Cell for Mutex<SlidingLog> {
+    fn decide(&self, policy: &Policy, now: Nanos, cost: u64, _reserve: bool) -> Decision {
+        lock(self).decide(policy, now, cost)
+    }
+    fn refund(&self, _policy: &Policy, charged_at: Nanos, cost: u64) {
+        lock(self).refund(charged_at, cost)
+    }
+    fn is_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        lock(self).is_idle(policy, now)
+    }
+}

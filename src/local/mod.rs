@@ -1,0 +1,341 @@
+//! The local store: one policy's per-key cells in a `DashMap`, with a hard cap on keys.
+//!
+//! # The request path
+//! A decision hashes the key (ahash with a per-process random seed, which resists hash
+//! flooding by clients), takes the read lock of one of the map's shards, and runs the cell's
+//! compare-and-swap loop (token bucket, GCRA, leaky buckets, fixed window) or its per-key
+//! mutex (sliding window, sliding log). No global lock; for a known key, no allocation.
+//! A new key is inserted under that shard's write lock.
+//!
+//! # The cap on keys and eviction
+//! A key is *idle* when its state is equivalent to a fresh key's (a full bucket, windows
+//! that are over, a log with no entry left in the window). Forgetting an idle key changes
+//! no future decision, so eviction is exact: only idle keys are ever removed.
+//!
+//! The store never holds more than `max_keys` keys. When a new key arrives at the cap, the
+//! store first sweeps out idle keys (at most once per `sweep_interval`); if the map is still
+//! full, the request is decided against one shared **overflow cell** with the same policy.
+//! All new keys that arrive while the store is full of busy keys share that one budget: a
+//! flood of random keys can neither grow memory nor reset a busy key, and is itself limited.
+
+mod cell;
+
+pub use cell::WordCell;
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+
+use crate::algorithm::{SlidingLog, SlidingWindowState};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::policy::{Algorithm, Policy};
+use cell::Cell;
+
+/// The default hasher: ahash with a random per-process seed (DoS-resistant, fast).
+pub type DefaultHasher = ahash::RandomState;
+
+/// The default cap on keys per policy.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// Where a decision's tokens were taken: needed to give them back exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    /// The key's own cell.
+    Key,
+    /// The shared overflow cell (the store was full of busy keys).
+    Overflow,
+}
+
+/// Counters of a store, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    /// Keys held now.
+    pub keys: usize,
+    /// Idle keys evicted since the start.
+    pub evicted: u64,
+    /// Decisions made on the overflow cell because the store was full.
+    pub overflow_decisions: u64,
+}
+
+struct Cells<K, C, S> {
+    map: DashMap<K, C, S>,
+    overflow: C,
+}
+
+enum Table<K, S> {
+    Word(Cells<K, WordCell, S>),
+    SlidingWindow(Cells<K, Mutex<SlidingWindowState>, S>),
+    SlidingLog(Cells<K, Mutex<SlidingLog>, S>),
+}
+
+/// Bookkeeping shared by the three kinds of table.
+struct Limits {
+    policy: Policy,
+    max_keys: usize,
+    keys: AtomicUsize,
+    sweep_interval_ns: Nanos,
+    /// When the last sweep ran, plus one (0 = never).
+    last_sweep_ns: AtomicU64,
+    evicted: AtomicU64,
+    overflow_decisions: AtomicU64,
+}
+
+/// One policy's state for every key: a `DashMap` of cells with a hard cap on keys.
+pub struct Store<K, S = DefaultHasher> {
+    table: Table<K, S>,
+    limits: Limits,
+}
+
+impl<K, S> std::fmt::Debug for Store<K, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("policy", &self.limits.policy)
+            .field("max_keys", &self.limits.max_keys)
+            .field("keys", &self.limits.keys.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+fn default_sweep_interval(policy: &Policy) -> Nanos {
+    (policy.window_ns() / 4).clamp(1_000_000, 1_000_000_000)
+}
+
+impl<K: Hash + Eq> Store<K, DefaultHasher> {
+    /// Create a store for `policy` that holds at most `max_keys` keys.
+    ///
+    /// With `max_keys == 0` every key shares the overflow cell (one limit for all).
+    pub fn new(policy: Policy, max_keys: usize) -> Self {
+        Self::with_hasher(policy, max_keys, DefaultHasher::new())
+    }
+}
+
+impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
+    /// Create a store with an explicit hasher (keys come from clients: keep it keyed).
+    pub fn with_hasher(policy: Policy, max_keys: usize, hasher: S) -> Self {
+        fn cells<K: Hash + Eq, C: Default, S: BuildHasher + Clone>(hasher: S) -> Cells<K, C, S> {
+            Cells {
+                map: DashMap::with_hasher(hasher),
+                overflow: C::default(),
+            }
+        }
+        let table = match policy.algorithm() {
+            Algorithm::SlidingWindow => Table::SlidingWindow(cells(hasher)),
+            Algorithm::SlidingLog => Table::SlidingLog(cells(hasher)),
+            _ => Table::Word(cells(hasher)),
+        };
+        Store {
+            table,
+            limits: Limits {
+                policy,
+                max_keys,
+                keys: AtomicUsize::new(0),
+                sweep_interval_ns: default_sweep_interval(&policy),
+                last_sweep_ns: AtomicU64::new(0),
+                evicted: AtomicU64::new(0),
+                overflow_decisions: AtomicU64::new(0),
+            },
+        }
+    }
+
+    /// Sweep for idle keys at most once per `interval_ns` when the store is full.
+    pub fn with_sweep_interval_ns(mut self, interval_ns: Nanos) -> Self {
+        self.limits.sweep_interval_ns = interval_ns;
+        self
+    }
+
+    /// Return the policy.
+    pub fn policy(&self) -> &Policy {
+        &self.limits.policy
+    }
+
+    /// Return the cap on keys.
+    pub fn max_keys(&self) -> usize {
+        self.limits.max_keys
+    }
+
+    /// Return the number of keys held.
+    pub fn len(&self) -> usize {
+        self.limits.keys.load(Ordering::Relaxed)
+    }
+
+    /// Tell whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Return the counters.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            keys: self.len(),
+            evicted: self.limits.evicted.load(Ordering::Relaxed),
+            overflow_decisions: self.limits.overflow_decisions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Decide a request of `cost` tokens for `key` at `now` (a shaping bucket reserves).
+    #[inline]
+    pub fn decide<Q>(&self, key: &Q, now: Nanos, cost: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide_charge(key, now, cost, true).0
+    }
+
+    /// Decide, and say where the tokens were taken so that [`Store::refund`] can return them.
+    #[inline]
+    pub fn decide_charge<Q>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+    ) -> (Decision, Charge)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let limits = &self.limits;
+        match &self.table {
+            Table::Word(cells) => cells.decide(limits, key, now, cost, reserve),
+            Table::SlidingWindow(cells) => cells.decide(limits, key, now, cost, reserve),
+            Table::SlidingLog(cells) => cells.decide(limits, key, now, cost, reserve),
+        }
+    }
+
+    /// Give back `cost` tokens that a decision at `charged_at` took from `charge`.
+    pub fn refund<Q>(&self, key: &Q, charge: Charge, charged_at: Nanos, cost: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let policy = &self.limits.policy;
+        match &self.table {
+            Table::Word(cells) => cells.refund(policy, key, charge, charged_at, cost),
+            Table::SlidingWindow(cells) => cells.refund(policy, key, charge, charged_at, cost),
+            Table::SlidingLog(cells) => cells.refund(policy, key, charge, charged_at, cost),
+        }
+    }
+
+    /// Remove every key that is idle at `now`; return how many were removed.
+    ///
+    /// Takes each shard's write lock in turn, so call it from a background task, not per
+    /// request. The store also sweeps by itself when a new key arrives at the cap.
+    pub fn evict_idle(&self, now: Nanos) -> usize {
+        let limits = &self.limits;
+        match &self.table {
+            Table::Word(cells) => cells.sweep(limits, now),
+            Table::SlidingWindow(cells) => cells.sweep(limits, now),
+            Table::SlidingLog(cells) => cells.sweep(limits, now),
+        }
+    }
+}
+
+impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
+    #[inline]
+    fn decide<Q>(
+        &self,
+        limits: &Limits,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+    ) -> (Decision, Charge)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let policy = &limits.policy;
+        if let Some(cell) = self.map.get(key) {
+            return (cell.decide(policy, now, cost, reserve), Charge::Key);
+        }
+        if !self.reserve_slot(limits, now) {
+            limits.overflow_decisions.fetch_add(1, Ordering::Relaxed);
+            let decision = self.overflow.decide(policy, now, cost, reserve);
+            return (decision, Charge::Overflow);
+        }
+        match self.map.entry(key.to_owned()) {
+            Entry::Occupied(entry) => {
+                // Another thread inserted it meanwhile: give the slot back.
+                limits.keys.fetch_sub(1, Ordering::Relaxed);
+                (entry.get().decide(policy, now, cost, reserve), Charge::Key)
+            }
+            Entry::Vacant(entry) => {
+                let cell = entry.insert(C::default());
+                (cell.decide(policy, now, cost, reserve), Charge::Key)
+            }
+        }
+    }
+
+    /// Reserve room for one more key, sweeping idle keys first if the store is full.
+    fn reserve_slot(&self, limits: &Limits, now: Nanos) -> bool {
+        for attempt in 0..2 {
+            if limits.keys.fetch_add(1, Ordering::Relaxed) < limits.max_keys {
+                return true;
+            }
+            limits.keys.fetch_sub(1, Ordering::Relaxed);
+            if attempt == 0 && !self.sweep_if_due(limits, now) {
+                return false;
+            }
+        }
+        false
+    }
+
+    /// Sweep if no sweep ran in the last interval; return whether this call swept.
+    fn sweep_if_due(&self, limits: &Limits, now: Nanos) -> bool {
+        let last = limits.last_sweep_ns.load(Ordering::Relaxed);
+        let due = last == 0 || now >= (last - 1).saturating_add(limits.sweep_interval_ns);
+        if !due
+            || limits
+                .last_sweep_ns
+                .compare_exchange(
+                    last,
+                    now.saturating_add(1),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return false;
+        }
+        self.sweep(limits, now);
+        true
+    }
+
+    fn sweep(&self, limits: &Limits, now: Nanos) -> usize {
+        let policy = &limits.policy;
+        let mut removed = 0usize;
+        self.map.retain(|_, cell| {
+            let idle = cell.is_idle(policy, now);
+            removed += usize::from(idle);
+            !idle
+        });
+        if removed > 0 {
+            limits.keys.fetch_sub(removed, Ordering::Relaxed);
+            limits.evicted.fetch_add(removed as u64, Ordering::Relaxed);
+            tracing::debug!(removed, now, "evicted idle keys");
+        }
+        removed
+    }
+
+    fn refund<Q>(&self, policy: &Policy, key: &Q, charge: Charge, charged_at: Nanos, cost: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        match charge {
+            Charge::Overflow => self.overflow.refund(policy, charged_at, cost),
+            Charge::Key => {
+                // A key evicted since the charge was idle again: nothing left to give back.
+                if let Some(cell) = self.map.get(key) {
+                    cell.refund(policy, charged_at, cost);
+                }
+            }
+        }
+    }
+}
