@@ -100,8 +100,7 @@ fn demo(rate: u64, burst: u64, steady: u64) -> Result<(), Box<dyn std::error::Er
         }
         let mut steady_ok = 0;
         let sent = steady * 2;
-        if steady > 0 {
-            let gap_ns = 1_000 * MS / steady;
+        if let Some(gap_ns) = (1_000 * MS).checked_div(steady) {
             for _ in 0..sent {
                 clock.advance_ns(gap_ns);
                 let d = limiter.check("client-1", 1);

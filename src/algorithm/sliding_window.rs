@@ -3,10 +3,15 @@
 //! aligned window.
 //!
 //! It assumes the previous window's requests were spread evenly. Bounds, checked by the
-//! property tests in `tests/algorithms.rs`: it never admits more than `limit` per aligned
-//! window, so never more than `2·limit` in any interval of length `W` (the adversarial case:
-//! a whole previous window spent in its last instant). On Poisson traffic at 1-3x the limit
-//! it stays within 5% of `limit` in every sliding window, and on bursty traffic within 25%.
+//! property tests in `tests/algorithms.rs`:
+//! - hard: never more than `limit` per aligned window, so never more than `2·limit` in any
+//!   interval of length `W` (the adversarial case: a whole previous window spent in its last
+//!   instant);
+//! - on Poisson arrivals of bursts of up to `B` requests (B = 1: plain Poisson), at 0.5x to
+//!   5x the limit: at most `3·√(limit·B)` over `limit` in any interval of length `W`, and a
+//!   total within 15% of the exact sliding log's. The error is the deviation of the previous
+//!   window's arrivals from uniform, which is of the order of `√(limit·B)`. Measured: 3, 14
+//!   and 57 over a limit of 10, 100 and 1000 for plain Poisson (0.3%-6% of a large limit).
 
 use crate::clock::Nanos;
 use crate::decision::Decision;
