@@ -1,1 +1,198 @@
-fn main() {}
+//! The local engine against governor, under the same quota, hasher and key pattern.
+//!
+//! `cargo bench --bench local` (add `-- local/hot_key` to filter). Both limiters use ahash
+//! with a random seed and a quanta clock; ratemesh runs its token bucket.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use dashmap::DashMap;
+use governor::clock::QuantaClock;
+use governor::{Quota, RateLimiter};
+use ratemesh::clock::Clock;
+use ratemesh::{Limiter, Policy, SystemClock};
+
+/// 100 million per second with a burst of 1000: nearly every check is admitted, so every
+/// check writes (the dearer path for both).
+const RATE_PER_S: u64 = 100_000_000;
+const BURST: u64 = 1000;
+const KEYS: u64 = 1_000_000;
+
+type Governor = RateLimiter<
+    u64,
+    governor::state::keyed::DashMapStateStore<u64, ahash::RandomState>,
+    QuantaClock,
+    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
+>;
+
+fn governor() -> Governor {
+    let quota = Quota::per_second(NonZeroU32::new(RATE_PER_S as u32).unwrap())
+        .allow_burst(NonZeroU32::new(BURST as u32).unwrap());
+    RateLimiter::dashmap_with_clock_and_hasher(
+        quota,
+        QuantaClock::default(),
+        ahash::RandomState::new(),
+    )
+}
+
+fn ratemesh_with(policy: Policy) -> Limiter<u64> {
+    Limiter::builder()
+        .policy(policy)
+        .max_keys(2 * KEYS as usize)
+        .build::<u64>()
+        .unwrap()
+}
+
+fn ratemesh() -> Limiter<u64> {
+    ratemesh_with(Policy::token_bucket(RATE_PER_S, Duration::from_secs(1), BURST).unwrap())
+}
+
+/// Keys in a fixed pseudo-random order (xorshift), the same for both limiters.
+fn key_sequence() -> Vec<u64> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..KEYS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % KEYS
+        })
+        .collect()
+}
+
+/// Run `check` on two threads at once, `iters` times each; return the wall time.
+fn two_threads(iters: u64, check: &(dyn Fn() + Sync)) -> Duration {
+    let barrier = Barrier::new(2);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            barrier.wait();
+            for _ in 0..iters {
+                check();
+            }
+        });
+        barrier.wait();
+        let start = Instant::now();
+        for _ in 0..iters {
+            check();
+        }
+        other.join().unwrap();
+        start.elapsed()
+    })
+}
+
+fn local(c: &mut Criterion) {
+    let mut group = c.benchmark_group("local");
+    let ours = ratemesh();
+    let theirs = governor();
+    group.bench_function("hot_key/ratemesh", |b| {
+        b.iter(|| black_box(ours.check(black_box(&42u64), 1)))
+    });
+    group.bench_function("hot_key/governor", |b| {
+        b.iter(|| black_box(theirs.check_key(black_box(&42u64))))
+    });
+
+    let keys = key_sequence();
+    let ours = ratemesh();
+    let theirs = governor();
+    for &k in &keys {
+        ours.check(&k, 1);
+        let _ = theirs.check_key(&k);
+    }
+    let mut i = 0usize;
+    group.bench_function("1m_keys/ratemesh", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            black_box(ours.check(&keys[i], 1))
+        })
+    });
+    let mut i = 0usize;
+    group.bench_function("1m_keys/governor", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            black_box(theirs.check_key(&keys[i]))
+        })
+    });
+
+    let ours = ratemesh();
+    let theirs = governor();
+    group.bench_function("hot_key_2threads/ratemesh", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, &|| {
+                black_box(ours.check(black_box(&42u64), 1));
+            })
+        })
+    });
+    group.bench_function("hot_key_2threads/governor", |b| {
+        b.iter_custom(|iters| {
+            two_threads(iters, &|| {
+                let _ = black_box(theirs.check_key(black_box(&42u64)));
+            })
+        })
+    });
+    group.finish();
+}
+
+/// Where the time goes: the clock, the map, and the floor of a map lookup plus an atomic add.
+fn floor(c: &mut Criterion) {
+    let mut group = c.benchmark_group("floor");
+    let system = SystemClock::new();
+    group.bench_function("clock/ratemesh_system", |b| {
+        b.iter(|| black_box(system.now_ns()))
+    });
+    group.bench_function("clock/std_instant", |b| {
+        b.iter(|| black_box(Instant::now()))
+    });
+    let map: DashMap<u64, std::sync::atomic::AtomicU64, ahash::RandomState> =
+        DashMap::with_hasher(ahash::RandomState::new());
+    map.insert(42, Default::default());
+    group.bench_function("dashmap_get_atomic_add", |b| {
+        b.iter(|| {
+            map.get(black_box(&42u64))
+                .map(|v| v.fetch_add(1, std::sync::atomic::Ordering::AcqRel))
+        })
+    });
+    let siphash: Limiter<u64, SystemClock, std::hash::RandomState> = Limiter::builder()
+        .policy(Policy::token_bucket(RATE_PER_S, Duration::from_secs(1), BURST).unwrap())
+        .hasher(std::hash::RandomState::new())
+        .build::<u64>()
+        .unwrap();
+    group.bench_function("hot_key/ratemesh_siphash", |b| {
+        b.iter(|| black_box(siphash.check(black_box(&42u64), 1)))
+    });
+    group.finish();
+}
+
+/// Every algorithm on one hot key, single thread.
+fn algorithms(c: &mut Criterion) {
+    let mut group = c.benchmark_group("algorithm");
+    let s = Duration::from_secs(1);
+    for policy in [
+        Policy::token_bucket(RATE_PER_S, s, BURST).unwrap(),
+        Policy::gcra(RATE_PER_S, s, BURST).unwrap(),
+        Policy::leaky_bucket_police(RATE_PER_S, s, BURST).unwrap(),
+        Policy::leaky_bucket_shape(RATE_PER_S, s, Duration::from_micros(10)).unwrap(),
+        Policy::fixed_window(u32::MAX as u64, s).unwrap(),
+        Policy::sliding_window(u32::MAX as u64, s).unwrap(),
+        Policy::sliding_log(1000, Duration::from_micros(10)).unwrap(),
+    ] {
+        let limiter = ratemesh_with(policy);
+        group.bench_function(format!("hot_key/{}", policy.algorithm().name()), |b| {
+            b.iter(|| black_box(limiter.check(black_box(&42u64), 1)))
+        });
+    }
+    let layered = Limiter::builder()
+        .policy(Policy::token_bucket(RATE_PER_S, s, BURST).unwrap())
+        .policy(Policy::fixed_window(u32::MAX as u64, Duration::from_secs(86_400)).unwrap())
+        .build::<u64>()
+        .unwrap();
+    group.bench_function("hot_key/layered_bucket_and_daily_window", |b| {
+        b.iter(|| black_box(layered.check(black_box(&42u64), 1)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, local, floor, algorithms);
+criterion_main!(benches);

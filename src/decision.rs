@@ -19,8 +19,6 @@ pub enum Verdict {
 /// from the instant of the decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
-    /// Admitted, denied for now, or denied for good.
-    pub verdict: Verdict,
     /// The policy's capacity in tokens: the burst of a bucket, the limit of a window.
     pub limit: u64,
     /// Tokens still available after this decision (0 when denied for lack of them).
@@ -34,7 +32,9 @@ pub struct Decision {
     pub delay_ns: Nanos,
     /// Which policy of a layered limiter produced this decision (0 for a single policy):
     /// the one that denied, or the most restrictive of those that admitted.
-    pub policy_index: usize,
+    pub policy_index: u32,
+    /// Admitted, denied for now, or denied for good.
+    pub verdict: Verdict,
 }
 
 impl Decision {

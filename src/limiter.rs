@@ -127,7 +127,7 @@ impl<C: Clock, S: BuildHasher + Clone> LimiterBuilder<C, S> {
         let layers = order
             .into_iter()
             .map(|index| Layer {
-                index,
+                index: index as u32,
                 store: Store::with_hasher(self.policies[index], self.max_keys, self.hasher.clone()),
             })
             .collect();
@@ -140,7 +140,8 @@ impl<C: Clock, S: BuildHasher + Clone> LimiterBuilder<C, S> {
 
 #[derive(Debug)]
 struct Layer<K, S> {
-    index: usize,
+    /// The policy's position in the builder (at most `MAX_POLICIES`).
+    index: u32,
     store: Store<K, S>,
 }
 
@@ -168,7 +169,7 @@ impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
 
     /// Return the policies in the order they were given.
     pub fn policies(&self) -> Vec<Policy> {
-        let mut policies: Vec<(usize, Policy)> = self
+        let mut policies: Vec<(u32, Policy)> = self
             .layers
             .iter()
             .map(|l| (l.index, *l.store.policy()))
@@ -179,7 +180,7 @@ impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
 
     /// Return each policy's store counters, in the order the policies were given.
     pub fn stats(&self) -> Vec<StoreStats> {
-        let mut stats: Vec<(usize, StoreStats)> = self
+        let mut stats: Vec<(u32, StoreStats)> = self
             .layers
             .iter()
             .map(|l| (l.index, l.store.stats()))
@@ -209,6 +210,27 @@ impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.decide(key, cost, now, true)
+    }
+
+    /// Report every policy's state for `key` without charging, in the order the policies
+    /// were given (allocates: for status pages and tests, not the request path).
+    pub fn peek_each<Q>(&self, key: &Q) -> Vec<Decision>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = self.clock.now_ns();
+        let mut decisions: Vec<Decision> = self
+            .layers
+            .iter()
+            .map(|layer| {
+                let mut decision = layer.store.decide_charge(key, now, 0, false).0;
+                decision.policy_index = layer.index;
+                decision
+            })
+            .collect();
+        decisions.sort_by_key(|d| d.policy_index);
+        decisions
     }
 
     /// Wait until a request of `cost` tokens for `key` is admitted, at most `max_wait`.
@@ -253,6 +275,21 @@ impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
 
     #[inline]
     fn decide<Q>(&self, key: &Q, cost: u64, now: Nanos, reserve: bool) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if let [only] = &self.layers[..] {
+            let mut decision = only.store.decide_charge(key, now, cost, reserve).0;
+            decision.policy_index = only.index;
+            return decision;
+        }
+        self.decide_layered(key, cost, now, reserve)
+    }
+
+    /// Decide against two or more layers, giving back earlier charges on a denial.
+    #[inline(never)]
+    fn decide_layered<Q>(&self, key: &Q, cost: u64, now: Nanos, reserve: bool) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,

@@ -111,6 +111,39 @@ impl Algorithm {
     }
 }
 
+/// A divisor fixed at construction, divided by with one multiply and one correction step
+/// (a 64-bit `div` costs more than the whole rest of a token-bucket decision).
+///
+/// With `m = ⌊(2⁶⁴−1)/d⌋`, `⌊x·m / 2⁶⁴⌋` is `⌊x/d⌋` or one less for every `x < 2⁶⁴`,
+/// so one comparison of the remainder fixes it (checked against `/` by a unit test).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Divisor {
+    divisor: u64,
+    multiplier: u64,
+}
+
+impl Divisor {
+    fn new(divisor: u64) -> Self {
+        let divisor = divisor.max(1);
+        Divisor {
+            divisor,
+            multiplier: u64::MAX / divisor,
+        }
+    }
+
+    #[inline]
+    fn get(&self) -> u64 {
+        self.divisor
+    }
+
+    #[inline]
+    fn divide(&self, x: u64) -> u64 {
+        let estimate = ((u128::from(x) * u128::from(self.multiplier)) >> 64) as u64;
+        let remainder = x - estimate * self.divisor;
+        estimate + u64::from(remainder >= self.divisor)
+    }
+}
+
 /// A validated limit: an algorithm with its rate and burst, or its limit and window.
 ///
 /// Rate-based policies refill one token every `interval_ns = period_ns / rate` nanoseconds
@@ -120,8 +153,8 @@ impl Algorithm {
 pub struct Policy {
     algorithm: Algorithm,
     capacity: u64,
-    interval_ns: Nanos,
-    window_ns: Nanos,
+    interval: Divisor,
+    window: Divisor,
 }
 
 fn positive(field: &'static str, value: u64) -> Result<u64, PolicyError> {
@@ -162,12 +195,12 @@ fn bucket(
     let interval_ns = rate_interval(rate, period)?;
     let burst = positive("burst", burst)?;
     at_most("burst", burst, MAX_BUCKET_DEPTH_NS / interval_ns)?;
-    Ok(Policy {
+    Ok(Policy::from_parts(
         algorithm,
-        capacity: burst,
+        burst,
         interval_ns,
-        window_ns: burst * interval_ns,
-    })
+        burst * interval_ns,
+    ))
 }
 
 fn window(
@@ -182,15 +215,41 @@ fn window(
         positive("window", duration_to_nanos(window))?,
         MAX_WINDOW_NS,
     )?;
-    Ok(Policy {
+    Ok(Policy::from_parts(
         algorithm,
-        capacity: limit,
-        interval_ns: (window_ns / limit).max(1),
+        limit,
+        (window_ns / limit).max(1),
         window_ns,
-    })
+    ))
 }
 
 impl Policy {
+    fn from_parts(
+        algorithm: Algorithm,
+        capacity: u64,
+        interval_ns: Nanos,
+        window_ns: Nanos,
+    ) -> Self {
+        Policy {
+            algorithm,
+            capacity,
+            interval: Divisor::new(interval_ns),
+            window: Divisor::new(window_ns),
+        }
+    }
+
+    /// Return how many whole intervals (tokens) fit in `ns` nanoseconds.
+    #[inline]
+    pub fn tokens_in(&self, ns: Nanos) -> u64 {
+        self.interval.divide(ns)
+    }
+
+    /// Return the index of the window containing `now` (`now / window`).
+    #[inline]
+    pub fn window_of(&self, now: Nanos) -> u64 {
+        self.window.divide(now)
+    }
+
     /// Build a token bucket of `burst` tokens refilled at `rate` tokens per `period`.
     pub fn token_bucket(rate: u64, period: Duration, burst: u64) -> Result<Self, PolicyError> {
         bucket(Algorithm::TokenBucket, rate, period, burst)
@@ -225,12 +284,12 @@ impl Policy {
         let max_wait_ns = at_most("max_wait", duration_to_nanos(max_wait), MAX_WINDOW_NS)?;
         let capacity = 1 + max_wait_ns / interval_ns;
         at_most("max_wait", capacity, MAX_BUCKET_DEPTH_NS / interval_ns)?;
-        Ok(Policy {
-            algorithm: Algorithm::LeakyBucketShape { max_wait_ns },
+        Ok(Policy::from_parts(
+            Algorithm::LeakyBucketShape { max_wait_ns },
             capacity,
             interval_ns,
-            window_ns: capacity * interval_ns,
-        })
+            capacity * interval_ns,
+        ))
     }
 
     /// Build a fixed window: at most `limit` tokens per aligned `window`.
@@ -271,12 +330,12 @@ impl Policy {
 
     /// Return the nanoseconds per token of a rate-based policy (`window / limit` for windows).
     pub fn interval_ns(&self) -> Nanos {
-        self.interval_ns
+        self.interval.get()
     }
 
     /// Return the window in nanoseconds; for a bucket, the time to refill it from empty.
     pub fn window_ns(&self) -> Nanos {
-        self.window_ns
+        self.window.get()
     }
 
     /// Check that a request of `cost` tokens could ever be admitted by this policy.
@@ -297,6 +356,36 @@ mod tests {
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn divisor_matches_integer_division() {
+        let divisors = [
+            1,
+            2,
+            3,
+            7,
+            10,
+            1_000_000_007,
+            u64::MAX / 3,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for d in divisors {
+            let divisor = Divisor::new(d);
+            for special in [0, 1, d - 1, d, d.wrapping_add(1), u64::MAX - 1, u64::MAX] {
+                assert_eq!(divisor.divide(special), special / d, "{special} / {d}");
+            }
+            for _ in 0..100_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                assert_eq!(divisor.divide(x), x / d, "{x} / {d}");
+                let small = x >> (x % 64);
+                assert_eq!(divisor.divide(small), small / d, "{small} / {d}");
+            }
+        }
+    }
 
     #[test]
     fn rejects_zero_fields_by_name() {

@@ -55,7 +55,10 @@ fn arrivals(max_gap_ns: u64, max_cost: u64) -> impl Strategy<Value = Vec<(u64, u
 
 /// A retry at `retry_after_ns` succeeds and one nanosecond earlier does not, if nothing else
 /// arrives: the `Retry-After` the HTTP layer sends is exact.
-fn check_retry_after_is_exact(policy: Policy, arrivals: &[(u64, u64)]) -> Result<(), TestCaseError> {
+fn check_retry_after_is_exact(
+    policy: Policy,
+    arrivals: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
     let mut machine = KeyMachine::new(policy);
     let mut now = SECOND;
     for &(gap, cost) in arrivals {
@@ -83,7 +86,10 @@ fn check_retry_after_is_exact(policy: Policy, arrivals: &[(u64, u64)]) -> Result
 
 /// A rate per second (often one that divides a second into whole milliseconds) and a burst.
 fn rate_policy() -> impl Strategy<Value = (u64, u64)> {
-    let rate = prop_oneof![1u64..200, prop::sample::select(vec![1u64, 2, 4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200])];
+    let rate = prop_oneof![
+        1u64..200,
+        prop::sample::select(vec![1u64, 2, 4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200])
+    ];
     (rate, 1u64..40)
 }
 
@@ -312,9 +318,16 @@ fn fixed_window_admits_twice_the_limit_across_a_boundary() {
     let trace = run(policy, &arrivals);
     let admitted = admitted(&trace);
     assert_eq!(admitted.len() as u64, 2 * limit);
-    assert_eq!(max_in_any_window(&admitted, 3), 2 * limit, "2x the limit within 3 ns");
+    assert_eq!(
+        max_in_any_window(&admitted, 3),
+        2 * limit,
+        "2x the limit within 3 ns"
+    );
     // The sliding log, on the same arrivals, holds the line.
-    let log = run(Policy::sliding_log(limit, Duration::from_secs(1)).unwrap(), &arrivals);
+    let log = run(
+        Policy::sliding_log(limit, Duration::from_secs(1)).unwrap(),
+        &arrivals,
+    );
     assert_eq!(max_in_any_window(&admitted_of(&log), SECOND), limit);
 }
 
@@ -349,15 +362,19 @@ proptest! {
 
     /// The bound stated in `src/algorithm/sliding_window.rs`: on Poisson and bursty traffic,
     /// the sliding-window counter admits at most `3·√(limit·B)` more than `limit` in any
-    /// interval of length W (B = the largest burst; never more than `limit` extra), and its
+    /// interval of length W (B = the largest burst, at most `limit / 2`; never more than `limit`
+    /// extra), and its
     /// total stays within 15% of the exact sliding log's.
     #[test]
     fn sliding_window_error_against_sliding_log_is_bounded(
         seed in any::<u64>(),
         limit in prop::sample::select(vec![10u64, 100, 1000]),
         demand in prop::sample::select(vec![0.5f64, 1.0, 2.0, 3.0, 5.0]),
-        max_burst in prop::sample::select(vec![1u64, 20]),
+        max_burst in prop::sample::select(vec![1u64, 5, 20]),
     ) {
+        // Bursts are at most half the limit: a single burst above the limit is not traffic
+        // that a per-second limit shapes, it is one request too many.
+        prop_assume!(2 * max_burst <= limit);
         let window = Duration::from_secs(1);
         let times = poisson_trace(seed, limit, demand, max_burst, 20);
         let arrivals: Vec<(u64, u64)> = std::iter::once((times[0] - SECOND, 1))

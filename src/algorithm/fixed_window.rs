@@ -22,7 +22,7 @@ fn pack(index: u32, count: u64) -> u64 {
 /// Return the 32-bit index of the window containing `now`.
 #[inline]
 pub fn window_index(policy: &Policy, now: Nanos) -> u32 {
-    (now / policy.window_ns()) as u32
+    policy.window_of(now) as u32
 }
 
 /// Decide a request of `cost` tokens at `now`; return the decision and the next state.
@@ -33,14 +33,15 @@ pub fn decide(policy: &Policy, state: u64, now: Nanos, cost: u64) -> (Decision, 
         return (Decision::cannot_fit(limit), state);
     }
     let window = policy.window_ns();
-    let index = window_index(policy, now);
+    let absolute_index = policy.window_of(now);
+    let index = absolute_index as u32;
     let (stored_index, stored_count) = unpack(state);
     let count = if stored_index == index {
         stored_count
     } else {
         0
     };
-    let reset_after = window - now % window;
+    let reset_after = (absolute_index + 1) * window - now;
     if count + cost > limit {
         let decision = Decision::denied(limit, limit - count, reset_after, reset_after);
         return (decision, state);

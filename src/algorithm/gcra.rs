@@ -22,11 +22,11 @@ pub fn decide(policy: &Policy, tat_ns: Nanos, now: Nanos, cost: u64) -> (Decisio
     let new_tat = tat + cost * t;
     let allow_at = new_tat.saturating_sub(tau);
     if allow_at > now {
-        let remaining = (now + tau).saturating_sub(tat) / t;
+        let remaining = policy.tokens_in((now + tau).saturating_sub(tat));
         let decision = Decision::denied(burst, remaining, tat - now, allow_at - now);
         return (decision, tat_ns);
     }
-    let remaining = (now + tau - new_tat) / t;
+    let remaining = policy.tokens_in(now + tau - new_tat);
     (Decision::allowed(burst, remaining, new_tat - now), new_tat)
 }
 

@@ -24,13 +24,17 @@ pub fn police(policy: &Policy, drained_at_ns: Nanos, now: Nanos, cost: u64) -> (
         let free_ns = depth_ns.saturating_sub(level_ns);
         let decision = Decision::denied(
             capacity,
-            free_ns / interval,
+            policy.tokens_in(free_ns),
             level_ns,
             level_after - depth_ns,
         );
         return (decision, drained_at_ns);
     }
-    let decision = Decision::allowed(capacity, (depth_ns - level_after) / interval, level_after);
+    let decision = Decision::allowed(
+        capacity,
+        policy.tokens_in(depth_ns - level_after),
+        level_after,
+    );
     (decision, now + level_after)
 }
 
@@ -63,7 +67,7 @@ pub fn shape(
         } else {
             wait_ns
         };
-        let remaining = depth_ns.saturating_sub(wait_ns) / interval;
+        let remaining = policy.tokens_in(depth_ns.saturating_sub(wait_ns));
         let decision = Decision::denied(capacity, remaining, wait_ns, retry_after);
         return (decision, next_free_ns);
     }
@@ -71,7 +75,7 @@ pub fn shape(
     let queued_after = next_free - now;
     let mut decision = Decision::allowed(
         capacity,
-        depth_ns.saturating_sub(queued_after) / interval,
+        policy.tokens_in(depth_ns.saturating_sub(queued_after)),
         queued_after,
     );
     decision.delay_ns = wait_ns;

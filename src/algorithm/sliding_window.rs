@@ -7,7 +7,7 @@
 //! - hard: never more than `limit` per aligned window, so never more than `2·limit` in any
 //!   interval of length `W` (the adversarial case: a whole previous window spent in its last
 //!   instant);
-//! - on Poisson arrivals of bursts of up to `B` requests (B = 1: plain Poisson), at 0.5x to
+//! - on Poisson arrivals of bursts of up to `B ≤ limit/2` requests (B = 1: plain Poisson), at 0.5x to
 //!   5x the limit: at most `3·√(limit·B)` over `limit` in any interval of length `W`, and a
 //!   total within 15% of the exact sliding log's. The error is the deviation of the previous
 //!   window's arrivals from uniform, which is of the order of `√(limit·B)`. Measured: 3, 14
@@ -54,7 +54,7 @@ impl SlidingWindowState {
             return Decision::cannot_fit(limit);
         }
         let w = u128::from(policy.window_ns());
-        self.roll(now / policy.window_ns());
+        self.roll(policy.window_of(now));
         let elapsed = u128::from(now.saturating_sub(self.window_index * policy.window_ns()));
         let elapsed = elapsed.min(w);
         let previous = u128::from(self.previous);
@@ -102,7 +102,7 @@ impl SlidingWindowState {
 
     /// Give back `cost` tokens admitted at `charged_at`.
     pub fn refund(&mut self, policy: &Policy, charged_at: Nanos, cost: u64) {
-        let index = charged_at / policy.window_ns();
+        let index = policy.window_of(charged_at);
         if index == self.window_index {
             self.current = self.current.saturating_sub(cost);
         } else if index + 1 == self.window_index {
@@ -112,7 +112,7 @@ impl SlidingWindowState {
 
     /// Tell whether both stored windows are over, so the key can be forgotten.
     pub fn is_idle(&self, policy: &Policy, now: Nanos) -> bool {
-        let index = now / policy.window_ns();
+        let index = policy.window_of(now);
         (self.previous == 0 && self.current == 0)
             || index > self.window_index + 1
             || (index == self.window_index + 1 && self.current == 0)

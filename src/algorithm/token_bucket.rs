@@ -17,7 +17,7 @@ pub fn decide(policy: &Policy, full_at_ns: Nanos, now: Nanos, cost: u64) -> (Dec
         return (Decision::cannot_fit(capacity), full_at_ns);
     }
     let interval = policy.interval_ns();
-    let depth_ns = capacity * interval;
+    let depth_ns = policy.window_ns(); // capacity · interval
     // Time still missing until full; a thread holding an older `now` than the writer of
     // `full_at_ns` may see more than the depth: that is an empty bucket.
     let deficit_ns = full_at_ns.saturating_sub(now).min(depth_ns);
@@ -25,13 +25,18 @@ pub fn decide(policy: &Policy, full_at_ns: Nanos, now: Nanos, cost: u64) -> (Dec
     let need_ns = cost * interval;
     if need_ns > level_ns {
         let retry_after = need_ns - level_ns;
-        let decision = Decision::denied(capacity, level_ns / interval, deficit_ns, retry_after);
+        let decision = Decision::denied(
+            capacity,
+            policy.tokens_in(level_ns),
+            deficit_ns,
+            retry_after,
+        );
         return (decision, full_at_ns);
     }
     let deficit_after = deficit_ns + need_ns;
     let decision = Decision::allowed(
         capacity,
-        (depth_ns - deficit_after) / interval,
+        policy.tokens_in(depth_ns - deficit_after),
         deficit_after,
     );
     (decision, now + deficit_after)

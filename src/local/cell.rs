@@ -36,9 +36,16 @@ impl WordCell {
     /// Decide a request of `cost` tokens at `now` with one compare-and-swap loop.
     #[inline]
     pub fn decide(&self, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
+        self.update(|state| word_decide(policy, state, now, cost, reserve))
+    }
+
+    /// Run `step` (a pure algorithm: state in, decision and next state out) in a
+    /// compare-and-swap loop until its next state is published or nothing needs writing.
+    #[inline]
+    pub fn update(&self, step: impl Fn(u64) -> (Decision, u64)) -> Decision {
         let mut current = self.state.load(Ordering::Acquire);
         loop {
-            let (decision, next) = word_decide(policy, current, now, cost, reserve);
+            let (decision, next) = step(current);
             if next == current {
                 return decision;
             }
@@ -83,7 +90,7 @@ impl WordCell {
 }
 
 /// Lock a per-key mutex; a poisoned lock (a panic elsewhere) still yields the state.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -91,16 +98,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The behaviour the store needs from any per-key cell.
 pub(crate) trait Cell: Default + Send + Sync {
-    fn decide(&self, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision;
     fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64);
     fn is_idle(&self, policy: &Policy, now: Nanos) -> bool;
 }
 
 impl Cell for WordCell {
-    #[inline]
-    fn decide(&self, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
-        WordCell::decide(self, policy, now, cost, reserve)
-    }
     fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64) {
         WordCell::refund(self, policy, charged_at, cost)
     }
@@ -110,9 +112,6 @@ impl Cell for WordCell {
 }
 
 impl Cell for Mutex<SlidingWindowState> {
-    fn decide(&self, policy: &Policy, now: Nanos, cost: u64, _reserve: bool) -> Decision {
-        lock(self).decide(policy, now, cost)
-    }
     fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64) {
         lock(self).refund(policy, charged_at, cost)
     }
@@ -122,9 +121,6 @@ impl Cell for Mutex<SlidingWindowState> {
 }
 
 impl Cell for Mutex<SlidingLog> {
-    fn decide(&self, policy: &Policy, now: Nanos, cost: u64, _reserve: bool) -> Decision {
-        lock(self).decide(policy, now, cost)
-    }
     fn refund(&self, _policy: &Policy, charged_at: Nanos, cost: u64) {
         lock(self).refund(charged_at, cost)
     }

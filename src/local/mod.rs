@@ -30,11 +30,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
-use crate::algorithm::{SlidingLog, SlidingWindowState};
+use crate::algorithm::{SlidingLog, SlidingWindowState, fixed_window, gcra, token_bucket};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
-use cell::Cell;
+use cell::{Cell, lock};
 
 /// The default hasher: ahash with a random per-process seed (DoS-resistant, fast).
 pub type DefaultHasher = ahash::RandomState;
@@ -62,15 +62,102 @@ pub struct StoreStats {
     pub overflow_decisions: u64,
 }
 
+/// One algorithm's decision on one kind of cell, as a type: the store compiles one lookup and
+/// one compare-and-swap loop per algorithm, with no algorithm `match` inside the loop.
+trait Step<C> {
+    fn decide(cell: &C, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision;
+}
+
+struct TokenBucketStep;
+struct GcraStep;
+struct FixedWindowStep;
+/// The leaky buckets: dispatches on police or shape inside the loop.
+struct AnyWordStep;
+struct SlidingWindowStep;
+struct SlidingLogStep;
+
+impl Step<WordCell> for TokenBucketStep {
+    #[inline(always)]
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
+        cell.update(|state| token_bucket::decide(policy, state, now, cost))
+    }
+}
+
+impl Step<WordCell> for GcraStep {
+    #[inline(always)]
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
+        cell.update(|state| gcra::decide(policy, state, now, cost))
+    }
+}
+
+impl Step<WordCell> for FixedWindowStep {
+    #[inline(always)]
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
+        cell.update(|state| fixed_window::decide(policy, state, now, cost))
+    }
+}
+
+impl Step<WordCell> for AnyWordStep {
+    #[inline(always)]
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
+        cell.decide(policy, now, cost, reserve)
+    }
+}
+
+impl Step<Mutex<SlidingWindowState>> for SlidingWindowStep {
+    #[inline(always)]
+    fn decide(
+        cell: &Mutex<SlidingWindowState>,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        _: bool,
+    ) -> Decision {
+        lock(cell).decide(policy, now, cost)
+    }
+}
+
+impl Step<Mutex<SlidingLog>> for SlidingLogStep {
+    #[inline(always)]
+    fn decide(
+        cell: &Mutex<SlidingLog>,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        _: bool,
+    ) -> Decision {
+        lock(cell).decide(policy, now, cost)
+    }
+}
+
 struct Cells<K, C, S> {
     map: DashMap<K, C, S>,
     overflow: C,
 }
 
+/// The cells of one policy, by algorithm, so a decision dispatches with one jump.
 enum Table<K, S> {
-    Word(Cells<K, WordCell, S>),
+    TokenBucket(Cells<K, WordCell, S>),
+    Gcra(Cells<K, WordCell, S>),
+    FixedWindow(Cells<K, WordCell, S>),
+    /// Both leaky buckets (word algorithms that dispatch inside the loop).
+    LeakyBucket(Cells<K, WordCell, S>),
     SlidingWindow(Cells<K, Mutex<SlidingWindowState>, S>),
     SlidingLog(Cells<K, Mutex<SlidingLog>, S>),
+}
+
+/// Run `$body` with `$cells` bound to the table's cells, whatever their kind.
+macro_rules! with_cells {
+    ($table:expr, $cells:ident => $body:expr) => {
+        match $table {
+            Table::TokenBucket($cells)
+            | Table::Gcra($cells)
+            | Table::FixedWindow($cells)
+            | Table::LeakyBucket($cells) => $body,
+            Table::SlidingWindow($cells) => $body,
+            Table::SlidingLog($cells) => $body,
+        }
+    };
 }
 
 /// Bookkeeping shared by the three kinds of table.
@@ -124,9 +211,14 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             }
         }
         let table = match policy.algorithm() {
+            Algorithm::TokenBucket => Table::TokenBucket(cells(hasher)),
+            Algorithm::Gcra => Table::Gcra(cells(hasher)),
+            Algorithm::FixedWindow => Table::FixedWindow(cells(hasher)),
+            Algorithm::LeakyBucketPolice | Algorithm::LeakyBucketShape { .. } => {
+                Table::LeakyBucket(cells(hasher))
+            }
             Algorithm::SlidingWindow => Table::SlidingWindow(cells(hasher)),
             Algorithm::SlidingLog => Table::SlidingLog(cells(hasher)),
-            _ => Table::Word(cells(hasher)),
         };
         Store {
             table,
@@ -158,9 +250,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         self.limits.max_keys
     }
 
-    /// Return the number of keys held.
+    /// Return the number of keys held (counts every shard: not for the request path).
     pub fn len(&self) -> usize {
-        self.limits.keys.load(Ordering::Relaxed)
+        with_cells!(&self.table, cells => cells.map.len())
     }
 
     /// Tell whether no key is held.
@@ -200,11 +292,16 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let limits = &self.limits;
+        // Dispatch on the algorithm once, outside the compare-and-swap loop, so that each
+        // loop is compiled for one algorithm.
+        let (limits, r) = (&self.limits, reserve);
         match &self.table {
-            Table::Word(cells) => cells.decide(limits, key, now, cost, reserve),
-            Table::SlidingWindow(cells) => cells.decide(limits, key, now, cost, reserve),
-            Table::SlidingLog(cells) => cells.decide(limits, key, now, cost, reserve),
+            Table::TokenBucket(c) => c.decide::<TokenBucketStep, Q>(limits, key, now, cost, r),
+            Table::Gcra(c) => c.decide::<GcraStep, Q>(limits, key, now, cost, r),
+            Table::FixedWindow(c) => c.decide::<FixedWindowStep, Q>(limits, key, now, cost, r),
+            Table::LeakyBucket(c) => c.decide::<AnyWordStep, Q>(limits, key, now, cost, r),
+            Table::SlidingWindow(c) => c.decide::<SlidingWindowStep, Q>(limits, key, now, cost, r),
+            Table::SlidingLog(c) => c.decide::<SlidingLogStep, Q>(limits, key, now, cost, r),
         }
     }
 
@@ -215,11 +312,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         Q: Hash + Eq + ?Sized,
     {
         let policy = &self.limits.policy;
-        match &self.table {
-            Table::Word(cells) => cells.refund(policy, key, charge, charged_at, cost),
-            Table::SlidingWindow(cells) => cells.refund(policy, key, charge, charged_at, cost),
-            Table::SlidingLog(cells) => cells.refund(policy, key, charge, charged_at, cost),
-        }
+        with_cells!(&self.table, cells => cells.refund(policy, key, charge, charged_at, cost))
     }
 
     /// Remove every key that is idle at `now`; return how many were removed.
@@ -228,17 +321,17 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// request. The store also sweeps by itself when a new key arrives at the cap.
     pub fn evict_idle(&self, now: Nanos) -> usize {
         let limits = &self.limits;
-        match &self.table {
-            Table::Word(cells) => cells.sweep(limits, now),
-            Table::SlidingWindow(cells) => cells.sweep(limits, now),
-            Table::SlidingLog(cells) => cells.sweep(limits, now),
-        }
+        with_cells!(&self.table, cells => cells.sweep(limits, now))
     }
 }
 
 impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
-    #[inline]
-    fn decide<Q>(
+    /// Find (or make room for) the key's cell and run algorithm `D` on it.
+    ///
+    /// Not inlined: each algorithm gets its own copy with a frame sized for it alone, and
+    /// the dispatch in `Store::decide_charge` stays a jump.
+    #[inline(never)]
+    fn decide<D: Step<C>, Q>(
         &self,
         limits: &Limits,
         key: &Q,
@@ -251,24 +344,42 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let policy = &limits.policy;
+        let decide = |cell: &C| D::decide(cell, policy, now, cost, reserve);
         if let Some(cell) = self.map.get(key) {
-            return (cell.decide(policy, now, cost, reserve), Charge::Key);
+            return (decide(&cell), Charge::Key);
+        }
+        self.decide_new_key(limits, key, now, cost, decide)
+    }
+
+    /// The slow path of [`Cells::decide`]: the key is not in the map yet.
+    #[inline]
+    fn decide_new_key<Q>(
+        &self,
+        limits: &Limits,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        decide: impl Fn(&C) -> Decision,
+    ) -> (Decision, Charge)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        if cost == 0 {
+            // A peek at an unknown key: report a fresh key's state without storing one.
+            return (decide(&C::default()), Charge::Key);
         }
         if !self.reserve_slot(limits, now) {
             limits.overflow_decisions.fetch_add(1, Ordering::Relaxed);
-            let decision = self.overflow.decide(policy, now, cost, reserve);
-            return (decision, Charge::Overflow);
+            return (decide(&self.overflow), Charge::Overflow);
         }
         match self.map.entry(key.to_owned()) {
             Entry::Occupied(entry) => {
                 // Another thread inserted it meanwhile: give the slot back.
                 limits.keys.fetch_sub(1, Ordering::Relaxed);
-                (entry.get().decide(policy, now, cost, reserve), Charge::Key)
+                (decide(entry.get()), Charge::Key)
             }
-            Entry::Vacant(entry) => {
-                let cell = entry.insert(C::default());
-                (cell.decide(policy, now, cost, reserve), Charge::Key)
-            }
+            Entry::Vacant(entry) => (decide(&entry.insert(C::default())), Charge::Key),
         }
     }
 

@@ -1,0 +1,89 @@
+//! The request path allocates nothing: decisions on a known key, admitted or denied, for
+//! every algorithm and for a layered limiter. Counted with a global allocator.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Duration;
+
+use ratemesh::{Limiter, ManualClock, Policy};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn allocations_during(f: impl FnOnce()) -> u64 {
+    let before = ALLOCATIONS.with(Cell::get);
+    f();
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+#[test]
+fn checks_on_a_known_key_do_not_allocate() {
+    let s = Duration::from_secs(1);
+    let policies = [
+        Policy::token_bucket(100, s, 10).unwrap(),
+        Policy::gcra(100, s, 10).unwrap(),
+        Policy::leaky_bucket_police(100, s, 10).unwrap(),
+        Policy::leaky_bucket_shape(100, s, Duration::from_millis(50)).unwrap(),
+        Policy::fixed_window(10, s).unwrap(),
+        Policy::sliding_window(10, s).unwrap(),
+        Policy::sliding_log(10, s).unwrap(),
+    ];
+    for policy in policies {
+        let clock = ManualClock::new(1_000_000_000);
+        let limiter = Limiter::builder()
+            .policy(policy)
+            .clock(clock.clone())
+            .build::<String>()
+            .unwrap();
+        // Warm up: create the key and let a sliding log reach its largest size.
+        for _ in 0..3 {
+            for _ in 0..20 {
+                limiter.check("client", 1);
+                clock.advance(Duration::from_millis(10));
+            }
+            clock.advance(s);
+        }
+        let count = allocations_during(|| {
+            for _ in 0..1000 {
+                limiter.check("client", 1);
+                clock.advance(Duration::from_millis(3));
+            }
+        });
+        assert_eq!(count, 0, "{} allocated", policy.algorithm().name());
+    }
+}
+
+#[test]
+fn a_layered_denial_with_refunds_does_not_allocate() {
+    let clock = ManualClock::new(1_000_000_000);
+    let limiter = Limiter::builder()
+        .policy(Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap())
+        .policy(Policy::fixed_window(1000, Duration::from_secs(3600)).unwrap())
+        .policy(Policy::gcra(1, Duration::from_secs(60), 2).unwrap())
+        .clock(clock)
+        .build::<String>()
+        .unwrap();
+    limiter.check("client", 1);
+    let count = allocations_during(|| {
+        for _ in 0..1000 {
+            limiter.check("client", 1);
+        }
+    });
+    assert_eq!(count, 0);
+}

@@ -1,0 +1,324 @@
+//! The concurrent store and the layered limiter: exact admission under contention, the cap
+//! on keys, eviction, layered refunds and waiting.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratemesh::local::Store;
+use ratemesh::{Limiter, LimiterError, ManualClock, Policy, TokioClock, Verdict, WaitError};
+
+const SECOND: u64 = 1_000_000_000;
+
+#[test]
+fn threads_hammering_one_key_admit_exactly_the_capacity() {
+    for policy in [
+        Policy::token_bucket(1, Duration::from_secs(3600), 10_000).unwrap(),
+        Policy::gcra(1, Duration::from_secs(3600), 10_000).unwrap(),
+        Policy::leaky_bucket_police(1, Duration::from_secs(3600), 10_000).unwrap(),
+        Policy::fixed_window(10_000, Duration::from_secs(3600)).unwrap(),
+        Policy::sliding_window(10_000, Duration::from_secs(3600)).unwrap(),
+        Policy::sliding_log(10_000, Duration::from_secs(3600)).unwrap(),
+    ] {
+        // No refill: the clock stands still.
+        let clock = ManualClock::new(SECOND);
+        let limiter = Arc::new(
+            Limiter::builder()
+                .policy(policy)
+                .clock(clock)
+                .build::<String>()
+                .unwrap(),
+        );
+        let admitted = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let limiter = Arc::clone(&limiter);
+                let admitted = Arc::clone(&admitted);
+                std::thread::spawn(move || {
+                    for i in 0..20_000u64 {
+                        let cost = 1 + i % 3;
+                        if limiter.check("hot", cost).is_allowed() {
+                            admitted.fetch_add(cost, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert_eq!(
+            admitted.load(Ordering::Relaxed),
+            10_000,
+            "{}",
+            policy.algorithm().name()
+        );
+        assert_eq!(limiter.check("hot", 0).remaining, 0);
+    }
+}
+
+#[test]
+fn ten_million_keys_never_exceed_a_cap_of_100k() {
+    const CAP: usize = 100_000;
+    // One token per millisecond: a key that took one token is idle again 1 ms later.
+    let policy = Policy::token_bucket(1000, Duration::from_secs(1), 10).unwrap();
+    let store: Store<u64> = Store::new(policy, CAP);
+    let mut now = SECOND;
+    let mut admitted = 0u64;
+    for key in 0..10_000_000u64 {
+        // 10k new keys per millisecond.
+        if key % 10_000 == 0 {
+            now += 1_000_000;
+            assert!(store.len() <= CAP, "{} keys after {key}", store.len());
+        }
+        admitted += u64::from(store.decide(&key, now, 1).is_allowed());
+    }
+    assert!(store.len() <= CAP);
+    let stats = store.stats();
+    assert!(stats.evicted >= 9_800_000, "{stats:?}");
+    // Sweeps free room for nearly every new key; the few that met a full store shared
+    // the overflow bucket.
+    assert!(admitted >= 9_900_000, "{admitted} admitted, {stats:?}");
+}
+
+#[test]
+fn at_the_cap_busy_keys_are_never_reset_and_new_keys_share_the_overflow_budget() {
+    const CAP: usize = 1_000;
+    let policy = Policy::token_bucket(1, Duration::from_secs(60), 5).unwrap();
+    let store: Store<u64> = Store::new(policy, CAP);
+    let now = SECOND;
+    // Fill the store with busy keys: each has spent its whole burst.
+    for key in 0..CAP as u64 {
+        assert!(store.decide(&key, now, 5).is_allowed());
+    }
+    // A flood of new keys: the store stays at the cap, the flood shares one bucket of 5.
+    let mut flood_admitted = 0;
+    for key in CAP as u64..CAP as u64 + 100_000 {
+        flood_admitted += u64::from(store.decide(&key, now + 1, 1).is_allowed());
+        assert!(store.len() <= CAP);
+    }
+    assert_eq!(
+        flood_admitted, 5,
+        "the overflow cell has the policy's burst"
+    );
+    assert!(store.stats().overflow_decisions >= 100_000);
+    // The busy keys are still spent: nothing was reset to make room.
+    for key in 0..CAP as u64 {
+        assert_eq!(store.decide(&key, now + 2, 1).verdict, Verdict::Denied);
+    }
+    // Once they refill (5 tokens at one a minute: idle again), a new key gets its own cell.
+    let later = now + 301 * SECOND;
+    assert!(store.decide(&u64::MAX, later, 5).is_allowed());
+    assert_eq!(store.decide(&u64::MAX, later, 1).verdict, Verdict::Denied);
+    assert!(store.stats().evicted >= CAP as u64 - 1);
+}
+
+#[test]
+fn eviction_removes_only_idle_keys() {
+    let policy = Policy::sliding_log(3, Duration::from_secs(10)).unwrap();
+    let store: Store<String> = Store::new(policy, 100);
+    store.decide("old", SECOND, 1);
+    store.decide("recent", 9 * SECOND, 3);
+    assert_eq!(store.evict_idle(11 * SECOND), 1);
+    assert_eq!(store.len(), 1);
+    assert_eq!(
+        store.decide("recent", 11 * SECOND, 1).verdict,
+        Verdict::Denied
+    );
+}
+
+#[test]
+fn a_request_denied_by_one_layer_leaves_no_charge_on_the_others() {
+    let clock = ManualClock::new(SECOND);
+    let limiter = Limiter::builder()
+        .policy(Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap())
+        .policy(Policy::fixed_window(1000, Duration::from_secs(86_400)).unwrap())
+        .policy(Policy::sliding_log(3, Duration::from_secs(60)).unwrap())
+        .clock(clock.clone())
+        .build::<String>()
+        .unwrap();
+    for _ in 0..3 {
+        assert!(limiter.check("tenant", 1).is_allowed());
+    }
+    // The sliding log (3 per minute) denies; the other layers must not keep a charge.
+    for _ in 0..20 {
+        let denied = limiter.check("tenant", 1);
+        assert_eq!(denied.verdict, Verdict::Denied);
+        assert_eq!(denied.policy_index, 2);
+    }
+    let remaining: Vec<u64> = limiter
+        .peek_each("tenant")
+        .iter()
+        .map(|d| d.remaining)
+        .collect();
+    assert_eq!(remaining, vec![7, 997, 0]);
+    // The tightest layer speaks for an admitted request.
+    clock.advance(Duration::from_secs(61));
+    let d = limiter.check("tenant", 1);
+    assert!(d.is_allowed());
+    assert_eq!((d.policy_index, d.remaining), (2, 2));
+    let remaining: Vec<u64> = limiter
+        .peek_each("tenant")
+        .iter()
+        .map(|d| d.remaining)
+        .collect();
+    assert_eq!(remaining, vec![9, 996, 2]);
+}
+
+#[test]
+fn a_peek_does_not_create_a_key() {
+    let limiter = Limiter::builder()
+        .policy(Policy::gcra(10, Duration::from_secs(1), 10).unwrap())
+        .build::<String>()
+        .unwrap();
+    assert_eq!(limiter.check("never-seen", 0).remaining, 10);
+    assert_eq!(limiter.stats()[0].keys, 0);
+}
+
+#[test]
+fn a_limiter_takes_one_shaper_and_checks_it_last() {
+    let shaper =
+        Policy::leaky_bucket_shape(10, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
+    let bucket = Policy::token_bucket(10, Duration::from_secs(1), 2).unwrap();
+    assert_eq!(
+        Limiter::builder()
+            .policy(shaper)
+            .policy(shaper)
+            .build::<u64>()
+            .unwrap_err(),
+        LimiterError::TwoShapers {
+            first: 0,
+            second: 1
+        }
+    );
+    assert_eq!(
+        Limiter::builder().build::<u64>().unwrap_err(),
+        LimiterError::NoPolicy
+    );
+    let clock = ManualClock::new(SECOND);
+    let limiter = Limiter::builder()
+        .policy(shaper)
+        .policy(bucket)
+        .clock(clock)
+        .build::<u64>()
+        .unwrap();
+    let first = limiter.check(&1, 1);
+    let second = limiter.check(&1, 1);
+    assert!(first.is_allowed() && second.is_allowed());
+    assert_eq!((first.delay_ns, second.delay_ns), (0, SECOND / 10));
+    // The bucket (index 1) denies the third: the shaper, checked last, reserved nothing.
+    let third = limiter.check(&1, 1);
+    assert_eq!((third.verdict, third.policy_index), (Verdict::Denied, 1));
+    assert_eq!(limiter.peek_each(&1)[0].reset_after_ns, 2 * SECOND / 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn until_ready_waits_for_the_earliest_slot() {
+    let limiter = Limiter::builder()
+        .policy(Policy::token_bucket(10, Duration::from_secs(1), 1).unwrap())
+        .clock(TokioClock::new())
+        .build::<String>()
+        .unwrap();
+    assert!(limiter.check("k", 1).is_allowed());
+    let start = tokio::time::Instant::now();
+    let decision = limiter
+        .until_ready("k", 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(decision.is_allowed());
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn until_ready_gives_up_at_once_when_the_wait_is_too_long_or_the_cost_never_fits() {
+    let limiter = Limiter::builder()
+        .policy(Policy::token_bucket(1, Duration::from_secs(1), 5).unwrap())
+        .clock(TokioClock::new())
+        .build::<String>()
+        .unwrap();
+    assert!(limiter.check("k", 5).is_allowed());
+    let start = tokio::time::Instant::now();
+    let err = limiter
+        .until_ready("k", 3, Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::WaitTooLong(d) if d.retry_after_ns == 3 * SECOND));
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let err = limiter
+        .until_ready("k", 6, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::CannotFit(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_wait_leaves_no_charge() {
+    for policy in [
+        Policy::token_bucket(10, Duration::from_secs(1), 1).unwrap(),
+        Policy::leaky_bucket_shape(10, Duration::from_secs(1), Duration::from_secs(1)).unwrap(),
+    ] {
+        let limiter = Limiter::builder()
+            .policy(policy)
+            .clock(TokioClock::new())
+            .build::<String>()
+            .unwrap();
+        assert!(limiter.check("k", 1).is_allowed());
+        let before = limiter.check("k", 0);
+        // Give up after 50 ms of a 100 ms wait.
+        let waited = tokio::time::timeout(
+            Duration::from_millis(50),
+            limiter.until_ready("k", 1, Duration::from_secs(5)),
+        )
+        .await;
+        assert!(waited.is_err(), "{}", policy.algorithm().name());
+        let after = limiter.check("k", 0);
+        assert_eq!(before.remaining, after.remaining);
+        assert_eq!(
+            after.reset_after_ns + 50_000_000,
+            before.reset_after_ns,
+            "{}: the cancelled wait moved the state",
+            policy.algorithm().name()
+        );
+        // And the slot it would have had is still free for the next caller.
+        tokio::time::advance(Duration::from_millis(50)).await;
+        assert!(limiter.check("k", 1).is_allowed());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shaped_waiters_are_released_one_interval_apart() {
+    let limiter = Arc::new(
+        Limiter::builder()
+            .policy(
+                Policy::leaky_bucket_shape(20, Duration::from_secs(1), Duration::from_secs(10))
+                    .unwrap(),
+            )
+            .clock(TokioClock::new())
+            .build::<String>()
+            .unwrap(),
+    );
+    let start = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                limiter
+                    .until_ready("k", 1, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+                start.elapsed()
+            })
+        })
+        .collect();
+    let mut released = Vec::new();
+    for task in tasks {
+        released.push(task.await.unwrap());
+    }
+    released.sort();
+    for pair in released.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_millis(50),
+            "{released:?}"
+        );
+    }
+}
