@@ -280,7 +280,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     }
 
     /// Decide, and say where the tokens were taken so that [`Store::refund`] can return them.
-    #[inline]
+    #[inline(always)]
     pub fn decide_charge<Q>(
         &self,
         key: &Q,
