@@ -93,6 +93,17 @@ fn local(c: &mut Criterion) {
     group.bench_function("hot_key/governor", |b| {
         b.iter(|| black_box(theirs.check_key(black_box(&42u64))))
     });
+    // Context: governor reporting what ratemesh's `Decision` always carries (remaining tokens).
+    let informed = governor().with_middleware::<governor::middleware::StateInformationMiddleware>();
+    group.bench_function("hot_key/governor_with_remaining", |b| {
+        b.iter(|| {
+            black_box(
+                informed
+                    .check_key(black_box(&42u64))
+                    .map(|state| state.remaining_burst_capacity()),
+            )
+        })
+    });
 
     // Each limiter is filled with the same million keys right before it is measured, so both
     // start from the same cache state; the other one is dropped first.

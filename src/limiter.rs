@@ -224,7 +224,9 @@ impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
             .layers
             .iter()
             .map(|layer| {
-                let mut decision = layer.store.decide_charge(key, now, 0, false).0;
+                let mut decision = layer
+                    .store
+                    .decide_charge(key, now, 0, false, &mut Charge::Key);
                 decision.policy_index = layer.index;
                 decision
             })
@@ -280,7 +282,9 @@ impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         if let [only] = &self.layers[..] {
-            let mut decision = only.store.decide_charge(key, now, cost, reserve).0;
+            let mut decision = only
+                .store
+                .decide_charge(key, now, cost, reserve, &mut Charge::Key);
             decision.policy_index = only.index;
             return decision;
         }
@@ -299,7 +303,10 @@ impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
         // Bit i set: layer i charged the overflow cell instead of the key's own.
         let mut overflow_charges: u64 = 0;
         for (i, layer) in self.layers.iter().enumerate() {
-            let (mut decision, charge) = layer.store.decide_charge(key, now, cost, reserve);
+            let mut charge = Charge::Key;
+            let mut decision = layer
+                .store
+                .decide_charge(key, now, cost, reserve, &mut charge);
             decision.policy_index = layer.index;
             if !decision.is_allowed() {
                 for (j, earlier) in self.layers[..i].iter().enumerate().rev() {

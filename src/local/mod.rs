@@ -276,10 +276,12 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide_charge(key, now, cost, true).0
+        self.decide_charge(key, now, cost, true, &mut Charge::Key)
     }
 
-    /// Decide, and say where the tokens were taken so that [`Store::refund`] can return them.
+    /// Decide, and set `charge` to where the tokens were taken so that [`Store::refund`] can
+    /// return them. (An out-parameter rather than a tuple: the decision is then written once,
+    /// straight into the caller's slot.)
     #[inline(always)]
     pub fn decide_charge<Q>(
         &self,
@@ -287,7 +289,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         now: Nanos,
         cost: u64,
         reserve: bool,
-    ) -> (Decision, Charge)
+        charge: &mut Charge,
+    ) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -296,12 +299,20 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         // loop is compiled for one algorithm.
         let (limits, r) = (&self.limits, reserve);
         match &self.table {
-            Table::TokenBucket(c) => c.decide::<TokenBucketStep, Q>(limits, key, now, cost, r),
-            Table::Gcra(c) => c.decide::<GcraStep, Q>(limits, key, now, cost, r),
-            Table::FixedWindow(c) => c.decide::<FixedWindowStep, Q>(limits, key, now, cost, r),
-            Table::LeakyBucket(c) => c.decide::<AnyWordStep, Q>(limits, key, now, cost, r),
-            Table::SlidingWindow(c) => c.decide::<SlidingWindowStep, Q>(limits, key, now, cost, r),
-            Table::SlidingLog(c) => c.decide::<SlidingLogStep, Q>(limits, key, now, cost, r),
+            Table::TokenBucket(c) => {
+                c.decide::<TokenBucketStep, Q>(limits, key, now, cost, r, charge)
+            }
+            Table::Gcra(c) => c.decide::<GcraStep, Q>(limits, key, now, cost, r, charge),
+            Table::FixedWindow(c) => {
+                c.decide::<FixedWindowStep, Q>(limits, key, now, cost, r, charge)
+            }
+            Table::LeakyBucket(c) => c.decide::<AnyWordStep, Q>(limits, key, now, cost, r, charge),
+            Table::SlidingWindow(c) => {
+                c.decide::<SlidingWindowStep, Q>(limits, key, now, cost, r, charge)
+            }
+            Table::SlidingLog(c) => {
+                c.decide::<SlidingLogStep, Q>(limits, key, now, cost, r, charge)
+            }
         }
     }
 
@@ -331,6 +342,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     /// Not inlined: each algorithm gets its own copy with a frame sized for it alone, and
     /// the dispatch in `Store::decide_charge` stays a jump.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn decide<D: Step<C>, Q>(
         &self,
         limits: &Limits,
@@ -338,7 +350,8 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
         now: Nanos,
         cost: u64,
         reserve: bool,
-    ) -> (Decision, Charge)
+        charge: &mut Charge,
+    ) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -346,9 +359,12 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
         let policy = &limits.policy;
         let decide = |cell: &C| D::decide(cell, policy, now, cost, reserve);
         if let Some(cell) = self.map.get(key) {
-            return (decide(&cell), Charge::Key);
+            *charge = Charge::Key;
+            return decide(&cell);
         }
-        self.decide_new_key(limits, key, now, cost, decide)
+        let (decision, taken_from) = self.decide_new_key(limits, key, now, cost, decide);
+        *charge = taken_from;
+        decision
     }
 
     /// The slow path of [`Cells::decide`]: the key is not in the map yet.
