@@ -31,10 +31,13 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod config;
 pub mod decision;
+pub mod http;
 pub mod limiter;
 pub mod local;
 pub mod policy;
+pub mod rules;
 mod sync;
 
 pub use clock::{Clock, ManualClock, Nanos, SystemClock, TokioClock};

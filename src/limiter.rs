@@ -298,36 +298,55 @@ impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        // The neutral element: every real decision is at least as tight.
-        let mut result = Decision::allowed(u64::MAX, u64::MAX, 0);
-        // Bit i set: layer i charged the overflow cell instead of the key's own.
-        let mut overflow_charges: u64 = 0;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let mut charge = Charge::Key;
-            let mut decision = layer
-                .store
-                .decide_charge(key, now, cost, reserve, &mut charge);
-            decision.policy_index = layer.index;
-            if !decision.is_allowed() {
-                for (j, earlier) in self.layers[..i].iter().enumerate().rev() {
-                    let charge = if overflow_charges & (1 << j) != 0 {
-                        Charge::Overflow
-                    } else {
-                        Charge::Key
-                    };
-                    earlier.store.refund(key, charge, now, cost);
-                }
-                return decision;
-            }
-            if charge == Charge::Overflow {
-                overflow_charges |= 1 << i;
-            }
-            let delay_ns = result.delay_ns.max(decision.delay_ns);
-            if !result.is_tighter_than(&decision) {
-                result = decision;
-            }
-            result.delay_ns = delay_ns;
-        }
-        result
+        decide_in_layers(
+            self.layers.len(),
+            |i, charge| {
+                let layer = &self.layers[i];
+                let mut decision = layer.store.decide_charge(key, now, cost, reserve, charge);
+                decision.policy_index = layer.index;
+                decision
+            },
+            |i, charge| self.layers[i].store.refund(key, charge, now, cost),
+        )
     }
+}
+
+/// Decide `count` layers in order with `decide(i, &mut charge)`; when layer `i` denies, give
+/// back what layers `0..i` took with `refund(j, charge)` (latest first) and return the denial.
+/// Otherwise return the tightest admission (fewest tokens left, then the latest reset), with
+/// the longest shaping delay of all. `count` is at most [`MAX_POLICIES`].
+pub(crate) fn decide_in_layers(
+    count: usize,
+    mut decide: impl FnMut(usize, &mut Charge) -> Decision,
+    mut refund: impl FnMut(usize, Charge),
+) -> Decision {
+    debug_assert!(count <= MAX_POLICIES);
+    // The neutral element: every real decision is at least as tight.
+    let mut result = Decision::allowed(u64::MAX, u64::MAX, 0);
+    // Bit i set: layer i charged the overflow cell instead of the key's own.
+    let mut overflow_charges: u64 = 0;
+    for i in 0..count.min(MAX_POLICIES) {
+        let mut charge = Charge::Key;
+        let decision = decide(i, &mut charge);
+        if !decision.is_allowed() {
+            for j in (0..i).rev() {
+                let charge = if overflow_charges & (1 << j) != 0 {
+                    Charge::Overflow
+                } else {
+                    Charge::Key
+                };
+                refund(j, charge);
+            }
+            return decision;
+        }
+        if charge == Charge::Overflow {
+            overflow_charges |= 1 << i;
+        }
+        let delay_ns = result.delay_ns.max(decision.delay_ns);
+        if !result.is_tighter_than(&decision) {
+            result = decision;
+        }
+        result.delay_ns = delay_ns;
+    }
+    result
 }

@@ -1,0 +1,131 @@
+//! The rate-limit fields of a response, pure formatting (no IO).
+//!
+//! `RateLimit-Policy` and `RateLimit` follow draft-ietf-httpapi-ratelimit-headers-09: each is
+//! a structured-field list with one item per policy, the policy's name as an sf-string, and
+//! `q` (quota, tokens) and `w` (window, seconds), or `r` (remaining tokens) and `t` (seconds
+//! until the quota is whole again). `Retry-After` is in whole seconds, rounded up.
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use sfv::{KeyRef, ListSerializer, StringRef};
+
+use crate::clock::Nanos;
+use crate::rules::{Outcome, PolicyReport};
+
+/// `RateLimit-Policy`.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Legacy `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// Legacy `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// Legacy `X-RateLimit-Reset` (seconds from now, like `t`).
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Round nanoseconds up to whole seconds.
+pub fn ceil_seconds(ns: Nanos) -> u64 {
+    ns.div_ceil(1_000_000_000)
+}
+
+/// sf-integers stop at 15 digits.
+fn sf_integer(value: u64) -> sfv::Integer {
+    let clamped = value.min(999_999_999_999_999) as i64;
+    sfv::Integer::try_from(clamped).unwrap_or(sfv::integer(999_999_999_999_999))
+}
+
+/// A policy name as an sf-string (names with characters outside printable ASCII become `?`).
+fn sf_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+        .collect()
+}
+
+fn list<'a>(
+    reports: impl Iterator<Item = &'a PolicyReport>,
+    params: impl Fn(&PolicyReport) -> [(&'static str, u64); 2],
+) -> Option<HeaderValue> {
+    let mut serializer = ListSerializer::new();
+    for report in reports {
+        let name = sf_name(&report.name);
+        let Ok(name) = StringRef::from_str(&name) else {
+            continue;
+        };
+        let mut item = serializer.bare_item(name);
+        for (key, value) in params(report) {
+            item = item.parameter(KeyRef::constant(key), sf_integer(value));
+        }
+    }
+    HeaderValue::from_str(&serializer.finish()?).ok()
+}
+
+/// The policy that speaks for the response: the one that denied, else the one with the
+/// fewest tokens left.
+pub fn deciding_report(outcome: &Outcome) -> Option<&PolicyReport> {
+    outcome.denied_by().or_else(|| {
+        outcome.enforced.iter().min_by_key(|r| {
+            (
+                r.decision.remaining,
+                std::cmp::Reverse(r.decision.reset_after_ns),
+            )
+        })
+    })
+}
+
+/// Add `RateLimit-Policy`, `RateLimit`, `Retry-After` (when denied) and, if `legacy`, the
+/// `X-RateLimit-*` fields for `outcome` to `headers`.
+pub fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome, legacy: bool) {
+    let reports = || outcome.enforced.iter();
+    if let Some(value) = list(reports(), |r| [("q", r.decision.limit), ("w", r.window_s)]) {
+        headers.insert(RATELIMIT_POLICY, value);
+    }
+    let remaining = |r: &PolicyReport| {
+        [
+            ("r", r.decision.remaining),
+            ("t", ceil_seconds(r.decision.reset_after_ns)),
+        ]
+    };
+    if let Some(value) = list(reports(), remaining) {
+        headers.insert(RATELIMIT, value);
+    }
+    let deciding = deciding_report(outcome);
+    if let Some(denial) = outcome.denied_by()
+        && denial.decision.verdict == crate::Verdict::Denied
+    {
+        let seconds = ceil_seconds(denial.decision.retry_after_ns).max(1);
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    if legacy && let Some(report) = deciding {
+        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(report.decision.limit));
+        headers.insert(
+            X_RATELIMIT_REMAINING,
+            HeaderValue::from(report.decision.remaining),
+        );
+        headers.insert(
+            X_RATELIMIT_RESET,
+            HeaderValue::from(ceil_seconds(report.decision.reset_after_ns)),
+        );
+    }
+}
+
+/// The JSON body of a 429: `{"error":"rate_limited","policy":"burst","retry_after_seconds":12}`
+/// (`"error":"cost_exceeds_limit"` without a retry time when the request can never fit).
+pub fn denial_body(outcome: &Outcome) -> String {
+    let Some(denial) = outcome.denied_by() else {
+        return serde_json::json!({"error": "rate_limited"}).to_string();
+    };
+    if denial.decision.verdict == crate::Verdict::CannotFit {
+        return serde_json::json!({
+            "error": "cost_exceeds_limit",
+            "policy": &*denial.name,
+            "cost": outcome.cost,
+            "limit": denial.decision.limit,
+        })
+        .to_string();
+    }
+    serde_json::json!({
+        "error": "rate_limited",
+        "policy": &*denial.name,
+        "retry_after_seconds": ceil_seconds(denial.decision.retry_after_ns).max(1),
+    })
+    .to_string()
+}

@@ -1,0 +1,174 @@
+//! Who is asking: the identity of a request, by the configured order of preference.
+//!
+//! `X-Forwarded-For` and `Forwarded` are believed only when the connection comes from a
+//! configured trusted proxy; then the client is the right-most address that is not itself a
+//! trusted proxy (the left-most entries are whatever the client chose to send).
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::{Extensions, HeaderMap};
+use ipnet::IpNet;
+
+use crate::config::{IdentityConfig, IdentitySource};
+use crate::rules::Identity;
+
+/// The authenticated user, put into the request's extensions by an earlier auth layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthenticatedUser(pub String);
+
+/// The client's tier (plan), put into the request's extensions by an earlier layer; it takes
+/// precedence over the `tenants` table of the policy file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTier(pub String);
+
+/// The peer address of the connection, for servers that do not use axum's `ConnectInfo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// The longest header value used as an identity; longer values are cut (after hashing, only
+/// a bound on the work matters).
+const MAX_IDENTITY_BYTES: usize = 512;
+
+fn header_text<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
+    let value = headers.get(name)?.to_str().ok()?.trim();
+    (!value.is_empty()).then(|| &value[..value.len().min(MAX_IDENTITY_BYTES)])
+}
+
+fn is_trusted(ip: IpAddr, proxies: &[IpNet]) -> bool {
+    proxies.iter().any(|net| net.contains(&ip))
+}
+
+/// Parse one `for=` value or one `X-Forwarded-For` entry: `192.0.2.1`, `"[2001:db8::1]:4711"`,
+/// `192.0.2.1:8080`.
+fn parse_node(text: &str) -> Option<IpAddr> {
+    let text = text.trim().trim_matches('"');
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    text.strip_prefix('[')
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|ip| ip.parse().ok())
+}
+
+/// The forwarding chain, left (client side) to right (nearest proxy).
+fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
+    let mut chain = Vec::new();
+    for value in headers.get_all(http::header::FORWARDED) {
+        let Ok(text) = value.to_str() else { continue };
+        for element in text.split(',') {
+            for pair in element.split(';') {
+                if let Some((key, node)) = pair.split_once('=')
+                    && key.trim().eq_ignore_ascii_case("for")
+                    && let Some(ip) = parse_node(node)
+                {
+                    chain.push(ip);
+                }
+            }
+        }
+    }
+    if chain.is_empty() {
+        for value in headers.get_all("x-forwarded-for") {
+            let Ok(text) = value.to_str() else { continue };
+            chain.extend(text.split(',').filter_map(parse_node));
+        }
+    }
+    chain
+}
+
+/// Return the client IP: the peer, or (behind trusted proxies) the right-most untrusted hop.
+pub fn client_ip(headers: &HeaderMap, peer: Option<IpAddr>, trusted: &[IpNet]) -> Option<IpAddr> {
+    let peer = peer?;
+    if !is_trusted(peer, trusted) {
+        return Some(peer);
+    }
+    let chain = forwarded_chain(headers);
+    chain
+        .iter()
+        .rev()
+        .find(|ip| !is_trusted(**ip, trusted))
+        .or(chain.first())
+        .copied()
+        .or(Some(peer))
+}
+
+fn peer_of(extensions: &Extensions) -> Option<IpAddr> {
+    extensions
+        .get::<ClientAddr>()
+        .map(|a| a.0.ip())
+        .or_else(|| {
+            extensions
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|info| info.0.ip())
+        })
+}
+
+/// Identify the client of a request by `config.order`; a request with none of the sources
+/// (no peer address either) is `ip:unknown`, and all such requests share one key.
+pub fn identify(headers: &HeaderMap, extensions: &Extensions, config: &IdentityConfig) -> Identity {
+    for source in &config.order {
+        let found = match source {
+            IdentitySource::User => extensions
+                .get::<AuthenticatedUser>()
+                .map(|user| user.0.clone()),
+            IdentitySource::ApiKey => {
+                header_text(headers, &config.api_key_header).map(str::to_string)
+            }
+            IdentitySource::Device => {
+                header_text(headers, &config.device_header).map(str::to_string)
+            }
+            IdentitySource::Ip => client_ip(headers, peer_of(extensions), &config.trusted_proxies)
+                .map(|ip| ip.to_string()),
+        };
+        if let Some(value) = found {
+            return Identity::new(*source, value);
+        }
+    }
+    Identity::new(IdentitySource::Ip, "unknown")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn forwarded_headers_count_only_from_trusted_proxies() {
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let spoofed = headers(&[("x-forwarded-for", "203.0.113.9")]);
+        let stranger: IpAddr = "198.51.100.4".parse().unwrap();
+        assert_eq!(
+            client_ip(&spoofed, Some(stranger), &trusted),
+            Some(stranger)
+        );
+        let proxy: IpAddr = "10.1.2.3".parse().unwrap();
+        let chain = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.9, 10.9.9.9")]);
+        assert_eq!(
+            client_ip(&chain, Some(proxy), &trusted),
+            Some("203.0.113.9".parse().unwrap()),
+            "the right-most untrusted hop, not what the client wrote first"
+        );
+        let forwarded = headers(&[(
+            "forwarded",
+            "for=\"[2001:db8::7]:4711\";proto=https, for=10.0.0.1",
+        )]);
+        assert_eq!(
+            client_ip(&forwarded, Some(proxy), &trusted),
+            Some("2001:db8::7".parse().unwrap())
+        );
+        let garbage = headers(&[("x-forwarded-for", "not-an-ip, ;;;")]);
+        assert_eq!(client_ip(&garbage, Some(proxy), &trusted), Some(proxy));
+    }
+}

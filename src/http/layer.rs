@@ -1,0 +1,286 @@
+//! The tower layer: one line in an axum or hyper service.
+//!
+//! ```no_run
+//! # use ratemesh::config::GatewayConfig;
+//! # use ratemesh::http::RateLimitLayer;
+//! # fn app() -> Result<(), Box<dyn std::error::Error>> {
+//! let limits = RateLimitLayer::from_file("policies.toml")?;
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/", axum::routing::get(|| async { "ok" }))
+//!     .layer(limits.clone());
+//! # Ok(()) }
+//! ```
+//!
+//! Every clone of the layer and of its services shares one set of counters (an `Arc`), unlike
+//! tower's own `RateLimit`, which counts per service instance.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::body::{Body, Bytes, HttpBody};
+use http::{HeaderValue, Request, Response, StatusCode};
+use tower::{Layer, Service};
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::{ConfigError, GatewayConfig};
+use crate::http::headers::{denial_body, insert_rate_limit_headers};
+use crate::http::identity::{ClientTier, identify};
+use crate::rules::{Outcome, RequestFacts, Rules, RulesError};
+
+/// Why a reload was refused; the rules in force are unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new file is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The new file is valid but cannot be compiled.
+    #[error(transparent)]
+    Rules(#[from] RulesError),
+}
+
+/// Shape the response to a denied request (the default is 429 with a JSON body).
+pub type DenialHook = Arc<dyn Fn(&Outcome) -> Response<Body> + Send + Sync>;
+
+struct Shared {
+    rules: ArcSwap<Rules>,
+    clock: Arc<dyn Clock>,
+    on_denied: Option<DenialHook>,
+}
+
+/// A tower `Layer` that rate-limits requests by a policy file; clone it freely.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("rules", &*self.shared.rules.load())
+            .finish()
+    }
+}
+
+impl RateLimitLayer {
+    /// Build the layer from a validated policy file, with the system clock.
+    pub fn new(config: GatewayConfig) -> Result<Self, RulesError> {
+        Self::with_clock(config, Arc::new(SystemClock::new()))
+    }
+
+    /// Build the layer with an explicit clock (tests, simulations).
+    pub fn with_clock(config: GatewayConfig, clock: Arc<dyn Clock>) -> Result<Self, RulesError> {
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                rules: ArcSwap::from_pointee(Rules::new(config)?),
+                clock,
+                on_denied: None,
+            }),
+        })
+    }
+
+    /// Read a policy file and build the layer.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ReloadError> {
+        Ok(Self::new(GatewayConfig::from_file(path)?)?)
+    }
+
+    /// Answer denied requests with `hook` instead of the default 429 JSON response. The
+    /// rate-limit fields and `Retry-After` are still added, unless the hook sets them.
+    pub fn on_denied(
+        self,
+        hook: impl Fn(&Outcome) -> Response<Body> + Send + Sync + 'static,
+    ) -> Self {
+        let shared = Shared {
+            rules: ArcSwap::new(self.shared.rules.load_full()),
+            clock: Arc::clone(&self.shared.clock),
+            on_denied: Some(Arc::new(hook)),
+        };
+        RateLimitLayer {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// Return the rules in force.
+    pub fn rules(&self) -> Arc<Rules> {
+        self.shared.rules.load_full()
+    }
+
+    /// Replace the rules with `config`, keeping the counters of unchanged policies.
+    pub fn reload(&self, config: GatewayConfig) -> Result<(), RulesError> {
+        let current = self.shared.rules.load_full();
+        let next = Rules::reloaded(config, &current)?;
+        self.shared.rules.store(Arc::new(next));
+        tracing::info!("rate-limit policies reloaded");
+        Ok(())
+    }
+
+    /// Re-read `path` and reload; an invalid file is rejected and the old rules stay.
+    pub fn reload_from_file(&self, path: impl AsRef<Path>) -> Result<(), ReloadError> {
+        let config = GatewayConfig::from_file(path)?;
+        Ok(self.reload(config)?)
+    }
+
+    /// Reload from `path` whenever the process receives SIGHUP (Unix), until the runtime
+    /// stops. Errors are logged and leave the old rules in force.
+    #[cfg(unix)]
+    pub fn reload_on_sighup(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> std::io::Result<tokio::task::JoinHandle<()>> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = signal(SignalKind::hangup())?;
+        let layer = self.clone();
+        let path = path.as_ref().to_path_buf();
+        Ok(tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                match layer.reload_from_file(&path) {
+                    Ok(()) => tracing::info!(path = %path.display(), "reloaded on SIGHUP"),
+                    Err(error) => {
+                        tracing::error!(%error, "reload on SIGHUP refused; old policies stay")
+                    }
+                }
+            }
+        }))
+    }
+
+    fn decide<B>(&self, request: &Request<B>) -> Outcome {
+        let rules = self.shared.rules.load();
+        let identity = identify(
+            request.headers(),
+            request.extensions(),
+            rules.identity_config(),
+        );
+        let tier = request
+            .extensions()
+            .get::<ClientTier>()
+            .map(|t| t.0.as_str());
+        let facts = RequestFacts {
+            identity: &identity,
+            tier,
+            method: request.method(),
+            path: request.uri().path(),
+        };
+        let outcome = rules.decide(&facts, self.shared.clock.now_ns());
+        record(&outcome, &rules, &identity);
+        outcome
+    }
+
+    fn denial_response(&self, outcome: &Outcome) -> Response<Body> {
+        let mut response = match &self.shared.on_denied {
+            Some(hook) => hook(outcome),
+            None => {
+                let mut response = Response::new(Body::from(denial_body(outcome)));
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                response
+            }
+        };
+        let mut fields = http::HeaderMap::new();
+        insert_rate_limit_headers(&mut fields, outcome, self.legacy());
+        for (name, value) in fields {
+            if let Some(name) = name
+                && !response.headers().contains_key(&name)
+            {
+                response.headers_mut().insert(name, value);
+            }
+        }
+        response
+    }
+
+    fn legacy(&self) -> bool {
+        self.shared.rules.load().config().legacy_headers
+    }
+}
+
+/// Count decisions by policy and outcome (never by client), and log shadow denials with a
+/// secret-free label of the client.
+fn record(outcome: &Outcome, rules: &Rules, identity: &crate::rules::Identity) {
+    for report in &outcome.enforced {
+        let result = if report.decision.is_allowed() {
+            "allowed"
+        } else {
+            "denied"
+        };
+        metrics::counter!("ratemesh_decisions_total", "policy" => report.name.to_string(), "outcome" => result)
+            .increment(1);
+    }
+    for report in &outcome.shadow {
+        let result = if report.decision.is_allowed() {
+            "allowed"
+        } else {
+            "shadow_denied"
+        };
+        metrics::counter!("ratemesh_decisions_total", "policy" => report.name.to_string(), "outcome" => result)
+            .increment(1);
+    }
+    if let Some(denial) = outcome.denied_by() {
+        tracing::debug!(client = %rules.hasher().label(identity), policy = %denial.name, "rate limited");
+    }
+    for report in outcome.shadow_denials() {
+        tracing::info!(client = %rules.hasher().label(identity), policy = %report.name, "shadow policy would deny");
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimitService {
+            layer: self.clone(),
+            inner,
+        }
+    }
+}
+
+/// The service made by [`RateLimitLayer`].
+#[derive(Clone, Debug)]
+pub struct RateLimitService<S> {
+    layer: RateLimitLayer,
+    inner: S,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let outcome = self.layer.decide(&request);
+        if !outcome.allowed {
+            let response = self.layer.denial_response(&outcome);
+            return Box::pin(async move { Ok(response) });
+        }
+        // The inner service that `poll_ready` readied is the one we call; leave a fresh clone.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let legacy = self.layer.legacy();
+        Box::pin(async move {
+            if outcome.delay_ns > 0 {
+                tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
+            }
+            let response = inner.call(request).await?;
+            let mut response = response.map(Body::new);
+            insert_rate_limit_headers(response.headers_mut(), &outcome, legacy);
+            Ok(response)
+        })
+    }
+}

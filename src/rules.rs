@@ -1,0 +1,502 @@
+//! The compiled policy file: which policies a request passes, under which keys, at what cost.
+//!
+//! [`Rules::decide`] is where an HTTP request is decided: it picks the client's tier and the
+//! request's route, checks the enforced policies as one layered decision (a denial by one
+//! leaves no charge on the others), then counts the shadow policies, which report but never
+//! deny. Keys are 64-bit keyed hashes of `(env, identity source, identity, [route])`: no
+//! client secret (API key, user id, IP) is ever stored, logged or used as a metric label.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+
+use http::Method;
+use jiff::Timestamp;
+use siphasher::sip::SipHasher13;
+use siphasher::sip128::SipHasher13 as SipHasher13x128;
+
+use crate::clock::Nanos;
+use crate::config::{GatewayConfig, IdentityConfig, IdentitySource, NamedPolicy};
+use crate::decision::{Decision, Verdict};
+use crate::limiter::{MAX_POLICIES, decide_in_layers};
+use crate::local::{DEFAULT_MAX_KEYS, Store};
+
+/// Why the rules could not be built from a valid file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RulesError {
+    /// A tier and a route together apply more policies than one decision can layer.
+    #[error("tier `{tier}` with route `{route}` applies {count} policies; at most {MAX_POLICIES}")]
+    TooManyPolicies {
+        /// The tier.
+        tier: String,
+        /// The route.
+        route: String,
+        /// How many policies.
+        count: usize,
+    },
+}
+
+/// Hash identities with a secret key (SipHash-1-3), so keys and labels reveal nothing.
+#[derive(Clone)]
+pub struct KeyHasher {
+    key: [u8; 16],
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHasher(<secret>)")
+    }
+}
+
+impl KeyHasher {
+    /// Derive the key from a configured secret (the same secret gives the same keys on
+    /// every node and across restarts).
+    pub fn from_secret(secret: &str) -> Self {
+        let hash = SipHasher13x128::new_with_keys(0x7261_7465_6d65_7368, 0x6b65_7973_6563_7274)
+            .hash(secret.as_bytes());
+        KeyHasher {
+            key: hash.as_bytes(),
+        }
+    }
+
+    /// Make a random key for this process (keys then differ between processes).
+    pub fn random() -> Self {
+        let mut key = [0u8; 16];
+        for half in key.chunks_mut(8) {
+            let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+            half.copy_from_slice(&random.to_le_bytes());
+        }
+        KeyHasher { key }
+    }
+
+    fn hash(&self, domain: u8, parts: &[&[u8]]) -> u64 {
+        let mut hasher = SipHasher13::new_with_key(&self.key);
+        hasher.write_u8(domain);
+        for part in parts {
+            hasher.write_usize(part.len());
+            hasher.write(part);
+        }
+        hasher.finish()
+    }
+
+    /// Return a short, secret-free label for logs: `api_key:9f2c41d07ab3e6f1`.
+    pub fn label(&self, identity: &Identity) -> String {
+        let digest = self.hash(
+            1,
+            &[identity.source.name().as_bytes(), identity.value.as_bytes()],
+        );
+        format!("{}:{digest:016x}", identity.source.name())
+    }
+}
+
+/// Who is asking: the source that identified the client and its raw value.
+///
+/// The value may be a secret (an API key): it is only ever hashed, and `Debug` hides it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Which part of the request identified the client.
+    pub source: IdentitySource,
+    value: String,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Identity({}:<{} bytes>)",
+            self.source.name(),
+            self.value.len()
+        )
+    }
+}
+
+impl Identity {
+    /// Identify a client by `value` taken from `source`.
+    pub fn new(source: IdentitySource, value: impl Into<String>) -> Self {
+        Identity {
+            source,
+            value: value.into(),
+        }
+    }
+
+    /// The name `tenants` uses for this client: `user:alice`, `ip:192.0.2.7`, `device:…`.
+    /// API keys are never named in a config file, so they have none.
+    fn tenant_name(&self) -> Option<String> {
+        (self.source != IdentitySource::ApiKey)
+            .then(|| format!("{}:{}", self.source.name(), self.value))
+    }
+}
+
+/// What the rules need to know about a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFacts<'a> {
+    /// The client.
+    pub identity: &'a Identity,
+    /// A tier chosen by an earlier layer (e.g. from the client's plan), else looked up.
+    pub tier: Option<&'a str>,
+    /// The request method.
+    pub method: &'a Method,
+    /// The request path (no query).
+    pub path: &'a str,
+}
+
+/// One policy's part in a decision, for the response headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyReport {
+    /// The policy's name.
+    pub name: Arc<str>,
+    /// Its decision.
+    pub decision: Decision,
+    /// Its window in whole seconds (a bucket's time to refill from empty), for `w=`.
+    pub window_s: u64,
+    /// Counted but never denying.
+    pub shadow: bool,
+}
+
+/// The outcome of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Forward the request (shadow denials do not stop it).
+    pub allowed: bool,
+    /// The request's cost in tokens.
+    pub cost: u64,
+    /// The matched route, if any.
+    pub route: Option<Arc<str>>,
+    /// The enforced policies that were checked, in order; on a denial, the last is the one
+    /// that denied.
+    pub enforced: Vec<PolicyReport>,
+    /// The shadow policies (counted after an admission).
+    pub shadow: Vec<PolicyReport>,
+    /// When admitted by a shaping policy: nanoseconds to wait before forwarding.
+    pub delay_ns: Nanos,
+}
+
+impl Outcome {
+    /// Return the enforced policy that denied the request.
+    pub fn denied_by(&self) -> Option<&PolicyReport> {
+        self.enforced
+            .last()
+            .filter(|report| !report.decision.is_allowed())
+    }
+
+    /// Return the shadow policies that would have denied the request.
+    pub fn shadow_denials(&self) -> impl Iterator<Item = &PolicyReport> {
+        self.shadow
+            .iter()
+            .filter(|report| !report.decision.is_allowed())
+    }
+}
+
+struct CompiledPolicy {
+    named: NamedPolicy,
+    name: Arc<str>,
+    store: Arc<Store<u64>>,
+}
+
+impl CompiledPolicy {
+    /// `now` on this policy's time axis: shifted by the zone's UTC offset, so that a fixed
+    /// window of a day starts at local midnight.
+    fn local_now(&self, now: Nanos) -> Nanos {
+        match &self.named.time_zone {
+            None => now,
+            Some(zone) => {
+                let at =
+                    Timestamp::from_nanosecond(i128::from(now)).unwrap_or(Timestamp::UNIX_EPOCH);
+                let offset_ns = i64::from(zone.to_offset(at).seconds()) * 1_000_000_000;
+                now.saturating_add_signed(offset_ns)
+            }
+        }
+    }
+
+    fn report(&self, decision: Decision) -> PolicyReport {
+        PolicyReport {
+            name: Arc::clone(&self.name),
+            decision,
+            window_s: self.named.policy.window_ns().div_ceil(1_000_000_000),
+            shadow: self.named.shadow,
+        }
+    }
+}
+
+struct CompiledRoute {
+    name: Arc<str>,
+    method: Option<Method>,
+    path_prefix: String,
+    cost: u64,
+    enforced: Vec<usize>,
+    shadow: Vec<usize>,
+}
+
+impl CompiledRoute {
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        if self.method.as_ref().is_some_and(|m| m != method) {
+            return false;
+        }
+        match path.strip_prefix(self.path_prefix.as_str()) {
+            Some(rest) => rest.is_empty() || rest.starts_with('/') || self.path_prefix.is_empty(),
+            None => false,
+        }
+    }
+}
+
+#[derive(Default)]
+struct CompiledTier {
+    enforced: Vec<usize>,
+    shadow: Vec<usize>,
+}
+
+/// A policy file compiled for deciding requests; cheap to share behind an `Arc`.
+pub struct Rules {
+    config: GatewayConfig,
+    hasher: KeyHasher,
+    policies: Vec<CompiledPolicy>,
+    tiers: BTreeMap<String, CompiledTier>,
+    routes: Vec<CompiledRoute>,
+    tenants: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for Rules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rules")
+            .field(
+                "policies",
+                &self
+                    .policies
+                    .iter()
+                    .map(|p| &p.named.name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("tiers", &self.tiers.keys().collect::<Vec<_>>())
+            .field(
+                "routes",
+                &self.routes.iter().map(|r| &r.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl Rules {
+    /// Compile a validated file with fresh counters.
+    pub fn new(config: GatewayConfig) -> Result<Self, RulesError> {
+        Self::build(config, None)
+    }
+
+    /// Compile a new file, keeping the counters of every policy whose name and parameters
+    /// are unchanged from `previous`.
+    pub fn reloaded(config: GatewayConfig, previous: &Rules) -> Result<Self, RulesError> {
+        Self::build(config, Some(previous))
+    }
+
+    fn build(config: GatewayConfig, previous: Option<&Rules>) -> Result<Self, RulesError> {
+        let hasher = match &config.key_secret {
+            Some(secret) => KeyHasher::from_secret(secret),
+            None => previous.map_or_else(KeyHasher::random, |p| p.hasher.clone()),
+        };
+        let policies: Vec<CompiledPolicy> = config
+            .policies
+            .iter()
+            .map(|named| {
+                let kept = previous.and_then(|p| {
+                    p.policies
+                        .iter()
+                        .find(|old| old.named == *named)
+                        .map(|old| Arc::clone(&old.store))
+                });
+                CompiledPolicy {
+                    named: named.clone(),
+                    name: Arc::from(named.name.as_str()),
+                    store: kept
+                        .unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
+                }
+            })
+            .collect();
+        let index = |name: &String| policies.iter().position(|p| &p.named.name == name);
+        let split = |names: &[String]| {
+            let mut enforced = Vec::new();
+            let mut shadow = Vec::new();
+            for i in names.iter().filter_map(index) {
+                if policies[i].named.shadow {
+                    shadow.push(i);
+                } else {
+                    enforced.push(i);
+                }
+            }
+            // A shaping policy reserves a slot: check it last so it never needs a refund.
+            enforced.sort_by_key(|&i| {
+                matches!(
+                    policies[i].named.policy.algorithm(),
+                    crate::Algorithm::LeakyBucketShape { .. }
+                )
+            });
+            (enforced, shadow)
+        };
+        let tiers: BTreeMap<String, CompiledTier> = config
+            .tiers
+            .iter()
+            .map(|(name, names)| {
+                let (enforced, shadow) = split(names);
+                (name.clone(), CompiledTier { enforced, shadow })
+            })
+            .collect();
+        let routes: Vec<CompiledRoute> = config
+            .routes
+            .iter()
+            .map(|route| {
+                let (enforced, shadow) = split(&route.policies);
+                CompiledRoute {
+                    name: Arc::from(route.name.as_str()),
+                    method: route.method.clone(),
+                    path_prefix: route.path_prefix.clone(),
+                    cost: route.cost,
+                    enforced,
+                    shadow,
+                }
+            })
+            .collect();
+        for (tier_name, tier) in &tiers {
+            for route in &routes {
+                let count = tier.enforced.len() + route.enforced.len();
+                if count > MAX_POLICIES {
+                    return Err(RulesError::TooManyPolicies {
+                        tier: tier_name.clone(),
+                        route: route.name.to_string(),
+                        count,
+                    });
+                }
+            }
+        }
+        let tenants = config
+            .tenants
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Ok(Rules {
+            config,
+            hasher,
+            policies,
+            tiers,
+            routes,
+            tenants,
+        })
+    }
+
+    /// Return the file these rules were compiled from.
+    pub fn config(&self) -> &GatewayConfig {
+        &self.config
+    }
+
+    /// Return how clients are identified.
+    pub fn identity_config(&self) -> &IdentityConfig {
+        &self.config.identity
+    }
+
+    /// Return the hasher of identities (for secret-free log labels).
+    pub fn hasher(&self) -> &KeyHasher {
+        &self.hasher
+    }
+
+    /// Tell whether the store of policy `name` is the same object as in `other` (its
+    /// counters survived a reload).
+    pub fn shares_counters_with(&self, other: &Rules, name: &str) -> bool {
+        let find = |rules: &Rules| {
+            rules
+                .policies
+                .iter()
+                .find(|p| p.named.name == name)
+                .map(|p| Arc::as_ptr(&p.store))
+        };
+        matches!((find(self), find(other)), (Some(a), Some(b)) if a == b)
+    }
+
+    fn tier_of(&self, facts: &RequestFacts<'_>) -> Option<&CompiledTier> {
+        let named = facts
+            .tier
+            .map(str::to_string)
+            .or_else(|| {
+                facts
+                    .identity
+                    .tenant_name()
+                    .and_then(|n| self.tenants.get(&n).cloned())
+            })
+            .or_else(|| self.config.default_tier.clone());
+        named.and_then(|name| self.tiers.get(&name))
+    }
+
+    /// Decide one request at `now` (nanoseconds on the limiter's clock).
+    pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
+        let route = self
+            .routes
+            .iter()
+            .find(|r| r.matches(facts.method, facts.path));
+        let cost = route.map_or(1, |r| r.cost);
+        let empty = CompiledTier::default();
+        let tier = self.tier_of(facts).unwrap_or(&empty);
+        let env = self.config.env.as_bytes();
+        let source = facts.identity.source.name().as_bytes();
+        let value = facts.identity.value.as_bytes();
+        let client_key = self.hasher.hash(0, &[env, source, value]);
+        let route_key = route.map(|r| {
+            self.hasher
+                .hash(0, &[env, source, value, r.name.as_bytes()])
+        });
+
+        // (policy index, key) of every enforced layer: the tier's, then the route's.
+        let layers: Vec<(usize, u64)> = tier
+            .enforced
+            .iter()
+            .map(|&i| (i, client_key))
+            .chain(route.into_iter().flat_map(|r| {
+                r.enforced
+                    .iter()
+                    .map(|&i| (i, route_key.unwrap_or(client_key)))
+            }))
+            .collect();
+        let mut enforced = Vec::with_capacity(layers.len());
+        let final_decision = decide_in_layers(
+            layers.len(),
+            |i, charge| {
+                let (p, key) = layers[i];
+                let policy = &self.policies[p];
+                let decision =
+                    policy
+                        .store
+                        .decide_charge(&key, policy.local_now(now), cost, true, charge);
+                enforced.push(policy.report(decision));
+                decision
+            },
+            |i, charge| {
+                let (p, key) = layers[i];
+                let policy = &self.policies[p];
+                policy
+                    .store
+                    .refund(&key, charge, policy.local_now(now), cost);
+            },
+        );
+        let allowed = final_decision.verdict == Verdict::Allowed;
+        let mut shadow = Vec::new();
+        if allowed {
+            let shadow_layers =
+                tier.shadow
+                    .iter()
+                    .map(|&i| (i, client_key))
+                    .chain(route.into_iter().flat_map(|r| {
+                        r.shadow
+                            .iter()
+                            .map(|&i| (i, route_key.unwrap_or(client_key)))
+                    }));
+            for (p, key) in shadow_layers {
+                let policy = &self.policies[p];
+                let decision = policy.store.decide(&key, policy.local_now(now), cost);
+                shadow.push(policy.report(decision));
+            }
+        }
+        Outcome {
+            allowed,
+            cost,
+            route: route.map(|r| Arc::clone(&r.name)),
+            enforced,
+            shadow,
+            delay_ns: if allowed { final_decision.delay_ns } else { 0 },
+        }
+    }
+}
