@@ -145,6 +145,8 @@ pub struct RequestFacts<'a> {
 pub struct PolicyReport {
     /// The policy's name.
     pub name: Arc<str>,
+    /// The name serialized as a structured-field string (with its quotes).
+    pub sf_name: Arc<str>,
     /// Its decision.
     pub decision: Decision,
     /// Its window in whole seconds (a bucket's time to refill from empty), for `w=`.
@@ -190,6 +192,7 @@ impl Outcome {
 struct CompiledPolicy {
     named: NamedPolicy,
     name: Arc<str>,
+    sf_name: Arc<str>,
     store: Arc<Store<u64>>,
 }
 
@@ -211,6 +214,7 @@ impl CompiledPolicy {
     fn report(&self, decision: Decision) -> PolicyReport {
         PolicyReport {
             name: Arc::clone(&self.name),
+            sf_name: Arc::clone(&self.sf_name),
             decision,
             window_s: self.named.policy.window_ns().div_ceil(1_000_000_000),
             shadow: self.named.shadow,
@@ -305,6 +309,7 @@ impl Rules {
                 CompiledPolicy {
                     named: named.clone(),
                     name: Arc::from(named.name.as_str()),
+                    sf_name: Arc::from(crate::http::headers::sf_string(&named.name)),
                     store: kept
                         .unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
                 }

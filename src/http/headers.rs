@@ -6,7 +6,7 @@
 //! until the quota is whole again). `Retry-After` is in whole seconds, rounded up.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use sfv::{KeyRef, ListSerializer, StringRef};
+use sfv::{ItemSerializer, StringRef};
 
 use crate::clock::Nanos;
 use crate::rules::{Outcome, PolicyReport};
@@ -28,34 +28,43 @@ pub fn ceil_seconds(ns: Nanos) -> u64 {
 }
 
 /// sf-integers stop at 15 digits.
-fn sf_integer(value: u64) -> sfv::Integer {
-    let clamped = value.min(999_999_999_999_999) as i64;
-    sfv::Integer::try_from(clamped).unwrap_or(sfv::integer(999_999_999_999_999))
-}
+const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
 
-/// A policy name as an sf-string (names with characters outside printable ASCII become `?`).
-fn sf_name(name: &str) -> String {
-    name.chars()
+/// Serialize a policy name as an sf-string, once (names are fixed when a file is loaded).
+/// Characters outside printable ASCII become `?`.
+pub fn sf_string(name: &str) -> String {
+    let printable: String = name
+        .chars()
         .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
-        .collect()
+        .collect();
+    match StringRef::from_str(&printable) {
+        Ok(string) => ItemSerializer::new().bare_item(string).finish(),
+        Err(_) => "\"?\"".to_string(),
+    }
 }
 
+/// Write a list of `sf_name;k1=v1;k2=v2` items (the names already serialized).
 fn list<'a>(
     reports: impl Iterator<Item = &'a PolicyReport>,
     params: impl Fn(&PolicyReport) -> [(&'static str, u64); 2],
 ) -> Option<HeaderValue> {
-    let mut serializer = ListSerializer::new();
+    let mut out = String::with_capacity(64);
+    let mut digits = itoa::Buffer::new();
     for report in reports {
-        let name = sf_name(&report.name);
-        let Ok(name) = StringRef::from_str(&name) else {
-            continue;
-        };
-        let mut item = serializer.bare_item(name);
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        out.push_str(&report.sf_name);
         for (key, value) in params(report) {
-            item = item.parameter(KeyRef::constant(key), sf_integer(value));
+            out.push(';');
+            out.push_str(key);
+            out.push('=');
+            out.push_str(digits.format(value.min(MAX_SF_INTEGER)));
         }
     }
-    HeaderValue::from_str(&serializer.finish()?).ok()
+    (!out.is_empty())
+        .then(|| HeaderValue::from_str(&out).ok())
+        .flatten()
 }
 
 /// The policy that speaks for the response: the one that denied, else the one with the

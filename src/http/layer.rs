@@ -208,7 +208,8 @@ fn record(outcome: &Outcome, rules: &Rules, identity: &crate::rules::Identity) {
         } else {
             "denied"
         };
-        metrics::counter!("ratemesh_decisions_total", "policy" => report.name.to_string(), "outcome" => result)
+        let policy = metrics::SharedString::from_shared(Arc::clone(&report.name));
+        metrics::counter!("ratemesh_decisions_total", "policy" => policy, "outcome" => result)
             .increment(1);
     }
     for report in &outcome.shadow {
