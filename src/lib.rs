@@ -19,6 +19,9 @@
 //! assert_eq!(decision.remaining, 19);
 //! ```
 //!
+//! Behind HTTP, a request is decided in `http::RateLimitService::call`, which identifies the
+//! client and calls [`rules::Rules::decide`] (tiers, routes, costs, layered policies).
+//!
 //! Module map (pure modules take `now` as an argument and do no IO):
 //! - [`clock`]: `Nanos`, the `Clock` trait, system, manual and tokio clocks.
 //! - [`policy`]: validated policies and their typed errors.
@@ -26,6 +29,9 @@
 //! - [`local`]: the concurrent per-key store with a hard cap on keys.
 //! - [`limiter`]: layered policies, `check` and `until_ready`.
 //! - [`decision`]: what a decision reports.
+//! - [`config`]: the TOML policy file and its located errors.
+//! - [`rules`]: the compiled policy file; where an HTTP request is decided.
+//! - [`http`]: the tower layer, identity, response fields, retry helper.
 
 #![deny(missing_docs)]
 

@@ -452,3 +452,47 @@ async fn the_layer_serves_plain_hyper_too() {
     assert_eq!(statuses, vec![200, 200, 200, 200, 200, 429]);
     task.abort();
 }
+
+#[tokio::test]
+async fn the_retry_helper_honours_retry_after_from_a_real_server() {
+    use ratemesh::http::client::RetryPolicy;
+    let file = FIXTURE
+        .replace(
+            "rate = 1\nperiod = \"1m\"\nburst = 5",
+            "rate = 1\nperiod = \"1s\"\nburst = 1",
+        )
+        .replace("cost = 2", "cost = 1");
+    let config = GatewayConfig::from_toml_str(&file, "retry").unwrap();
+    let server = serve(RateLimitLayer::new(config).unwrap()).await;
+    let http = client();
+    let first = http
+        .get(&server.base)
+        .header("x-api-key", "retrier")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    let policy = RetryPolicy::default();
+    let started = std::time::Instant::now();
+    let response = policy
+        .send(|| async {
+            let response = http
+                .get(&server.base)
+                .header("x-api-key", "retrier")
+                .send()
+                .await?;
+            Ok::<_, reqwest::Error>(http::Response::from(response))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        200,
+        "retried after the server's Retry-After"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "waited only {waited:?}"
+    );
+}

@@ -2,14 +2,17 @@
 //! with full jitter, and never retry more than a budget allows.
 //!
 //! ```no_run
-//! # async fn demo(client: reqwest::Client) -> Result<(), reqwest::Error> {
+//! # async fn demo() -> Result<(), std::io::Error> {
 //! use ratemesh::http::client::RetryPolicy;
 //! let policy = RetryPolicy::default();
-//! let response = policy.send(|| client.get("http://127.0.0.1:8080/").send()).await?;
+//! // Any closure returning a future of `Result<http::Response<_>, _>`: a hyper or tower call.
+//! let response = policy
+//!     .send(|| async { Ok::<_, std::io::Error>(http::Response::new("body")) })
+//!     .await?;
+//! assert_eq!(response.status(), 200);
 //! # Ok(()) }
 //! ```
-//! (`send` takes any closure that returns a future of a `Result` whose value is
-//! [`Retryable`]: `http::Response` and `reqwest::Response` both are.)
+//! (`send` takes any response type that implements [`Retryable`]; `http::Response` does.)
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
