@@ -445,17 +445,17 @@ impl Rules {
                 .hash(0, &[env, source, value, r.name.as_bytes()])
         });
 
-        // (policy index, key) of every enforced layer: the tier's, then the route's.
-        let layers: Vec<(usize, u64)> = tier
-            .enforced
-            .iter()
-            .map(|&i| (i, client_key))
-            .chain(route.into_iter().flat_map(|r| {
-                r.enforced
-                    .iter()
-                    .map(|&i| (i, route_key.unwrap_or(client_key)))
-            }))
-            .collect();
+        // (policy index, key) of each layer: the tier's under the client's key, then the
+        // route's under the client's and the route's.
+        let keyed = |tier_policies: &[usize], route_policies: &[usize]| -> Vec<(usize, u64)> {
+            let route_key = route_key.unwrap_or(client_key);
+            tier_policies
+                .iter()
+                .map(|&i| (i, client_key))
+                .chain(route_policies.iter().map(|&i| (i, route_key)))
+                .collect()
+        };
+        let layers = keyed(&tier.enforced, route.map_or(&[][..], |r| &r.enforced));
         let mut enforced = Vec::with_capacity(layers.len());
         let final_decision = decide_in_layers(
             layers.len(),
@@ -480,16 +480,7 @@ impl Rules {
         let allowed = final_decision.verdict == Verdict::Allowed;
         let mut shadow = Vec::new();
         if allowed {
-            let shadow_layers =
-                tier.shadow
-                    .iter()
-                    .map(|&i| (i, client_key))
-                    .chain(route.into_iter().flat_map(|r| {
-                        r.shadow
-                            .iter()
-                            .map(|&i| (i, route_key.unwrap_or(client_key)))
-                    }));
-            for (p, key) in shadow_layers {
+            for (p, key) in keyed(&tier.shadow, route.map_or(&[][..], |r| &r.shadow)) {
                 let policy = &self.policies[p];
                 let decision = policy.store.decide(&key, policy.local_now(now), cost);
                 shadow.push(policy.report(decision));

@@ -84,6 +84,26 @@ fn check_retry_after_is_exact(
     Ok(())
 }
 
+/// In every interval `[t_i, t_j]` between two admissions, the admitted cost is at most
+/// `capacity + (t_j − t_i)/T` (T = the policy's interval): `b + r·t` for a bucket.
+fn check_capacity_plus_rate_bound(
+    policy: Policy,
+    arrivals: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let t = policy.interval_ns();
+    let capacity = policy.capacity();
+    let admitted = admitted(&run(policy, arrivals));
+    for i in 0..admitted.len() {
+        let mut sum = 0;
+        for j in i..admitted.len() {
+            sum += admitted[j].1;
+            let span = admitted[j].0 - admitted[i].0;
+            prop_assert!(sum * t <= capacity * t + span, "{sum} tokens in {span} ns");
+        }
+    }
+    Ok(())
+}
+
 /// A rate per second (often one that divides a second into whole milliseconds) and a burst.
 fn rate_policy() -> impl Strategy<Value = (u64, u64)> {
     let rate = prop_oneof![
@@ -102,17 +122,7 @@ proptest! {
         arrivals in arrivals(SECOND / 8, 6),
     ) {
         let policy = Policy::token_bucket(rate, Duration::from_secs(1), burst).unwrap();
-        let t = policy.interval_ns();
-        let admitted = admitted(&run(policy, &arrivals));
-        for i in 0..admitted.len() {
-            let mut sum = 0;
-            for j in i..admitted.len() {
-                sum += admitted[j].1;
-                let span = admitted[j].0 - admitted[i].0;
-                // cost·T ≤ burst·T + span  ⇔  admitted ≤ b + r·t with r = 1/T
-                prop_assert!(sum * t <= burst * t + span, "{sum} tokens in {span} ns");
-            }
-        }
+        check_capacity_plus_rate_bound(policy, &arrivals)?;
     }
 
     #[test]
@@ -121,15 +131,7 @@ proptest! {
         arrivals in arrivals(SECOND / 8, 6),
     ) {
         let policy = Policy::leaky_bucket_police(rate, Duration::from_secs(1), capacity).unwrap();
-        let t = policy.interval_ns();
-        let admitted = admitted(&run(policy, &arrivals));
-        for i in 0..admitted.len() {
-            let mut sum = 0;
-            for j in i..admitted.len() {
-                sum += admitted[j].1;
-                prop_assert!(sum * t <= capacity * t + (admitted[j].0 - admitted[i].0));
-            }
-        }
+        check_capacity_plus_rate_bound(policy, &arrivals)?;
     }
 
     #[test]
