@@ -299,8 +299,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         // loop is compiled for one algorithm.
         let (limits, r) = (&self.limits, reserve);
         match &self.table {
+            // The default algorithm is compiled into the caller.
             Table::TokenBucket(c) => {
-                c.decide::<TokenBucketStep, Q>(limits, key, now, cost, r, charge)
+                c.decide_inline::<TokenBucketStep, Q>(limits, key, now, cost, r, charge)
             }
             Table::Gcra(c) => c.decide::<GcraStep, Q>(limits, key, now, cost, r, charge),
             Table::FixedWindow(c) => {
@@ -337,13 +338,30 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
 }
 
 impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
-    /// Find (or make room for) the key's cell and run algorithm `D` on it.
-    ///
-    /// Not inlined: each algorithm gets its own copy with a frame sized for it alone, and
-    /// the dispatch in `Store::decide_charge` stays a jump.
+    /// [`Cells::decide_inline`], out of line: each algorithm gets its own copy with a frame
+    /// sized for it alone, and the dispatch in `Store::decide_charge` stays a jump.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn decide<D: Step<C>, Q>(
+        &self,
+        limits: &Limits,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+        charge: &mut Charge,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide_inline::<D, Q>(limits, key, now, cost, reserve, charge)
+    }
+
+    /// Find (or make room for) the key's cell and run algorithm `D` on it.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_inline<D: Step<C>, Q>(
         &self,
         limits: &Limits,
         key: &Q,
@@ -367,8 +385,9 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
         decision
     }
 
-    /// The slow path of [`Cells::decide`]: the key is not in the map yet.
-    #[inline]
+    /// The slow path of [`Cells::decide_inline`]: the key is not in the map yet.
+    #[cold]
+    #[inline(never)]
     fn decide_new_key<Q>(
         &self,
         limits: &Limits,
