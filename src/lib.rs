@@ -32,6 +32,8 @@
 //! - [`config`]: the TOML policy file and its located errors.
 //! - [`rules`]: the compiled policy file; where an HTTP request is decided.
 //! - [`http`]: the tower layer, identity, response fields, retry helper.
+//! - [`mesh`]: what nodes share: the per-node G-Counter and the peer frame codec (the
+//!   gossip itself is not built yet).
 
 #![deny(missing_docs)]
 
@@ -42,6 +44,7 @@ pub mod decision;
 pub mod http;
 pub mod limiter;
 pub mod local;
+pub mod mesh;
 pub mod policy;
 pub mod rules;
 mod sync;

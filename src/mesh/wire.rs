@@ -1,0 +1,111 @@
+//! The only place that parses bytes from peers: a version byte, then a bincode-2 body decoded
+//! with a size limit, and nothing after it.
+//!
+//! A frame that is empty, too large, of another version, malformed or followed by trailing
+//! bytes is a typed [`WireError`]; decoding never panics and never allocates more than the
+//! limit, whatever the bytes claim (a 9-byte input claiming a 16 TiB string is refused
+//! before any allocation). Messages use bincode's own `Encode`/`Decode` derives rather than
+//! serde: bincode then checks every container's claimed length times its element size
+//! against the limit before allocating, where serde's path would preallocate up to 1 MiB.
+
+use bincode::config::{self, Configuration, Limit, LittleEndian, Varint};
+use bincode::{Decode, Encode};
+
+/// The version of the frames this build writes and reads.
+pub const WIRE_VERSION: u8 = 1;
+
+/// The largest frame accepted, in bytes (datagrams stay far below; snapshots are chunked).
+pub const MAX_FRAME_BYTES: usize = 64 * 1024;
+
+/// The bincode configuration for peer data: varints, little endian, at most
+/// `MAX_FRAME_BYTES` claimed by any length prefix.
+const LIMITED: Configuration<LittleEndian, Varint, Limit<MAX_FRAME_BYTES>> =
+    config::standard().with_limit::<MAX_FRAME_BYTES>();
+
+/// Why a frame was refused. Nothing it carried was applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// No bytes at all.
+    #[error("empty frame")]
+    Empty,
+    /// More bytes than any valid frame has.
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge {
+        /// The frame's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A version this build does not speak.
+    #[error("frame version {found}, this node speaks {expected}")]
+    UnknownVersion {
+        /// The version byte found.
+        found: u8,
+        /// The version expected.
+        expected: u8,
+    },
+    /// The body does not decode.
+    #[error("malformed frame: {reason}")]
+    Malformed {
+        /// The decoder's explanation.
+        reason: String,
+    },
+    /// The body decoded but bytes were left over.
+    #[error("{extra} trailing bytes after a {consumed}-byte body")]
+    TrailingBytes {
+        /// Bytes the body used.
+        consumed: usize,
+        /// Bytes left.
+        extra: usize,
+    },
+    /// A value this node wanted to send could not be encoded.
+    #[error("cannot encode: {reason}")]
+    Encode {
+        /// The encoder's explanation.
+        reason: String,
+    },
+}
+
+/// Encode `message` as a frame: the version byte, then the body.
+pub fn encode<T: Encode>(message: &T) -> Result<Vec<u8>, WireError> {
+    let mut frame = vec![WIRE_VERSION];
+    let body = bincode::encode_to_vec(message, LIMITED).map_err(|e| WireError::Encode {
+        reason: e.to_string(),
+    })?;
+    frame.extend_from_slice(&body);
+    if frame.len() > MAX_FRAME_BYTES {
+        return Err(WireError::TooLarge {
+            len: frame.len(),
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    Ok(frame)
+}
+
+/// Decode a frame received from a peer.
+pub fn decode<T: Decode<()>>(frame: &[u8]) -> Result<T, WireError> {
+    let (&version, body) = frame.split_first().ok_or(WireError::Empty)?;
+    if frame.len() > MAX_FRAME_BYTES {
+        return Err(WireError::TooLarge {
+            len: frame.len(),
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    if version != WIRE_VERSION {
+        return Err(WireError::UnknownVersion {
+            found: version,
+            expected: WIRE_VERSION,
+        });
+    }
+    let (message, consumed) =
+        bincode::decode_from_slice::<T, _>(body, LIMITED).map_err(|e| WireError::Malformed {
+            reason: e.to_string(),
+        })?;
+    if consumed != body.len() {
+        return Err(WireError::TrailingBytes {
+            consumed,
+            extra: body.len() - consumed,
+        });
+    }
+    Ok(message)
+}
