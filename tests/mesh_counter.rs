@@ -60,7 +60,7 @@ proptest! {
         let mut ours = GCounter::new();
         for &(node, by) in &ops {
             let op = reference.inc_many(node, by);
-            reference.apply(op.clone());
+            reference.apply(op);
             dots.push(ours.increment(node, by));
         }
         // A replica that got the ops in another order, some twice.
@@ -72,7 +72,7 @@ proptest! {
             order.swap(i, (x % (i as u64 + 1)) as usize);
         }
         for i in order {
-            replica.apply(dots[i].clone());
+            replica.apply(dots[i]);
         }
         prop_assert_eq!(&replica, &ours);
         prop_assert_eq!(ours.total().to_string(), reference.read().to_string());
