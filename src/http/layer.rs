@@ -90,6 +90,9 @@ impl RateLimitLayer {
 
     /// Answer denied requests with `hook` instead of the default 429 JSON response. The
     /// rate-limit fields and `Retry-After` are still added, unless the hook sets them.
+    ///
+    /// Call it while building, before cloning: the returned layer keeps the counters but has
+    /// its own handle for [`RateLimitLayer::reload`].
     pub fn on_denied(
         self,
         hook: impl Fn(&Outcome) -> Response<Body> + Send + Sync + 'static,
