@@ -32,12 +32,14 @@
 //! - [`config`]: the TOML policy file and its located errors.
 //! - [`rules`]: the compiled policy file; where an HTTP request is decided.
 //! - [`http`]: the tower layer, identity, response fields, retry helper.
+//! - [`backend`]: exact limits in Redis (Lua scripts, fail modes).
 //! - [`mesh`]: what nodes share: the per-node G-Counter and the peer frame codec (the
 //!   gossip itself is not built yet).
 
 #![deny(missing_docs)]
 
 pub mod algorithm;
+pub mod backend;
 pub mod clock;
 pub mod config;
 pub mod decision;

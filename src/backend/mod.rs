@@ -1,0 +1,6 @@
+//! Backends that keep counters outside this process.
+//!
+//! [`redis`] is the exact backend for low-volume money paths: one atomic Lua script per
+//! decision, time from Redis's own clock, and a fail mode per policy when Redis is away.
+
+pub mod redis;

@@ -1,0 +1,258 @@
+//! Exact limits in Redis: one atomic Lua script per decision (`EVALSHA`, reloaded
+//! transparently after `SCRIPT FLUSH`), a timeout on every call, and a fail mode per policy.
+//!
+//! Scripts read time from Redis `TIME` (microseconds), never from the gateway, so gateway
+//! clocks cannot skew the limit. Keys are `rl:{<identity>}:<env>:<policy>[:<route>]`: the
+//! braces are a Redis Cluster hash tag, so every key of one client's decisions lives in one
+//! slot (no CROSSSLOT), and the identity inside them is already a keyed hash (no secret).
+
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, RedisError, Script};
+
+use crate::clock::Nanos;
+use crate::decision::{Decision, Verdict};
+use crate::policy::{Algorithm, Policy};
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+
+/// Why the Redis backend could not decide.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The policy has no exact Redis script (the leaky buckets).
+    #[error(
+        "algorithm `{0}` has no Redis script; use token-bucket, gcra, fixed-window, sliding-window or sliding-log"
+    )]
+    Unsupported(&'static str),
+    /// The policy's interval or window is not a whole number of microseconds (Redis time).
+    #[error("the policy's interval of {0} ns is not a whole number of microseconds")]
+    NotWholeMicroseconds(Nanos),
+    /// Redis failed, timed out, or is unreachable.
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    /// Redis answered something that is not a decision.
+    #[error("unexpected reply from the script: {0}")]
+    Reply(String),
+}
+
+/// How long a call may take before it counts as a failure.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+
+fn script_for(algorithm: Algorithm) -> Result<(&'static str, &'static str), BackendError> {
+    Ok(match algorithm {
+        Algorithm::TokenBucket => ("token_bucket", include_str!("lua/token_bucket.lua")),
+        Algorithm::Gcra => ("gcra", include_str!("lua/gcra.lua")),
+        Algorithm::FixedWindow => ("fixed_window", include_str!("lua/fixed_window.lua")),
+        Algorithm::SlidingWindow => ("sliding_window", include_str!("lua/sliding_window.lua")),
+        Algorithm::SlidingLog => ("sliding_log", include_str!("lua/sliding_log.lua")),
+        other => return Err(BackendError::Unsupported(other.name())),
+    })
+}
+
+/// The exact limiter for one policy, talking to one Redis (or Redis Cluster) deployment.
+#[derive(Clone)]
+pub struct RedisLimiter {
+    connection: RedisConnection,
+    policy: Policy,
+    script: Script,
+    /// The policy's rate interval or window, in microseconds.
+    unit_us: u64,
+}
+
+/// A multiplexed connection that reconnects by itself.
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// One Redis server (`redis://…` or `redis+unix://…`).
+    Single(ConnectionManager),
+    /// A Redis Cluster.
+    Cluster(::redis::cluster_async::ClusterConnection),
+}
+
+impl RedisConnection {
+    /// Connect lazily to one server: the first call connects, so a gateway starts even while
+    /// Redis is down (its policies then follow their fail mode).
+    pub fn single(url: &str, timeout: Duration) -> Result<Self, BackendError> {
+        let client = Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(timeout))
+            .set_connection_timeout(Some(timeout))
+            .set_number_of_retries(1);
+        Ok(RedisConnection::Single(
+            ConnectionManager::new_lazy_with_config(client, config)?,
+        ))
+    }
+
+    /// Connect to a Redis Cluster through any of its nodes.
+    pub async fn cluster(urls: &[String], timeout: Duration) -> Result<Self, BackendError> {
+        let client = ::redis::cluster::ClusterClientBuilder::new(urls.to_vec())
+            .response_timeout(timeout)
+            .connection_timeout(timeout)
+            .build()?;
+        Ok(RedisConnection::Cluster(
+            client.get_async_connection().await?,
+        ))
+    }
+}
+
+/// Build the key of one decision: `rl:{identity}:env:policy[:route]`.
+pub fn redis_key(env: &str, policy: &str, identity: &str, route: Option<&str>) -> String {
+    match route {
+        Some(route) => format!("rl:{{{identity}}}:{env}:{policy}:{route}"),
+        None => format!("rl:{{{identity}}}:{env}:{policy}"),
+    }
+}
+
+impl RedisLimiter {
+    /// Prepare the script of `policy` on `connection`.
+    pub fn new(connection: RedisConnection, policy: Policy) -> Result<Self, BackendError> {
+        let (_, body) = script_for(policy.algorithm())?;
+        let unit_ns = if policy.algorithm().is_rate_based() {
+            policy.interval_ns()
+        } else {
+            policy.window_ns()
+        };
+        if unit_ns % 1000 != 0 {
+            return Err(BackendError::NotWholeMicroseconds(unit_ns));
+        }
+        Ok(RedisLimiter {
+            connection,
+            policy,
+            script: Script::new(&format!("{PRELUDE}\n{body}")),
+            unit_us: unit_ns / 1000,
+        })
+    }
+
+    /// Return the policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Decide a request of `cost` tokens for `key` with Redis's clock.
+    pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, BackendError> {
+        self.check_at(key, cost, None).await
+    }
+
+    /// Decide at an explicit instant (microseconds) instead of Redis `TIME`: for tests that
+    /// compare the scripts with the local engine on one clock.
+    pub async fn check_at(
+        &self,
+        key: &str,
+        cost: u64,
+        now_us: Option<u64>,
+    ) -> Result<Decision, BackendError> {
+        let mut invocation = self.script.key(key);
+        if self.policy.algorithm() == Algorithm::SlidingLog {
+            invocation.key(format!("{key}:seq"));
+        }
+        invocation
+            .arg(now_us.map_or(String::new(), |t| t.to_string()))
+            .arg(self.unit_us)
+            .arg(self.policy.capacity())
+            .arg(cost);
+        let reply: Vec<i64> = match &self.connection {
+            RedisConnection::Single(manager) => {
+                invocation.invoke_async(&mut manager.clone()).await?
+            }
+            RedisConnection::Cluster(cluster) => {
+                invocation.invoke_async(&mut cluster.clone()).await?
+            }
+        };
+        decision_from_reply(&reply)
+    }
+}
+
+/// Turn the script's `{verdict, limit, remaining, reset_us, retry_us}` into a `Decision`,
+/// refusing anything else.
+fn decision_from_reply(reply: &[i64]) -> Result<Decision, BackendError> {
+    let [verdict, limit, remaining, reset_us, retry_us] = reply else {
+        return Err(BackendError::Reply(format!("{reply:?}")));
+    };
+    let non_negative =
+        |v: i64| u64::try_from(v).map_err(|_| BackendError::Reply(format!("{reply:?}")));
+    let (limit, remaining) = (non_negative(*limit)?, non_negative(*remaining)?);
+    let reset_after_ns = non_negative(*reset_us)?.saturating_mul(1000);
+    let retry_after_ns = non_negative(*retry_us)?.saturating_mul(1000);
+    Ok(match verdict {
+        0 => Decision::allowed(limit, remaining, reset_after_ns),
+        1 => Decision::denied(limit, remaining, reset_after_ns, retry_after_ns),
+        2 => Decision::cannot_fit(limit),
+        _ => return Err(BackendError::Reply(format!("{reply:?}"))),
+    })
+}
+
+/// What an exact policy does when Redis fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailMode {
+    /// Decide on the local fallback limiter instead (and count it).
+    Open,
+    /// Deny; the caller should answer 503, not 429: the backend failed, not the client.
+    Closed,
+}
+
+/// The outcome of an exact decision, saying which path decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExactDecision {
+    /// Redis decided.
+    Exact(Decision),
+    /// Redis failed; the local fallback limiter decided (fail-open).
+    Fallback(Decision),
+    /// Redis failed and the policy fails closed.
+    Unavailable,
+}
+
+impl ExactDecision {
+    /// Tell whether the request may go on.
+    pub fn is_allowed(&self) -> bool {
+        match self {
+            ExactDecision::Exact(d) | ExactDecision::Fallback(d) => d.verdict == Verdict::Allowed,
+            ExactDecision::Unavailable => false,
+        }
+    }
+}
+
+/// An exact policy with its fail mode and its local fallback (fail-open decides there).
+pub struct ExactLimiter {
+    redis: RedisLimiter,
+    fail_mode: FailMode,
+    fallback: crate::Limiter<String>,
+    fallbacks: std::sync::atomic::AtomicU64,
+}
+
+impl ExactLimiter {
+    /// Combine a Redis limiter, a fail mode and a fallback limiter (used when failing open).
+    pub fn new(redis: RedisLimiter, fail_mode: FailMode, fallback: crate::Limiter<String>) -> Self {
+        ExactLimiter {
+            redis,
+            fail_mode,
+            fallback,
+            fallbacks: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Return how many decisions failed over (open or closed) since the start.
+    pub fn failovers(&self) -> u64 {
+        self.fallbacks.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Decide through Redis, or by the fail mode when Redis fails.
+    pub async fn check(&self, key: &str, cost: u64) -> ExactDecision {
+        match self.redis.check(key, cost).await {
+            Ok(decision) => ExactDecision::Exact(decision),
+            Err(error) => {
+                self.fallbacks
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!("ratemesh_backend_failovers_total", "mode" => match self.fail_mode {
+                    FailMode::Open => "open",
+                    FailMode::Closed => "closed",
+                })
+                .increment(1);
+                tracing::warn!(%error, "redis backend failed; applying the fail mode");
+                match self.fail_mode {
+                    FailMode::Open => ExactDecision::Fallback(self.fallback.check(key, cost)),
+                    FailMode::Closed => ExactDecision::Unavailable,
+                }
+            }
+        }
+    }
+}
