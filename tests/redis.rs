@@ -289,3 +289,150 @@ fn keys_carry_the_identity_as_a_hash_tag() {
         "rl:{user:1}:prod:pay"
     );
 }
+
+/// A free TCP port whose cluster-bus port (+10000) is free too (both probed, small race).
+fn free_port_pair() -> u16 {
+    loop {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_node_redis_cluster_decides_without_crossslot() {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert_ne!(
+            std::env::var("RATEMESH_REQUIRE_REDIS").as_deref(),
+            Ok("1"),
+            "redis-server is required"
+        );
+        eprintln!("SKIPPED: redis-server is not on PATH");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("ratemesh-redis-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    struct Nodes(Vec<Child>);
+    impl Drop for Nodes {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+    let ports: Vec<u16> = (0..3).map(|_| free_port_pair()).collect();
+    let mut nodes = Nodes(Vec::new());
+    for port in &ports {
+        let node_dir = dir.join(port.to_string());
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+            ])
+            .args([
+                "--cluster-config-file",
+                "nodes.conf",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+            ])
+            .arg(&node_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        nodes.0.push(child);
+    }
+    let ping = |port: u16| {
+        Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "PING"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("PONG"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ports.iter().all(|&p| ping(p)) {
+        assert!(Instant::now() < deadline, "cluster nodes did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let addresses: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let created = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addresses)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stdout)
+    );
+    let cluster_ok = |port: u16| {
+        Command::new("redis-cli")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "CLUSTER",
+                "INFO",
+            ])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ports.iter().all(|&p| cluster_ok(p)) {
+        assert!(Instant::now() < deadline, "the cluster did not become ok");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let urls: Vec<String> = addresses.iter().map(|a| format!("redis://{a}")).collect();
+    let connection = RedisConnection::cluster(&urls, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let mut decisions = 0;
+    for policy in policies() {
+        let redis = RedisLimiter::new(connection.clone(), policy).unwrap();
+        // Many clients, so the keys spread over all three nodes' slots.
+        for client in 0..40 {
+            let key = redis_key(
+                "test",
+                policy.algorithm().name(),
+                &format!("client-{client}"),
+                Some("pay"),
+            );
+            for _ in 0..3 {
+                redis
+                    .check(&key, 1)
+                    .await
+                    .unwrap_or_else(|e| panic!("{key}: {e}"));
+                decisions += 1;
+            }
+        }
+    }
+    assert_eq!(decisions, 5 * 40 * 3);
+    // Without the hash tag, the sliding log's two keys land in different slots: the test
+    // would have seen CROSSSLOT had `redis_key` not tagged the identity.
+    let log = RedisLimiter::new(connection.clone(), policies()[4]).unwrap();
+    let error = log.check("rl:untagged:client", 1).await.unwrap_err();
+    assert!(
+        error.to_string().to_lowercase().contains("crossslot"),
+        "{error}"
+    );
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+}
