@@ -28,6 +28,9 @@ pub enum BackendError {
     /// The policy's interval or window is not a whole number of microseconds (Redis time).
     #[error("the policy's interval of {0} ns is not a whole number of microseconds")]
     NotWholeMicroseconds(Nanos),
+    /// Connections must be made inside a tokio runtime.
+    #[error("the Redis connection must be created inside a tokio runtime")]
+    NoRuntime,
     /// Redis failed, timed out, or is unreachable.
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
@@ -71,8 +74,12 @@ pub enum RedisConnection {
 
 impl RedisConnection {
     /// Connect lazily to one server: the first call connects, so a gateway starts even while
-    /// Redis is down (its policies then follow their fail mode).
+    /// Redis is down (its policies then follow their fail mode). Call it inside a tokio
+    /// runtime (the connection's driver is spawned there).
     pub fn single(url: &str, timeout: Duration) -> Result<Self, BackendError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(BackendError::NoRuntime);
+        }
         let client = Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
@@ -126,6 +133,16 @@ impl RedisLimiter {
     /// Return the policy.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Return the SHA1 under which Redis caches this policy's script (for `EVALSHA`).
+    pub fn script_sha(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// Return the script's arguments after the instant: `interval or window (µs), capacity`.
+    pub fn script_params(&self) -> (u64, u64) {
+        (self.unit_us, self.policy.capacity())
     }
 
     /// Decide a request of `cost` tokens for `key` with Redis's clock.
