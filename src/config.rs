@@ -93,12 +93,12 @@ impl IdentitySource {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
-    /// This node's own store (the only backend available in this build).
+    /// This node's own store.
     #[default]
     Local,
     /// The cluster-wide gossiped limit (not available yet).
     Mesh,
-    /// Exact counters in Redis (not available yet).
+    /// Exact counters in Redis (needs a `[redis]` section).
     Redis,
 }
 
@@ -176,6 +176,24 @@ pub struct RouteRule {
     pub policies: Vec<String>,
 }
 
+/// Where the `redis` backend lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// One server (`redis://host:port`, `redis+unix:///path`), or the nodes of a cluster.
+    pub endpoints: RedisEndpoints,
+    /// The timeout of every call; past it the policy's fail mode decides.
+    pub timeout: Duration,
+}
+
+/// One Redis server or a Redis Cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisEndpoints {
+    /// One server.
+    Single(String),
+    /// Any nodes of one cluster.
+    Cluster(Vec<String>),
+}
+
 /// A validated policy file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatewayConfig {
@@ -197,6 +215,8 @@ pub struct GatewayConfig {
     pub tenants: BTreeMap<String, String>,
     /// Routes, most specific first.
     pub routes: Vec<RouteRule>,
+    /// The Redis deployment of `backend = "redis"` policies.
+    pub redis: Option<RedisConfig>,
 }
 
 // ---- raw file format ---------------------------------------------------------------------
@@ -222,6 +242,17 @@ struct RawConfig {
     tenants: BTreeMap<String, Spanned<String>>,
     #[serde(default)]
     routes: Vec<Spanned<RawRoute>>,
+    #[serde(default)]
+    redis: Option<Spanned<RawRedis>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRedis {
+    url: Option<String>,
+    #[serde(default)]
+    cluster: Vec<String>,
+    timeout: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -410,8 +441,12 @@ impl GatewayConfig {
 
 fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigError> {
     let mut policies = Vec::new();
+    let redis = match &raw.redis {
+        Some(spanned) => Some(build_redis(source, spanned)?),
+        None => None,
+    };
     for (name, spanned) in &raw.policies {
-        policies.push(build_policy(source, name, spanned)?);
+        policies.push(build_policy(source, name, spanned, redis.is_some())?);
     }
     let known = |name: &str| policies.iter().any(|p: &NamedPolicy| p.name == name);
 
@@ -497,7 +532,45 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         default_tier,
         tenants,
         routes,
+        redis,
     })
+}
+
+fn build_redis(
+    source: &Source<'_>,
+    spanned: &Spanned<RawRedis>,
+) -> Result<RedisConfig, ConfigError> {
+    let raw = spanned.get_ref();
+    let span = spanned.span();
+    let endpoints = match (&raw.url, raw.cluster.is_empty()) {
+        (Some(url), true) => RedisEndpoints::Single(url.clone()),
+        (None, false) => RedisEndpoints::Cluster(raw.cluster.clone()),
+        (Some(_), false) => {
+            return Err(source.error(
+                source.line_of_key(span.clone(), "cluster"),
+                "redis.cluster",
+                "give either `url` or `cluster`, not both",
+            ));
+        }
+        (None, true) => {
+            return Err(source.error(
+                source.line_of(span.start),
+                "redis",
+                "needs `url` (one server) or `cluster` (its nodes)",
+            ));
+        }
+    };
+    let timeout = match &raw.timeout {
+        None => Duration::from_millis(250),
+        Some(text) => parse_duration(text).map_err(|reason| {
+            source.error(
+                source.line_of_key(span.clone(), "timeout"),
+                "redis.timeout",
+                reason,
+            )
+        })?,
+    };
+    Ok(RedisConfig { endpoints, timeout })
 }
 
 fn build_identity(
@@ -550,6 +623,7 @@ fn build_policy(
     source: &Source<'_>,
     name: &str,
     spanned: &Spanned<RawPolicy>,
+    has_redis: bool,
 ) -> Result<NamedPolicy, ConfigError> {
     let raw = spanned.get_ref();
     let span = spanned.span();
@@ -648,16 +722,60 @@ fn build_policy(
             Some(tz)
         }
     };
-    if raw.backend != Backend::Local {
-        let backend = if raw.backend == Backend::Mesh {
-            "mesh"
-        } else {
-            "redis"
-        };
-        return Err(fail(
-            "backend",
-            format!("backend `{backend}` is not available in this build yet; use `local`"),
-        ));
+    match raw.backend {
+        Backend::Local => {}
+        Backend::Mesh => {
+            return Err(fail(
+                "backend",
+                "backend `mesh` is not available in this build yet; use `local` or `redis`".into(),
+            ));
+        }
+        Backend::Redis => {
+            if !has_redis {
+                return Err(fail(
+                    "backend",
+                    "backend `redis` needs a `[redis]` section with `url` or `cluster`".into(),
+                ));
+            }
+            if raw.shadow {
+                return Err(fail(
+                    "shadow",
+                    "a shadow policy cannot use the `redis` backend".into(),
+                ));
+            }
+            if matches!(
+                policy.algorithm(),
+                Algorithm::LeakyBucketPolice | Algorithm::LeakyBucketShape { .. }
+            ) {
+                return Err(fail("algorithm", "the leaky buckets have no Redis script; use token-bucket, gcra, fixed-window, sliding-window or sliding-log".into()));
+            }
+            let unit_ns = if policy.algorithm().is_rate_based() {
+                policy.interval_ns()
+            } else {
+                policy.window_ns()
+            };
+            if unit_ns % 1000 != 0 {
+                let key = if policy.algorithm().is_rate_based() {
+                    "rate"
+                } else {
+                    "window"
+                };
+                return Err(fail(
+                    key,
+                    format!(
+                        "Redis keeps time in microseconds; this policy's {} ns is not a whole number of them",
+                        unit_ns
+                    ),
+                ));
+            }
+            if raw.time_zone.is_some() {
+                return Err(fail(
+                    "time_zone",
+                    "time zones are not supported by the `redis` backend (its windows are UTC)"
+                        .into(),
+                ));
+            }
+        }
     }
     Ok(NamedPolicy {
         name: name.to_string(),

@@ -15,15 +15,30 @@ use jiff::Timestamp;
 use siphasher::sip::SipHasher13;
 use siphasher::sip128::SipHasher13 as SipHasher13x128;
 
+use crate::backend::redis::{BackendError, RedisConnection, RedisLimiter, redis_key};
 use crate::clock::Nanos;
+use crate::config::FailMode;
 use crate::config::{GatewayConfig, IdentityConfig, IdentitySource, NamedPolicy};
 use crate::decision::{Decision, Verdict};
 use crate::limiter::{MAX_POLICIES, decide_in_layers};
-use crate::local::{DEFAULT_MAX_KEYS, Store};
+use crate::local::{Charge, DEFAULT_MAX_KEYS, Store};
 
 /// Why the rules could not be built from a valid file.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum RulesError {
+    /// The Redis backend could not be set up.
+    #[error("redis backend: {0}")]
+    Backend(#[from] BackendError),
+    /// A tier and a route together apply two `redis` policies; one request can wait on one.
+    #[error(
+        "tier `{tier}` with route `{route}` applies two `redis` policies; at most one per request"
+    )]
+    TwoExactPolicies {
+        /// The tier.
+        tier: String,
+        /// The route (empty: the tier alone).
+        route: String,
+    },
     /// A tier and a route together apply more policies than one decision can layer.
     #[error("tier `{tier}` with route `{route}` applies {count} policies; at most {MAX_POLICIES}")]
     TooManyPolicies {
@@ -171,6 +186,9 @@ pub struct Outcome {
     pub shadow: Vec<PolicyReport>,
     /// When admitted by a shaping policy: nanoseconds to wait before forwarding.
     pub delay_ns: Nanos,
+    /// A `redis` policy that fails closed could not reach Redis: the request is refused
+    /// because the backend failed, not the client (answer 503, not 429).
+    pub backend_unavailable: Option<Arc<str>>,
 }
 
 impl Outcome {
@@ -193,7 +211,10 @@ struct CompiledPolicy {
     named: NamedPolicy,
     name: Arc<str>,
     sf_name: Arc<str>,
+    /// This node's counters: the policy itself when local, the fail-open fallback when exact.
     store: Arc<Store<u64>>,
+    /// The exact backend of a `backend = "redis"` policy.
+    redis: Option<RedisLimiter>,
 }
 
 impl CompiledPolicy {
@@ -229,6 +250,7 @@ struct CompiledRoute {
     cost: u64,
     enforced: Vec<usize>,
     shadow: Vec<usize>,
+    exact: Vec<usize>,
 }
 
 impl CompiledRoute {
@@ -247,11 +269,14 @@ impl CompiledRoute {
 struct CompiledTier {
     enforced: Vec<usize>,
     shadow: Vec<usize>,
+    /// `redis` policies (at most one per request, decided last).
+    exact: Vec<usize>,
 }
 
 /// A policy file compiled for deciding requests; cheap to share behind an `Arc`.
 pub struct Rules {
     config: GatewayConfig,
+    redis_connection: Option<RedisConnection>,
     hasher: KeyHasher,
     policies: Vec<CompiledPolicy>,
     tiers: BTreeMap<String, CompiledTier>,
@@ -292,6 +317,13 @@ impl Rules {
     }
 
     fn build(config: GatewayConfig, previous: Option<&Rules>) -> Result<Self, RulesError> {
+        let redis_connection = match (&config.redis, previous) {
+            (None, _) => None,
+            (Some(redis), Some(old)) if old.config.redis.as_ref() == Some(redis) => {
+                old.redis_connection.clone()
+            }
+            (Some(redis), _) => Some(RedisConnection::from_config(redis)?),
+        };
         let hasher = match &config.key_secret {
             Some(secret) => KeyHasher::from_secret(secret),
             None => previous.map_or_else(KeyHasher::random, |p| p.hasher.clone()),
@@ -299,29 +331,39 @@ impl Rules {
         let policies: Vec<CompiledPolicy> = config
             .policies
             .iter()
-            .map(|named| {
+            .map(|named| -> Result<CompiledPolicy, RulesError> {
                 let kept = previous.and_then(|p| {
                     p.policies
                         .iter()
                         .find(|old| old.named == *named)
                         .map(|old| Arc::clone(&old.store))
                 });
-                CompiledPolicy {
+                let redis = match (named.backend, &redis_connection) {
+                    (crate::config::Backend::Redis, Some(connection)) => {
+                        Some(RedisLimiter::new(connection.clone(), named.policy)?)
+                    }
+                    _ => None,
+                };
+                Ok(CompiledPolicy {
                     named: named.clone(),
                     name: Arc::from(named.name.as_str()),
                     sf_name: Arc::from(crate::http::headers::sf_string(&named.name)),
                     store: kept
                         .unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
-                }
+                    redis,
+                })
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         let index = |name: &String| policies.iter().position(|p| &p.named.name == name);
         let split = |names: &[String]| {
             let mut enforced = Vec::new();
             let mut shadow = Vec::new();
+            let mut exact = Vec::new();
             for i in names.iter().filter_map(index) {
                 if policies[i].named.shadow {
                     shadow.push(i);
+                } else if policies[i].redis.is_some() {
+                    exact.push(i);
                 } else {
                     enforced.push(i);
                 }
@@ -333,21 +375,28 @@ impl Rules {
                     crate::Algorithm::LeakyBucketShape { .. }
                 )
             });
-            (enforced, shadow)
+            (enforced, shadow, exact)
         };
         let tiers: BTreeMap<String, CompiledTier> = config
             .tiers
             .iter()
             .map(|(name, names)| {
-                let (enforced, shadow) = split(names);
-                (name.clone(), CompiledTier { enforced, shadow })
+                let (enforced, shadow, exact) = split(names);
+                (
+                    name.clone(),
+                    CompiledTier {
+                        enforced,
+                        shadow,
+                        exact,
+                    },
+                )
             })
             .collect();
         let routes: Vec<CompiledRoute> = config
             .routes
             .iter()
             .map(|route| {
-                let (enforced, shadow) = split(&route.policies);
+                let (enforced, shadow, exact) = split(&route.policies);
                 CompiledRoute {
                     name: Arc::from(route.name.as_str()),
                     method: route.method.clone(),
@@ -355,10 +404,21 @@ impl Rules {
                     cost: route.cost,
                     enforced,
                     shadow,
+                    exact,
                 }
             })
             .collect();
         for (tier_name, tier) in &tiers {
+            let alone = [(String::new(), 0usize)];
+            let with_routes = routes.iter().map(|r| (r.name.to_string(), r.exact.len()));
+            for (route, route_exact) in alone.into_iter().chain(with_routes) {
+                if tier.exact.len() + route_exact > 1 {
+                    return Err(RulesError::TwoExactPolicies {
+                        tier: tier_name.clone(),
+                        route,
+                    });
+                }
+            }
             for route in &routes {
                 let count = tier.enforced.len() + route.enforced.len();
                 if count > MAX_POLICIES {
@@ -377,6 +437,7 @@ impl Rules {
             .collect();
         Ok(Rules {
             config,
+            redis_connection,
             hasher,
             policies,
             tiers,
@@ -427,37 +488,60 @@ impl Rules {
         named.and_then(|name| self.tiers.get(&name))
     }
 
-    /// Decide one request at `now` (nanoseconds on the limiter's clock).
-    pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
+    /// Work out which policies a request passes, under which keys, at what cost.
+    fn plan(&self, facts: &RequestFacts<'_>) -> Plan<'_> {
         let route = self
             .routes
             .iter()
             .find(|r| r.matches(facts.method, facts.path));
         let cost = route.map_or(1, |r| r.cost);
-        let empty = CompiledTier::default();
-        let tier = self.tier_of(facts).unwrap_or(&empty);
+        let tier = self.tier_of(facts);
         let env = self.config.env.as_bytes();
         let source = facts.identity.source.name().as_bytes();
         let value = facts.identity.value.as_bytes();
         let client_key = self.hasher.hash(0, &[env, source, value]);
-        let route_key = route.map(|r| {
-            self.hasher
-                .hash(0, &[env, source, value, r.name.as_bytes()])
-        });
-
+        let route_key = route
+            .map(|r| {
+                self.hasher
+                    .hash(0, &[env, source, value, r.name.as_bytes()])
+            })
+            .unwrap_or(client_key);
         // (policy index, key) of each layer: the tier's under the client's key, then the
         // route's under the client's and the route's.
-        let keyed = |tier_policies: &[usize], route_policies: &[usize]| -> Vec<(usize, u64)> {
-            let route_key = route_key.unwrap_or(client_key);
-            tier_policies
+        let keyed = |of_tier: fn(&CompiledTier) -> &Vec<usize>,
+                     of_route: fn(&CompiledRoute) -> &Vec<usize>| {
+            let tier_layers = tier
+                .map_or(&[][..], |t| of_tier(t))
                 .iter()
-                .map(|&i| (i, client_key))
-                .chain(route_policies.iter().map(|&i| (i, route_key)))
-                .collect()
+                .map(|&i| (i, client_key));
+            let route_layers = route
+                .map_or(&[][..], |r| of_route(r))
+                .iter()
+                .map(|&i| (i, route_key));
+            tier_layers
+                .chain(route_layers)
+                .collect::<Vec<(usize, u64)>>()
         };
-        let layers = keyed(&tier.enforced, route.map_or(&[][..], |r| &r.enforced));
-        let mut enforced = Vec::with_capacity(layers.len());
-        let final_decision = decide_in_layers(
+        Plan {
+            route,
+            cost,
+            enforced: keyed(|t| &t.enforced, |r| &r.enforced),
+            shadow: keyed(|t| &t.shadow, |r| &r.shadow),
+            exact: keyed(|t| &t.exact, |r| &r.exact).first().copied(),
+        }
+    }
+
+    /// Run the local layers of `layers`; return the final decision, the reports, and the
+    /// charges taken (for a later refund).
+    fn decide_local(
+        &self,
+        layers: &[(usize, u64)],
+        cost: u64,
+        now: Nanos,
+    ) -> (Decision, Vec<PolicyReport>, Vec<Charge>) {
+        let mut reports = Vec::with_capacity(layers.len() + 1);
+        let mut charges = Vec::with_capacity(layers.len());
+        let decision = decide_in_layers(
             layers.len(),
             |i, charge| {
                 let (p, key) = layers[i];
@@ -466,7 +550,8 @@ impl Rules {
                     policy
                         .store
                         .decide_charge(&key, policy.local_now(now), cost, true, charge);
-                enforced.push(policy.report(decision));
+                reports.push(policy.report(decision));
+                charges.push(*charge);
                 decision
             },
             |i, charge| {
@@ -477,22 +562,129 @@ impl Rules {
                     .refund(&key, charge, policy.local_now(now), cost);
             },
         );
-        let allowed = final_decision.verdict == Verdict::Allowed;
-        let mut shadow = Vec::new();
-        if allowed {
-            for (p, key) in keyed(&tier.shadow, route.map_or(&[][..], |r| &r.shadow)) {
-                let policy = &self.policies[p];
-                let decision = policy.store.decide(&key, policy.local_now(now), cost);
-                shadow.push(policy.report(decision));
-            }
-        }
-        Outcome {
-            allowed,
-            cost,
-            route: route.map(|r| Arc::clone(&r.name)),
-            enforced,
-            shadow,
-            delay_ns: if allowed { final_decision.delay_ns } else { 0 },
+        (decision, reports, charges)
+    }
+
+    fn refund_local(&self, layers: &[(usize, u64)], charges: &[Charge], cost: u64, now: Nanos) {
+        for (&(p, key), &charge) in layers.iter().zip(charges).rev() {
+            let policy = &self.policies[p];
+            policy
+                .store
+                .refund(&key, charge, policy.local_now(now), cost);
         }
     }
+
+    fn count_shadow(&self, plan: &Plan<'_>, now: Nanos) -> Vec<PolicyReport> {
+        plan.shadow
+            .iter()
+            .map(|&(p, key)| {
+                let policy = &self.policies[p];
+                policy.report(policy.store.decide(&key, policy.local_now(now), plan.cost))
+            })
+            .collect()
+    }
+
+    fn outcome(
+        &self,
+        plan: &Plan<'_>,
+        allowed: bool,
+        delay_ns: Nanos,
+        enforced: Vec<PolicyReport>,
+        now: Nanos,
+    ) -> Outcome {
+        Outcome {
+            allowed,
+            cost: plan.cost,
+            route: plan.route.map(|r| Arc::clone(&r.name)),
+            enforced,
+            shadow: if allowed {
+                self.count_shadow(plan, now)
+            } else {
+                Vec::new()
+            },
+            delay_ns: if allowed { delay_ns } else { 0 },
+            backend_unavailable: None,
+        }
+    }
+
+    /// Decide one request at `now` (nanoseconds on the limiter's clock), without IO.
+    ///
+    /// A `redis` policy is answered here by its local store, as when it fails open; use
+    /// [`Rules::decide_exact`] to ask Redis.
+    pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
+        let plan = self.plan(facts);
+        let mut layers = plan.enforced.clone();
+        layers.extend(plan.exact);
+        let (decision, reports, _) = self.decide_local(&layers, plan.cost, now);
+        self.outcome(
+            &plan,
+            decision.verdict == Verdict::Allowed,
+            decision.delay_ns,
+            reports,
+            now,
+        )
+    }
+
+    /// Decide one request, asking Redis for its `redis` policy (at most one per request,
+    /// decided after the local ones pass; a denial there gives the local charges back).
+    pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
+        let plan = self.plan(facts);
+        let Some((p, key)) = plan.exact else {
+            return self.decide(facts, now);
+        };
+        let (local, mut reports, charges) = self.decide_local(&plan.enforced, plan.cost, now);
+        if local.verdict != Verdict::Allowed {
+            return self.outcome(&plan, false, 0, reports, now);
+        }
+        let policy = &self.policies[p];
+        let Some(redis) = &policy.redis else {
+            return self.decide(facts, now);
+        };
+        let route = plan
+            .route
+            .filter(|r| r.exact.contains(&p))
+            .map(|r| &*r.name);
+        let identity = format!("{key:016x}");
+        let rkey = redis_key(&self.config.env, &policy.named.name, &identity, route);
+        let exact = match redis.check(&rkey, plan.cost).await {
+            Ok(decision) => decision,
+            Err(error) => {
+                let mode = match policy.named.fail_mode {
+                    FailMode::Open => "open",
+                    FailMode::Closed => "closed",
+                };
+                metrics::counter!("ratemesh_backend_failovers_total", "policy" => metrics::SharedString::from_shared(Arc::clone(&policy.name)), "mode" => mode).increment(1);
+                tracing::warn!(policy = %policy.name, %error, mode, "redis backend failed; applying the fail mode");
+                match policy.named.fail_mode {
+                    FailMode::Open => policy.store.decide(&key, policy.local_now(now), plan.cost),
+                    FailMode::Closed => {
+                        self.refund_local(&plan.enforced, &charges, plan.cost, now);
+                        let mut outcome = self.outcome(&plan, false, 0, reports, now);
+                        outcome.backend_unavailable = Some(Arc::clone(&policy.name));
+                        return outcome;
+                    }
+                }
+            }
+        };
+        reports.push(policy.report(exact));
+        if exact.verdict != Verdict::Allowed {
+            self.refund_local(&plan.enforced, &charges, plan.cost, now);
+            return self.outcome(&plan, false, 0, reports, now);
+        }
+        self.outcome(&plan, true, local.delay_ns, reports, now)
+    }
+
+    /// Tell whether any policy uses the `redis` backend.
+    pub fn has_exact_policies(&self) -> bool {
+        self.policies.iter().any(|p| p.redis.is_some())
+    }
+}
+
+/// Which policies a request passes, under which keys, at what cost.
+struct Plan<'a> {
+    route: Option<&'a CompiledRoute>,
+    cost: u64,
+    enforced: Vec<(usize, u64)>,
+    shadow: Vec<(usize, u64)>,
+    exact: Option<(usize, u64)>,
 }

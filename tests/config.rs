@@ -132,7 +132,21 @@ fn unknown_fields_missing_fields_and_costs_that_never_fit_are_rejected() {
     let text = FIXTURE.replace("window = \"1d\"", "window = \"1d\"\nbackend = \"redis\"");
     let error = error_of(&text);
     assert_eq!(error.field, "policies.daily.backend");
+    assert!(error.reason.contains("[redis]"), "{error}");
+
+    let text = FIXTURE.replace("window = \"1d\"", "window = \"1d\"\nbackend = \"mesh\"");
+    let error = error_of(&text);
+    assert_eq!(error.field, "policies.daily.backend");
     assert!(error.reason.contains("not available"), "{error}");
+
+    let text = format!(
+        "{}\n[redis]\nurl = \"redis://127.0.0.1:1\"\n",
+        FIXTURE.replace(
+            "burst = 5",
+            "burst = 5\nbackend = \"redis\"\ntime_zone = \"UTC\""
+        )
+    );
+    assert_eq!(error_of(&text).field, "policies.burst.time_zone");
 }
 
 fn facts<'a>(identity: &'a Identity, method: &'a Method) -> RequestFacts<'a> {

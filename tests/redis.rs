@@ -401,9 +401,7 @@ async fn a_three_node_redis_cluster_decides_without_crossslot() {
     }
 
     let urls: Vec<String> = addresses.iter().map(|a| format!("redis://{a}")).collect();
-    let connection = RedisConnection::cluster(&urls, Duration::from_secs(2))
-        .await
-        .unwrap();
+    let connection = RedisConnection::cluster(&urls, Duration::from_secs(2)).unwrap();
     let mut decisions = 0;
     for policy in policies() {
         let redis = RedisLimiter::new(connection.clone(), policy).unwrap();
@@ -435,4 +433,133 @@ async fn a_three_node_redis_cluster_decides_without_crossslot() {
     );
     drop(nodes);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A policy file with an exact money-path policy, served over HTTP on loopback.
+async fn serve_with_redis(url: &str, fail_mode: &str) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::routing::post;
+    let file = format!(
+        r#"
+env = "test"
+key_secret = "s"
+default_tier = "all"
+[redis]
+url = "{url}"
+timeout = "200ms"
+[policies.per_second]
+algorithm = "token-bucket"
+rate = 100
+period = "1s"
+burst = 100
+[policies.password_reset]
+algorithm = "sliding-log"
+limit = 3
+window = "1m"
+backend = "redis"
+fail_mode = "{fail_mode}"
+[tiers.all]
+policies = ["per_second"]
+[[routes]]
+name = "reset"
+method = "POST"
+path_prefix = "/password-reset"
+policies = ["password_reset"]
+"#
+    );
+    let config = ratemesh::config::GatewayConfig::from_toml_str(&file, "money.toml").unwrap();
+    let layer = ratemesh::http::RateLimitLayer::new(config).unwrap();
+    let app = axum::Router::new()
+        .route("/password-reset", post(|| async { "sent" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    (base, task)
+}
+
+#[tokio::test]
+async fn a_money_path_policy_is_exact_through_redis_and_fails_closed_with_503() {
+    let Some(mut server) = RedisServer::start("http-closed") else {
+        return;
+    };
+    let (base, task) = serve_with_redis(&server.url(), "closed").await;
+    let http = reqwest::Client::new();
+    let reset = || {
+        http.post(format!("{base}/password-reset"))
+            .header("x-api-key", "victim")
+            .send()
+    };
+    for _ in 0..3 {
+        assert_eq!(reset().await.unwrap().status(), 200);
+    }
+    let denied = reset().await.unwrap();
+    assert_eq!(denied.status(), 429);
+    assert!(denied.headers().get("retry-after").is_some());
+    assert!(
+        denied
+            .headers()
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .contains("\"password_reset\";r=0")
+    );
+    // Another client is untouched: the limit is per client, exactly.
+    let other = http
+        .post(format!("{base}/password-reset"))
+        .header("x-api-key", "other")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 200);
+
+    server.stop();
+    let down = http
+        .post(format!("{base}/password-reset"))
+        .header("x-api-key", "third")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        down.status(),
+        503,
+        "fail closed: the backend failed, not the client"
+    );
+    let body: serde_json::Value = down.json().await.unwrap();
+    assert_eq!(body["error"], "temporary-reduced-capacity");
+    assert_eq!(body["policy"], "password_reset");
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_fail_open_policy_decides_locally_while_redis_is_down() {
+    let Some(mut server) = RedisServer::start("http-open") else {
+        return;
+    };
+    let (base, task) = serve_with_redis(&server.url(), "open").await;
+    server.stop();
+    let http = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let response = http
+            .post(format!("{base}/password-reset"))
+            .header("x-api-key", "k")
+            .send()
+            .await
+            .unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        vec![200, 200, 200, 429],
+        "the local fallback enforces the same policy"
+    );
+    task.abort();
 }

@@ -6,6 +6,7 @@
 //! braces are a Redis Cluster hash tag, so every key of one client's decisions lives in one
 //! slot (no CROSSSLOT), and the identity inside them is already a keyed hash (no secret).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -68,8 +69,24 @@ pub struct RedisLimiter {
 pub enum RedisConnection {
     /// One Redis server (`redis://…` or `redis+unix://…`).
     Single(ConnectionManager),
-    /// A Redis Cluster.
-    Cluster(::redis::cluster_async::ClusterConnection),
+    /// A Redis Cluster, connected on first use.
+    Cluster(Arc<LazyCluster>),
+}
+
+/// A cluster client whose connection is made by the first call (and retried by later calls
+/// while the cluster is unreachable).
+pub struct LazyCluster {
+    client: ::redis::cluster::ClusterClient,
+    connection: tokio::sync::OnceCell<::redis::cluster_async::ClusterConnection>,
+}
+
+impl LazyCluster {
+    async fn connection(&self) -> Result<::redis::cluster_async::ClusterConnection, RedisError> {
+        self.connection
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
 }
 
 impl RedisConnection {
@@ -90,15 +107,24 @@ impl RedisConnection {
         ))
     }
 
-    /// Connect to a Redis Cluster through any of its nodes.
-    pub async fn cluster(urls: &[String], timeout: Duration) -> Result<Self, BackendError> {
+    /// Prepare a Redis Cluster client over any of its nodes; it connects on first use.
+    pub fn cluster(urls: &[String], timeout: Duration) -> Result<Self, BackendError> {
         let client = ::redis::cluster::ClusterClientBuilder::new(urls.to_vec())
             .response_timeout(timeout)
             .connection_timeout(timeout)
             .build()?;
-        Ok(RedisConnection::Cluster(
-            client.get_async_connection().await?,
-        ))
+        Ok(RedisConnection::Cluster(Arc::new(LazyCluster {
+            client,
+            connection: tokio::sync::OnceCell::new(),
+        })))
+    }
+
+    /// Connect to the deployment a policy file names.
+    pub fn from_config(config: &crate::config::RedisConfig) -> Result<Self, BackendError> {
+        match &config.endpoints {
+            crate::config::RedisEndpoints::Single(url) => Self::single(url, config.timeout),
+            crate::config::RedisEndpoints::Cluster(urls) => Self::cluster(urls, config.timeout),
+        }
     }
 }
 
@@ -172,7 +198,9 @@ impl RedisLimiter {
                 invocation.invoke_async(&mut manager.clone()).await?
             }
             RedisConnection::Cluster(cluster) => {
-                invocation.invoke_async(&mut cluster.clone()).await?
+                invocation
+                    .invoke_async(&mut cluster.connection().await?)
+                    .await?
             }
         };
         decision_from_reply(&reply)

@@ -138,3 +138,15 @@ pub fn denial_body(outcome: &Outcome) -> String {
     })
     .to_string()
 }
+
+/// The JSON body of a 503 when a fail-closed backend is down: the limit could not be checked,
+/// which is the service's fault, not the client's.
+pub fn unavailable_body(outcome: &Outcome) -> String {
+    let policy = outcome.backend_unavailable.as_deref().unwrap_or("");
+    serde_json::json!({
+        "error": "temporary-reduced-capacity",
+        "detail": format!("the rate-limit backend of policy `{policy}` is unavailable"),
+        "policy": policy,
+    })
+    .to_string()
+}

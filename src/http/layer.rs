@@ -28,7 +28,7 @@ use tower::{Layer, Service};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, GatewayConfig};
-use crate::http::headers::{denial_body, insert_rate_limit_headers};
+use crate::http::headers::{denial_body, insert_rate_limit_headers, unavailable_body};
 use crate::http::identity::{ClientTier, identify};
 use crate::rules::{Outcome, RequestFacts, Rules, RulesError};
 
@@ -45,6 +45,16 @@ pub enum ReloadError {
 
 /// Shape the response to a denied request (the default is 429 with a JSON body).
 pub type DenialHook = Arc<dyn Fn(&Outcome) -> Response<Body> + Send + Sync>;
+
+/// What one decision needs, taken from the request.
+struct Prepared {
+    rules: Arc<Rules>,
+    identity: crate::rules::Identity,
+    tier: Option<String>,
+    method: http::Method,
+    path: String,
+    now: crate::clock::Nanos,
+}
 
 struct Shared {
     rules: ArcSwap<Rules>,
@@ -150,30 +160,66 @@ impl RateLimitLayer {
         }))
     }
 
-    fn decide<B>(&self, request: &Request<B>) -> Outcome {
-        let rules = self.shared.rules.load();
+    /// Take what a decision needs from `request` (owned, so the decision can wait on Redis
+    /// without borrowing the request).
+    fn prepare<B>(&self, request: &Request<B>) -> Prepared {
+        let rules = self.shared.rules.load_full();
         let identity = identify(
             request.headers(),
             request.extensions(),
             rules.identity_config(),
         );
-        let tier = request
-            .extensions()
-            .get::<ClientTier>()
-            .map(|t| t.0.as_str());
+        Prepared {
+            identity,
+            tier: request
+                .extensions()
+                .get::<ClientTier>()
+                .map(|t| t.0.clone()),
+            method: request.method().clone(),
+            path: request.uri().path().to_string(),
+            now: self.shared.clock.now_ns(),
+            rules,
+        }
+    }
+
+    /// Decide, asking Redis when a `redis` policy applies.
+    async fn decide(&self, prepared: Prepared) -> Outcome {
+        let Prepared {
+            rules,
+            identity,
+            tier,
+            method,
+            path,
+            now,
+        } = prepared;
         let facts = RequestFacts {
             identity: &identity,
-            tier,
-            method: request.method(),
-            path: request.uri().path(),
+            tier: tier.as_deref(),
+            method: &method,
+            path: &path,
         };
-        let outcome = rules.decide(&facts, self.shared.clock.now_ns());
+        let outcome = if rules.has_exact_policies() {
+            rules.decide_exact(&facts, now).await
+        } else {
+            rules.decide(&facts, now)
+        };
         record(&outcome, &rules, &identity);
         outcome
     }
 
     fn denial_response(&self, outcome: &Outcome) -> Response<Body> {
         let mut response = match &self.shared.on_denied {
+            _ if outcome.backend_unavailable.is_some() => {
+                let mut response = Response::new(Body::from(unavailable_body(outcome)));
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                let headers = response.headers_mut();
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return response;
+            }
             Some(hook) => hook(outcome),
             None => {
                 let mut response = Response::new(Body::from(denial_body(outcome)));
@@ -268,16 +314,17 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let outcome = self.layer.decide(&request);
-        if !outcome.allowed {
-            let response = self.layer.denial_response(&outcome);
-            return Box::pin(async move { Ok(response) });
-        }
         // The inner service that `poll_ready` readied is the one we call; leave a fresh clone.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let legacy = self.layer.legacy();
+        let layer = self.layer.clone();
+        let prepared = layer.prepare(&request);
         Box::pin(async move {
+            let outcome = layer.decide(prepared).await;
+            if !outcome.allowed {
+                return Ok(layer.denial_response(&outcome));
+            }
+            let legacy = layer.legacy();
             if outcome.delay_ns > 0 {
                 tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
             }
