@@ -35,9 +35,6 @@ pub enum BackendError {
     /// Redis failed, timed out, or is unreachable.
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
-    /// The pipeline that carried this decision failed (Redis down, timeout, …).
-    #[error("redis pipeline: {0}")]
-    Pipeline(String),
     /// Redis answered something that is not a decision.
     #[error("unexpected reply from the script: {0}")]
     Reply(String),
@@ -65,90 +62,6 @@ pub struct RedisLimiter {
     script: Script,
     /// The policy's rate interval or window, in microseconds.
     unit_us: u64,
-    /// Coalesces concurrent decisions into pipelines (single-server connections).
-    batcher: Option<tokio::sync::mpsc::Sender<Pending>>,
-}
-
-/// The most decisions sent in one pipeline.
-const MAX_BATCH: usize = 128;
-
-/// A decision waiting for the next pipeline.
-struct Pending {
-    key: String,
-    cost: u64,
-    now_us: Option<u64>,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<i64>, String>>,
-}
-
-/// Send whatever decisions are waiting as one pipeline of `EVALSHA`s, one pipeline at a
-/// time: while one is in flight the next fills up, so batches grow with the load and a lone
-/// request goes out at once. A flushed script cache is reloaded and the batch retried.
-async fn run_batches(
-    mut queue: tokio::sync::mpsc::Receiver<Pending>,
-    mut connection: ConnectionManager,
-    script: Script,
-    unit_us: u64,
-    capacity: u64,
-    two_keys: bool,
-) {
-    let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = queue.recv().await {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        let pipeline = || {
-            let mut pipe = ::redis::pipe();
-            for pending in &batch {
-                let command = pipe.cmd("EVALSHA").arg(script.get_hash());
-                if two_keys {
-                    command
-                        .arg(2)
-                        .arg(&pending.key)
-                        .arg(format!("{}:seq", pending.key));
-                } else {
-                    command.arg(1).arg(&pending.key);
-                }
-                command
-                    .arg(pending.now_us.map_or(String::new(), |t| t.to_string()))
-                    .arg(unit_us)
-                    .arg(capacity)
-                    .arg(pending.cost);
-            }
-            pipe
-        };
-        let mut result: Result<Vec<Vec<i64>>, RedisError> =
-            pipeline().query_async(&mut connection).await;
-        if matches!(&result, Err(e) if e.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript))
-        {
-            result = match script.prepare_invoke().load_async(&mut connection).await {
-                Ok(_) => pipeline().query_async(&mut connection).await,
-                Err(e) => Err(e),
-            };
-        }
-        match result {
-            Ok(replies) if replies.len() == batch.len() => {
-                for (pending, reply) in batch.drain(..).zip(replies) {
-                    let _ = pending.reply.send(Ok(reply));
-                }
-            }
-            Ok(replies) => {
-                let error = format!("{} replies to {} commands", replies.len(), batch.len());
-                for pending in batch.drain(..) {
-                    let _ = pending.reply.send(Err(error.clone()));
-                }
-            }
-            Err(error) => {
-                let error = error.to_string();
-                for pending in batch.drain(..) {
-                    let _ = pending.reply.send(Err(error.clone()));
-                }
-            }
-        }
-    }
 }
 
 /// A multiplexed connection that reconnects by itself.
@@ -235,30 +148,11 @@ impl RedisLimiter {
         if unit_ns % 1000 != 0 {
             return Err(BackendError::NotWholeMicroseconds(unit_ns));
         }
-        let script = Script::new(&format!("{PRELUDE}\n{body}"));
-        let unit_us = unit_ns / 1000;
-        let batcher = match &connection {
-            RedisConnection::Single(manager) => {
-                let (sender, queue) = tokio::sync::mpsc::channel(4 * MAX_BATCH);
-                let two_keys = policy.algorithm() == Algorithm::SlidingLog;
-                tokio::spawn(run_batches(
-                    queue,
-                    manager.clone(),
-                    script.clone(),
-                    unit_us,
-                    policy.capacity(),
-                    two_keys,
-                ));
-                Some(sender)
-            }
-            RedisConnection::Cluster(_) => None,
-        };
         Ok(RedisLimiter {
             connection,
             policy,
-            script,
-            unit_us,
-            batcher,
+            script: Script::new(&format!("{PRELUDE}\n{body}")),
+            unit_us: unit_ns / 1000,
         })
     }
 
@@ -290,24 +184,6 @@ impl RedisLimiter {
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Decision, BackendError> {
-        if let Some(batcher) = &self.batcher {
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            let pending = Pending {
-                key: key.to_string(),
-                cost,
-                now_us,
-                reply,
-            };
-            batcher
-                .send(pending)
-                .await
-                .map_err(|_| BackendError::Reply("the pipeline task stopped".into()))?;
-            let reply = answer
-                .await
-                .map_err(|_| BackendError::Reply("the pipeline task stopped".into()))?
-                .map_err(BackendError::Pipeline)?;
-            return decision_from_reply(&reply);
-        }
         let mut invocation = self.script.key(key);
         if self.policy.algorithm() == Algorithm::SlidingLog {
             invocation.key(format!("{key}:seq"));
