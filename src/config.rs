@@ -102,11 +102,11 @@ pub enum Backend {
     Redis,
 }
 
-/// What a policy does when its backend fails (meaningful for remote backends).
+/// What a policy does when its backend (Redis) fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum FailMode {
-    /// Decide locally instead, and count it.
+    /// Decide on this node's own counters with the same policy instead, and count it.
     #[default]
     Open,
     /// Deny, saying that the backend failed (503, not 429).

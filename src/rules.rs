@@ -15,7 +15,9 @@ use jiff::Timestamp;
 use siphasher::sip::SipHasher13;
 use siphasher::sip128::SipHasher13 as SipHasher13x128;
 
-use crate::backend::redis::{BackendError, RedisConnection, RedisLimiter, redis_key};
+use crate::backend::redis::{
+    BackendError, RedisConnection, RedisLimiter, record_failover, redis_key,
+};
 use crate::clock::Nanos;
 use crate::config::FailMode;
 use crate::config::{GatewayConfig, IdentityConfig, IdentitySource, NamedPolicy};
@@ -649,12 +651,7 @@ impl Rules {
         let exact = match redis.check(&rkey, plan.cost).await {
             Ok(decision) => decision,
             Err(error) => {
-                let mode = match policy.named.fail_mode {
-                    FailMode::Open => "open",
-                    FailMode::Closed => "closed",
-                };
-                metrics::counter!("ratemesh_backend_failovers_total", "policy" => metrics::SharedString::from_shared(Arc::clone(&policy.name)), "mode" => mode).increment(1);
-                tracing::warn!(policy = %policy.name, %error, mode, "redis backend failed; applying the fail mode");
+                record_failover(&policy.name, policy.named.fail_mode, &error);
                 match policy.named.fail_mode {
                     FailMode::Open => policy.store.decide(&key, policy.local_now(now), plan.cost),
                     FailMode::Closed => {

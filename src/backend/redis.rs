@@ -226,13 +226,17 @@ fn decision_from_reply(reply: &[i64]) -> Result<Decision, BackendError> {
     })
 }
 
-/// What an exact policy does when Redis fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailMode {
-    /// Decide on the local fallback limiter instead (and count it).
-    Open,
-    /// Deny; the caller should answer 503, not 429: the backend failed, not the client.
-    Closed,
+pub use crate::config::FailMode;
+
+/// Count and log a Redis failure that `policy` answers with its fail mode.
+pub(crate) fn record_failover(policy: &str, mode: FailMode, error: &BackendError) {
+    let mode = match mode {
+        FailMode::Open => "open",
+        FailMode::Closed => "closed",
+    };
+    metrics::counter!("ratemesh_backend_failovers_total", "policy" => policy.to_string(), "mode" => mode)
+        .increment(1);
+    tracing::warn!(policy, %error, mode, "redis backend failed; applying the fail mode");
 }
 
 /// The outcome of an exact decision, saying which path decided.
@@ -287,12 +291,11 @@ impl ExactLimiter {
             Err(error) => {
                 self.fallbacks
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                metrics::counter!("ratemesh_backend_failovers_total", "mode" => match self.fail_mode {
-                    FailMode::Open => "open",
-                    FailMode::Closed => "closed",
-                })
-                .increment(1);
-                tracing::warn!(%error, "redis backend failed; applying the fail mode");
+                record_failover(
+                    self.redis.policy().algorithm().name(),
+                    self.fail_mode,
+                    &error,
+                );
                 match self.fail_mode {
                     FailMode::Open => ExactDecision::Fallback(self.fallback.check(key, cost)),
                     FailMode::Closed => ExactDecision::Unavailable,
