@@ -631,17 +631,18 @@ impl Rules {
     /// decided after the local ones pass; a denial there gives the local charges back).
     pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
         let plan = self.plan(facts);
-        let Some((p, key)) = plan.exact else {
+        // `plan.exact` only ever names a policy with a Redis limiter; resolve it before any
+        // local charge is taken.
+        let Some((p, key, policy, redis)) = plan.exact.and_then(|(p, key)| {
+            let policy = &self.policies[p];
+            policy.redis.as_ref().map(|redis| (p, key, policy, redis))
+        }) else {
             return self.decide(facts, now);
         };
         let (local, mut reports, charges) = self.decide_local(&plan.enforced, plan.cost, now);
         if local.verdict != Verdict::Allowed {
             return self.outcome(&plan, false, 0, reports, now);
         }
-        let policy = &self.policies[p];
-        let Some(redis) = &policy.redis else {
-            return self.decide(facts, now);
-        };
         let route = plan
             .route
             .filter(|r| r.exact.contains(&p))
@@ -673,7 +674,7 @@ impl Rules {
 
     /// Tell whether any policy uses the `redis` backend.
     pub fn has_exact_policies(&self) -> bool {
-        self.policies.iter().any(|p| p.redis.is_some())
+        self.config.redis.is_some() && self.policies.iter().any(|p| p.redis.is_some())
     }
 }
 
