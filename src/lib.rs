@@ -49,6 +49,7 @@ pub mod local;
 pub mod mesh;
 pub mod policy;
 pub mod rules;
+pub mod sim;
 mod sync;
 
 pub use clock::{Clock, ManualClock, Nanos, SystemClock, TokioClock};

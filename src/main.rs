@@ -1,4 +1,7 @@
-//! The `ratemesh` command: for now, a local demo of the algorithms.
+//! The `ratemesh` command: a local demo of the algorithms and the cluster simulator.
+
+#[path = "cli/simulate.rs"]
+mod simulate;
 
 use std::time::Duration;
 
@@ -30,6 +33,8 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         steady: u64,
     },
+    /// Simulate a cluster and print the overshoot, utilization and gossip cost to expect.
+    Simulate(simulate::SimulateArgs),
 }
 
 fn policies(rate: u64) -> Result<Vec<(Policy, &'static str)>, PolicyError> {
@@ -138,6 +143,7 @@ fn main() -> std::process::ExitCode {
             burst,
             steady,
         } => demo(rate, burst, steady),
+        Command::Simulate(args) => simulate::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,174 @@
+//! Traffic models: when requests arrive, on which node, for which key, at what cost.
+
+use crate::clock::Nanos;
+use crate::mesh::cell::MeshKind;
+use crate::sim::{START_NS, SimConfig};
+
+/// How the offered load is spread over time and nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Traffic {
+    /// Evenly spaced arrivals, round-robin over the nodes.
+    Uniform,
+    /// Evenly spaced arrivals, all on node 0.
+    OneNode,
+    /// Evenly spaced arrivals; a fraction of them on one node that changes every
+    /// `every_ns`, the rest round-robin over the others.
+    MovingHotspot {
+        /// How long the hot spot stays on one node, in ns.
+        every_ns: Nanos,
+        /// The fraction of the traffic on the hot node, in thousandths (1000: all of it).
+        permille: u32,
+    },
+    /// At every window start (a bucket's refill time), every node receives its part of one
+    /// window's demand at the same instant.
+    SynchronizedBurst,
+    /// Poisson arrivals, each on a random node.
+    Poisson,
+    /// Poisson arrivals of bursts (a twentieth of the limit each), each burst on a random node.
+    Bursty,
+}
+
+impl Traffic {
+    /// Return the model's name as the `simulate` command spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Traffic::Uniform => "uniform",
+            Traffic::OneNode => "one-node",
+            Traffic::MovingHotspot { .. } => "moving-hotspot",
+            Traffic::SynchronizedBurst => "synchronized-burst",
+            Traffic::Poisson => "poisson",
+            Traffic::Bursty => "bursty",
+        }
+    }
+}
+
+/// One request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// True time, ns.
+    pub at_ns: Nanos,
+    /// The node it reaches.
+    pub node: usize,
+    /// The key (0-based).
+    pub key: u64,
+    /// Its cost in tokens.
+    pub cost: u64,
+}
+
+/// Generate the requests of a run, sorted by time.
+pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
+    let policy = &config.policy;
+    // The policy's sustained rate in tokens per ns, and its period.
+    let (tokens_per_ns, period_ns) = match MeshKind::of(policy) {
+        Some(MeshKind::Bucket) => (1.0 / policy.interval_ns() as f64, policy.window_ns()),
+        _ => (
+            policy.capacity() as f64 / policy.window_ns() as f64,
+            policy.window_ns(),
+        ),
+    };
+    let mean_cost = (1 + config.max_cost.max(1)) as f64 / 2.0;
+    let keys = config.keys.max(1);
+    let per_ns = config.demand * tokens_per_ns / mean_cost * keys as f64;
+    let n = config.nodes.max(1);
+    let end = START_NS + config.duration_ns;
+    let mut out = Vec::new();
+    let cost = |rng: &mut fastrand::Rng| rng.u64(1..=config.max_cost.max(1));
+    if per_ns <= 0.0 {
+        return out;
+    }
+    let gap = 1.0 / per_ns;
+    match config.traffic {
+        Traffic::Uniform | Traffic::OneNode | Traffic::MovingHotspot { .. } => {
+            let mut i: u64 = 0;
+            loop {
+                let at = START_NS + (i as f64 * gap) as Nanos;
+                if at >= end {
+                    break;
+                }
+                let node = match config.traffic {
+                    Traffic::Uniform => (i as usize) % n,
+                    Traffic::OneNode => 0,
+                    Traffic::MovingHotspot { every_ns, permille } => {
+                        let hot = (((at - START_NS) / every_ns.max(1)) as usize) % n;
+                        // Spread the cold part evenly: request i is cold when the running
+                        // share of cold requests falls behind (1 - fraction).
+                        let cold = n > 1
+                            && (i + 1) * u64::from(1000 - permille.min(1000)) / 1000
+                                > i * u64::from(1000 - permille.min(1000)) / 1000;
+                        if cold {
+                            let k = (i as usize / 7) % (n - 1);
+                            (hot + 1 + k) % n
+                        } else {
+                            hot
+                        }
+                    }
+                    _ => unreachable!("matched above"),
+                };
+                out.push(Arrival {
+                    at_ns: at,
+                    node,
+                    key: (i / n as u64) % keys,
+                    cost: cost(rng),
+                });
+                i += 1;
+            }
+        }
+        Traffic::Poisson => {
+            let mut t = START_NS as f64;
+            loop {
+                t += -gap * (1.0 - rng.f64()).ln();
+                if t >= end as f64 {
+                    break;
+                }
+                out.push(Arrival {
+                    at_ns: t as Nanos,
+                    node: rng.usize(0..n),
+                    key: rng.u64(0..keys),
+                    cost: cost(rng),
+                });
+            }
+        }
+        Traffic::Bursty => {
+            let burst = (policy.capacity() / 20).max(1);
+            let burst_gap = gap * burst as f64;
+            let mut t = START_NS as f64;
+            loop {
+                t += -burst_gap * (1.0 - rng.f64()).ln();
+                if t >= end as f64 {
+                    break;
+                }
+                let node = rng.usize(0..n);
+                let key = rng.u64(0..keys);
+                for _ in 0..burst {
+                    out.push(Arrival {
+                        at_ns: t as Nanos,
+                        node,
+                        key,
+                        cost: cost(rng),
+                    });
+                }
+            }
+        }
+        Traffic::SynchronizedBurst => {
+            let per_period = (per_ns * period_ns as f64).round() as u64;
+            let per_node = per_period.div_ceil(n as u64);
+            let first = START_NS.div_ceil(period_ns) * period_ns;
+            let mut at = first;
+            while at < end {
+                for node in 0..n {
+                    for j in 0..per_node {
+                        out.push(Arrival {
+                            at_ns: at,
+                            node,
+                            key: j % keys,
+                            cost: cost(rng),
+                        });
+                    }
+                }
+                at += period_ns;
+            }
+        }
+    }
+    out.sort_by_key(|a| a.at_ns);
+    out
+}
