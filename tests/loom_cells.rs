@@ -113,3 +113,101 @@ fn refund_racing_decisions_loses_nothing() {
         });
     }
 }
+
+mod mesh {
+    //! The mesh cell: two threads admit on one key while a third applies the gossip's share
+    //! change (a round lowering a window's share, a claim raising a bucket's).
+
+    use super::*;
+    use ratemesh::mesh::cell::{MeshCell, MeshKind};
+    use ratemesh::mesh::share::{ONE, share_for, tokens_of};
+
+    /// Lowering a window's share races two admissions: nothing admitted is lost from the
+    /// counts the gossip reads, the total never exceeds the old allowance, and the share the
+    /// round announces always covers what the node has used.
+    #[test]
+    fn window_share_lowered_while_admitting() {
+        loom::model(|| {
+            let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+            let cell = Arc::new(MeshCell::new(
+                MeshKind::FixedWindow,
+                &policy,
+                share_for(6, 10),
+            ));
+            let admitted = Arc::new(AtomicU64::new(0));
+            let requests: Vec<_> = [2u64, 3]
+                .into_iter()
+                .map(|cost| {
+                    let cell = Arc::clone(&cell);
+                    let admitted = Arc::clone(&admitted);
+                    thread::spawn(move || {
+                        if cell
+                            .decide(MeshKind::FixedWindow, &policy, NOW, cost)
+                            .is_allowed()
+                        {
+                            admitted.fetch_add(cost, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            let round = {
+                let cell = Arc::clone(&cell);
+                thread::spawn(move || {
+                    cell.set_share(MeshKind::FixedWindow, &policy, NOW, share_for(2, 10))
+                })
+            };
+            for r in requests {
+                r.join().unwrap();
+            }
+            let announced = round.join().unwrap();
+            let total = admitted.load(Ordering::Relaxed);
+            let word = cell.window(&policy, NOW);
+            assert_eq!(word.current, total, "an admission was lost from the counts");
+            assert!(total <= 6, "admitted {total} with an allowance of 6");
+            assert_eq!(word.allowance, tokens_of(share_for(2, 10), 10));
+            assert!(
+                tokens_of(announced, 10) >= total,
+                "announced {announced} while {total} is in use"
+            );
+        });
+    }
+
+    /// Raising a bucket's share (a claim) races two admissions: the raise brings no
+    /// tokens, so the two never get more than the bucket held before.
+    #[test]
+    fn bucket_share_raised_while_admitting() {
+        loom::model(|| {
+            let policy = Policy::token_bucket(1, hour(), 10).unwrap();
+            let cell = Arc::new(MeshCell::new(MeshKind::Bucket, &policy, ONE / 2));
+            let before = cell.bucket_tokens(&policy, NOW);
+            let admitted = Arc::new(AtomicU64::new(0));
+            let requests: Vec<_> = [2u64, 3]
+                .into_iter()
+                .map(|cost| {
+                    let cell = Arc::clone(&cell);
+                    let admitted = Arc::clone(&admitted);
+                    thread::spawn(move || {
+                        if cell.decide(MeshKind::Bucket, &policy, NOW, cost).is_allowed() {
+                            admitted.fetch_add(cost, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            let claim = {
+                let cell = Arc::clone(&cell);
+                thread::spawn(move || cell.set_share(MeshKind::Bucket, &policy, NOW, ONE))
+            };
+            for r in requests {
+                r.join().unwrap();
+            }
+            claim.join().unwrap();
+            let total = admitted.load(Ordering::Relaxed);
+            assert!(total <= before, "admitted {total} from a bucket of {before}");
+            assert!(
+                total + cell.bucket_tokens(&policy, NOW) <= before,
+                "the claim created tokens"
+            );
+            assert_eq!(cell.admitted(), total, "an admission was lost from the counts");
+        });
+    }
+}

@@ -64,7 +64,12 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
+    // 48 schedules in CI (about a second); `RATEMESH_SIM_CASES=5000` for a longer hunt.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("RATEMESH_SIM_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// Random clusters, links, faults and traffic: the measured overshoot (in the policy's own
     /// terms) never exceeds the declared bound.

@@ -100,4 +100,7 @@ pub struct Snapshot {
     /// What the sender knows of the receiver's own state (its counts and its announced
     /// share), so a restarted receiver gets them back.
     pub yours: Vec<KeyUpdate>,
+    /// The sender released the receiver's share while it was away (declared dead for
+    /// longer than the hold): the receiver must start from a zero share.
+    pub you_were_released: bool,
 }

@@ -223,6 +223,8 @@ struct Peer {
     /// Snapshot parts seen for `snapshot_round`.
     snapshot_round: u64,
     snapshot_parts: BTreeSet<u16>,
+    /// It came back after its share was released: it must not recover that share.
+    released_when_back: bool,
 }
 
 impl Peer {
@@ -239,6 +241,7 @@ impl Peer {
             parts_seen: 0,
             snapshot_round: 0,
             snapshot_parts: BTreeSet::new(),
+            released_when_back: false,
         }
     }
 
@@ -251,6 +254,16 @@ impl Peer {
             None
         }
     }
+}
+
+/// How keys first seen in the hold after a restart start.
+#[derive(Debug, Clone, Copy)]
+struct Restart {
+    until_round: u64,
+    /// 0 when the cluster released this node's share while it was away, else the even share.
+    initial_share: Share,
+    /// The share a window key counts as already used (claims no peer may have seen).
+    charge_share: Share,
 }
 
 /// What a member announced for a key, with the value before its last change.
@@ -349,6 +362,8 @@ enum Phase {
         found: BTreeMap<(u32, u64), KeyUpdate>,
         /// The latest round of ours that some peer held completely.
         best_ack: u64,
+        /// Some peer had released our share while we were away.
+        released: bool,
     },
     Running,
 }
@@ -373,11 +388,14 @@ pub struct Node {
     bucket_rules: ShareRules,
     default_share: Share,
     hold_rounds: u64,
+    /// Rounds for which a node's admissions still count (windows: two windows; buckets:
+    /// the refill time): the restart rules apply that long.
+    memory_rounds: u64,
     round: u64,
     /// The last round whose claim step ran.
     claimed_round: u64,
     /// After a restart: until which round new window keys are charged, at which share.
-    restart_charge: Option<(u64, Share)>,
+    restart: Option<Restart>,
     /// The latest `now` this node was given (for keys created by peers' frames).
     last_now: Nanos,
     phase: Phase,
@@ -415,6 +433,7 @@ impl Node {
         }
         let mut kinds = Vec::with_capacity(config.policies.len());
         let mut hold_ns: Nanos = 0;
+        let mut memory_ns: Nanos = 0;
         for (index, policy) in config.policies.iter().enumerate() {
             let kind = MeshKind::of(policy).ok_or(MeshError::UnsupportedAlgorithm {
                 index,
@@ -429,6 +448,13 @@ impl Node {
             if kind != MeshKind::Bucket {
                 hold_ns = hold_ns.max(2 * policy.window_ns());
             }
+            // How long what a node admitted still matters: two windows, or a bucket's
+            // refill time.
+            memory_ns = memory_ns.max(if kind == MeshKind::Bucket {
+                policy.window_ns()
+            } else {
+                2 * policy.window_ns()
+            });
             kinds.push(kind);
         }
         let default_share = ONE / config.cluster_size as Share;
@@ -444,6 +470,7 @@ impl Node {
         }
         let round = now / config.gossip_interval_ns;
         let hold_rounds = hold_ns.div_ceil(config.gossip_interval_ns);
+        let memory_rounds = memory_ns.div_ceil(config.gossip_interval_ns);
         let bucket_rules = ShareRules {
             max_claim: ONE,
             ..rules
@@ -453,17 +480,19 @@ impl Node {
             kinds,
             rules,
             bucket_rules,
+            memory_rounds,
             default_share,
             hold_rounds,
             round,
             claimed_round: round,
-            restart_charge: None,
+            restart: None,
             last_now: now,
             phase: Phase::Recovering {
                 since: now,
                 answered: BTreeSet::new(),
                 found: BTreeMap::new(),
                 best_ack: 0,
+                released: false,
             },
             peers,
             keys: BTreeMap::new(),
@@ -591,34 +620,36 @@ impl Node {
             ..Announce::default()
         };
         let policy_ref = self.config.policies[policy as usize];
-        let charge = match self.restart_charge {
-            Some((until, charge))
-                if self.round < until
-                    && kind != MeshKind::Bucket
-                    && self.config.admission == Admission::Shares =>
-            {
-                Some(charge)
+        let restart = match self.restart {
+            Some(r) if self.round < r.until_round && self.config.admission == Admission::Shares => {
+                Some(r)
             }
             _ => None,
         };
         let round = self.round;
         let now = self.last_now;
         self.keys.entry((policy, key)).or_insert_with(|| {
+            let share = restart.map_or(share, |r| r.initial_share);
             let cell = Arc::new(MeshCell::new(kind, &policy_ref, share));
             let mut own = History::fresh(default);
             let mut current_share = share;
-            if let Some(charge) = charge {
+            if let Some(r) = restart {
                 // Restarted recently: this key may have been used before the crash under a
-                // share no peer heard of; count the most it could have been as used.
-                let used = cell.recover_window(
-                    kind,
-                    &policy_ref,
-                    now,
-                    0,
-                    0,
-                    tokens_of(charge, policy_ref.capacity()),
-                );
-                current_share = share_for(used, policy_ref.capacity()).max(share);
+                // share no peer heard of; count the most it could have been as used, and
+                // announce what this node holds so the peers do not assume the even share.
+                if kind == MeshKind::Bucket {
+                    cell.empty_bucket(&policy_ref, now);
+                } else {
+                    let used = cell.recover_window(
+                        kind,
+                        &policy_ref,
+                        now,
+                        0,
+                        0,
+                        tokens_of(r.charge_share, policy_ref.capacity()),
+                    );
+                    current_share = share_for(used, policy_ref.capacity()).max(share);
+                }
                 own = History {
                     changed: round,
                     now: Announce {
@@ -632,7 +663,7 @@ impl Node {
                 cell,
                 demand: 0.0,
                 own,
-                changed_round: if charge.is_some() { round } else { 0 },
+                changed_round: if restart.is_some() { round } else { 0 },
                 sent_counts: (0, 0, 0),
                 peers: Vec::new(),
                 current_share,
@@ -877,32 +908,46 @@ impl Node {
             return;
         }
         let Phase::Recovering {
-            found, best_ack, ..
+            found,
+            best_ack,
+            released,
+            ..
         } = std::mem::replace(&mut self.phase, Phase::Running)
         else {
             return;
         };
         // Claims this node made in steps no peer saw are unknown: count the most it could
         // have claimed in them as used (windows; admissions older than the hold expired).
-        let unseen_rounds =
-            if best_ack == 0 || self.round.saturating_sub(best_ack) >= self.hold_rounds {
-                0
-            } else {
-                UNSEEN_CLAIM_STEPS
-            };
+        // Some peer released our share while we were away (and may have claimed it since):
+        // start from nothing; what we admitted before has expired with the hold.
+        let unseen_rounds = if released
+            || best_ack == 0
+            || self.round.saturating_sub(best_ack) >= self.memory_rounds
+        {
+            0
+        } else {
+            UNSEEN_CLAIM_STEPS
+        };
         let extra = unseen_rounds * u64::from(self.rules.max_claim);
-        if extra > 0 {
-            let charge = (u64::from(self.default_share) + extra).min(u64::from(ONE)) as Share;
-            self.restart_charge = Some((self.round + self.hold_rounds, charge));
+        if released || extra > 0 {
+            let initial_share = if released { 0 } else { self.default_share };
+            let charge_share = (u64::from(initial_share) + extra).min(u64::from(ONE)) as Share;
+            self.restart = Some(Restart {
+                until_round: self.round + self.memory_rounds,
+                initial_share,
+                charge_share,
+            });
         }
         for ((policy, key), update) in found {
             let kind = self.kinds[policy as usize];
             let policy_ref = self.config.policies[policy as usize];
             let round = self.round;
+            let me = self.config.id;
             let state = self.key_state(policy, key);
+            let recovered_share = if released { 0 } else { update.now.share };
             let applied = state
                 .cell
-                .set_share(kind, &policy_ref, now, update.now.share);
+                .set_share(kind, &policy_ref, now, recovered_share);
             let applied = match kind {
                 MeshKind::Bucket => {
                     state.cell.empty_bucket(&policy_ref, now);
@@ -917,7 +962,7 @@ impl Node {
                     } else {
                         (0, 0)
                     };
-                    let charge = (u64::from(update.now.share) + extra).min(u64::from(ONE)) as Share;
+                    let charge = (u64::from(recovered_share) + extra).min(u64::from(ONE)) as Share;
                     let used = state.cell.recover_window(
                         kind,
                         &policy_ref,
@@ -926,6 +971,10 @@ impl Node {
                         current,
                         tokens_of(charge, policy_ref.capacity()),
                     );
+                    state.counter_mut(index).raise(me, current);
+                    if index > 0 {
+                        state.counter_mut(index - 1).raise(me, previous);
+                    }
                     applied.max(share_for(used, policy_ref.capacity()))
                 }
             };
@@ -1042,7 +1091,9 @@ impl Node {
             };
             let demand_q = (state.demand * 16.0).round() as u32;
             let last = state.own.now.demand;
-            let demand = if (demand_q == 0) != (last == 0) || demand_q.abs_diff(last) > last / 8 {
+            // Announce demand when it moved by half or to or from zero: a decaying demand is
+            // then re-sent a few times, not every round.
+            let demand = if (demand_q == 0) != (last == 0) || demand_q.abs_diff(last) > last / 2 {
                 demand_q
             } else {
                 last
@@ -1186,6 +1237,10 @@ impl Node {
 
     fn send_snapshot(&mut self, to: NodeId) {
         let header = self.header(to);
+        let you_were_released = self.peers.get(&to).is_some_and(|p| match p.status {
+            Status::Dead { since_round } => self.round >= since_round + self.hold_rounds,
+            Status::Alive => p.released_when_back,
+        });
         let mut mine = Vec::new();
         let mut yours = Vec::new();
         let running = self.is_running();
@@ -1233,6 +1288,7 @@ impl Node {
         let mut yours = yours.into_iter();
         for part in 0..parts {
             let frame = Frame::Snapshot(Snapshot {
+                you_were_released,
                 header: header.clone(),
                 part: part as u16,
                 parts: parts as u16,
@@ -1289,6 +1345,11 @@ impl Node {
         match frame {
             Frame::SnapshotRequest { .. } => self.send_snapshot(from),
             Frame::Delta(d) => {
+                if !d.keys.is_empty()
+                    && let Some(p) = self.peers.get_mut(&from)
+                {
+                    p.released_when_back = false;
+                }
                 self.apply_header(now, from, &d.header);
                 self.apply_updates(now, from, &d.keys);
                 let p = self.peers.get_mut(&from).expect("peer inserted above");
@@ -1313,10 +1374,14 @@ impl Node {
                 self.apply_header(now, from, &s.header);
                 self.apply_updates(now, from, &s.keys);
                 if let Phase::Recovering {
-                    found, best_ack, ..
+                    found,
+                    best_ack,
+                    released,
+                    ..
                 } = &mut self.phase
                 {
                     *best_ack = (*best_ack).max(s.header.ack);
+                    *released |= s.you_were_released;
                     for u in &s.yours {
                         let entry = found.entry((u.policy, u.key)).or_insert(*u);
                         if u.window > entry.window {
@@ -1386,7 +1451,8 @@ impl Node {
             return;
         };
         p.last_heard = p.last_heard.max(now);
-        if let Status::Dead { .. } = p.status {
+        if let Status::Dead { since_round } = p.status {
+            p.released_when_back = self.round >= since_round + self.hold_rounds;
             p.status = Status::Alive;
             self.events.push_back(Event::PeerUp(from));
             // Heal: send the returning peer everything, so both sides converge at once.
