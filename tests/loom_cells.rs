@@ -187,7 +187,10 @@ mod mesh {
                     let cell = Arc::clone(&cell);
                     let admitted = Arc::clone(&admitted);
                     thread::spawn(move || {
-                        if cell.decide(MeshKind::Bucket, &policy, NOW, cost).is_allowed() {
+                        if cell
+                            .decide(MeshKind::Bucket, &policy, NOW, cost)
+                            .is_allowed()
+                        {
                             admitted.fetch_add(cost, Ordering::Relaxed);
                         }
                     })
@@ -202,12 +205,19 @@ mod mesh {
             }
             claim.join().unwrap();
             let total = admitted.load(Ordering::Relaxed);
-            assert!(total <= before, "admitted {total} from a bucket of {before}");
+            assert!(
+                total <= before,
+                "admitted {total} from a bucket of {before}"
+            );
             assert!(
                 total + cell.bucket_tokens(&policy, NOW) <= before,
                 "the claim created tokens"
             );
-            assert_eq!(cell.admitted(), total, "an admission was lost from the counts");
+            assert_eq!(
+                cell.admitted(),
+                total,
+                "an admission was lost from the counts"
+            );
         });
     }
 }

@@ -53,7 +53,20 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
         report.partition_share_at_split,
         config
     );
-    prop_assert!(!report.counter_decreased, "a gossiped count went down");
+    prop_assert!(
+        !report.counter_decreased,
+        "a gossiped count went down in {:?}",
+        config
+    );
+    // Outside partitions, the allowances in effect never sum above the budget.
+    if config.partition.is_none() {
+        prop_assert!(
+            report.max_share_sum <= 1.0 + 1e-9,
+            "allowances summed to {} in {:?}",
+            report.max_share_sum,
+            config
+        );
+    }
     prop_assert_eq!(
         report.frames_dropped,
         0,

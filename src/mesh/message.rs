@@ -78,7 +78,8 @@ pub struct KeyUpdate {
 pub struct Announce {
     /// The share of the key's budget.
     pub share: Share,
-    /// Smoothed offered cost per round, in sixteenths.
+    /// Offered cost per round averaged over about 16 rounds, in sixteenths (it decays by
+    /// 1/16 per round until announced again).
     pub demand: u32,
     /// Bucket tokens this member gave up with its share in that round, for the claimers of
     /// the round to take over (so a release moves tokens instead of destroying them).
@@ -103,4 +104,7 @@ pub struct Snapshot {
     /// The sender released the receiver's share while it was away (declared dead for
     /// longer than the hold): the receiver must start from a zero share.
     pub you_were_released: bool,
+    /// The sender runs (a recovering sender's snapshot does not carry its own state, so it
+    /// does not count as one of its rounds).
+    pub sender_running: bool,
 }

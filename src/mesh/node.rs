@@ -39,6 +39,10 @@ use crate::policy::Policy;
 /// which carry its claims up to step `r - 2`.
 pub const UNSEEN_CLAIM_STEPS: u64 = 2;
 
+/// How many rounds (or windows) ahead of this node's clock a peer's frame may be; further
+/// is refused (a peer's clock that ran away must not pin this node's view of it).
+pub const MAX_ROUNDS_AHEAD: u64 = 3;
+
 /// How a node decides admission. Only [`Admission::Shares`] is bounded; the others are the
 /// baselines the simulator compares it with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,8 +75,6 @@ pub struct NodeConfig {
     pub floor_fraction: f64,
     /// The most a node adds to its share in one round, as a fraction of the budget.
     pub max_claim_fraction: f64,
-    /// The weight of the last round in the demand average (0..=1).
-    pub demand_smoothing: f64,
     /// How long a starting node waits for a majority's snapshots before it runs without
     /// them, in ns. `None` (the default) waits for ever: a node cut off from the majority
     /// then admits nothing, which keeps the declared bound; a timeout trades the bound for
@@ -82,6 +84,8 @@ pub struct NodeConfig {
     pub max_datagram_bytes: usize,
     /// The rule of admission.
     pub admission: Admission,
+    /// The most keys a node holds; frames that would add more are refused.
+    pub max_keys: usize,
     /// The cluster's global policies, indexed by position (the same list on every node).
     pub policies: Vec<Policy>,
 }
@@ -102,10 +106,10 @@ impl NodeConfig {
             dead_after_rounds: 10,
             floor_fraction: 0.002,
             max_claim_fraction: 0.1,
-            demand_smoothing: 0.3,
             recover_timeout_ns: None,
             max_datagram_bytes: 1150,
             admission: Admission::Shares,
+            max_keys: 1_000_000,
             policies,
         }
     }
@@ -225,6 +229,8 @@ struct Peer {
     snapshot_parts: BTreeSet<u16>,
     /// It came back after its share was released: it must not recover that share.
     released_when_back: bool,
+    /// The round of our last delta to it.
+    sent_through: u64,
 }
 
 impl Peer {
@@ -242,6 +248,7 @@ impl Peer {
             snapshot_round: 0,
             snapshot_parts: BTreeSet::new(),
             released_when_back: false,
+            sent_through: 0,
         }
     }
 
@@ -283,9 +290,14 @@ impl History {
         }
     }
 
+    /// Return the announcement in effect in `round`, its demand decayed to that round (the
+    /// value before the last change is kept as of the round before it).
     fn as_of(&self, round: u64) -> Option<Announce> {
         if round >= self.changed {
-            Some(self.now)
+            Some(Announce {
+                demand: share::decayed(self.now.demand, round - self.changed),
+                ..self.now
+            })
         } else if round + 1 == self.changed {
             Some(self.before)
         } else {
@@ -297,7 +309,8 @@ impl History {
 #[derive(Debug)]
 struct KeyState {
     cell: Arc<MeshCell>,
-    demand: f64,
+    /// This node's demand average, in sixteenths of a token per round.
+    demand: u32,
     own: History,
     /// The last round in which anything we gossip about this key changed.
     changed_round: u64,
@@ -305,6 +318,10 @@ struct KeyState {
     peers: Vec<(NodeId, History)>,
     /// The share in effect (a claim changes it between two announcements).
     current_share: Share,
+    /// A bucket's count slot: `(index, admitted total at its start, previous slot's count)`.
+    bucket_slot: (u64, u64, u64),
+    /// A bucket's admitted total at the last round.
+    last_admitted: u64,
     /// G-counters of admitted cost per window (the two latest), one entry per node.
     counts: Vec<(u64, GCounter)>,
 }
@@ -382,10 +399,12 @@ struct View {
 pub struct Node {
     config: NodeConfig,
     kinds: Vec<MeshKind>,
-    rules: ShareRules,
-    /// A bucket's claims are not limited per round: its restart is safe without it (it
-    /// restarts empty), and released tokens must find a bucket large enough to take them.
-    bucket_rules: ShareRules,
+    /// The share rules of each policy. A bucket's claims are not limited per round: its
+    /// restart is safe without it (it restarts empty), and released tokens must find a
+    /// bucket large enough to take them.
+    rules: Vec<ShareRules>,
+    /// The most a window node may add to its share in one round.
+    max_claim: Share,
     default_share: Share,
     hold_rounds: u64,
     /// Rounds for which a node's admissions still count (windows: two windows; buckets:
@@ -425,12 +444,6 @@ impl Node {
                 reason: "must be between 1 and 1024",
             });
         }
-        if !(0.0..=1.0).contains(&config.demand_smoothing) {
-            return Err(MeshError::Invalid {
-                field: "demand_smoothing",
-                reason: "must be within 0..=1",
-            });
-        }
         let mut kinds = Vec::with_capacity(config.policies.len());
         let mut hold_ns: Nanos = 0;
         let mut memory_ns: Nanos = 0;
@@ -458,10 +471,28 @@ impl Node {
             kinds.push(kind);
         }
         let default_share = ONE / config.cluster_size as Share;
-        let rules = ShareRules {
-            floor: share::from_fraction(config.floor_fraction).min(default_share),
-            max_claim: share::from_fraction(config.max_claim_fraction).max(1),
-        };
+        let floor = share::from_fraction(config.floor_fraction).min(default_share);
+        let max_claim = share::from_fraction(config.max_claim_fraction).max(1);
+        let g = u128::from(config.gossip_interval_ns);
+        let rules = config
+            .policies
+            .iter()
+            .zip(&kinds)
+            .map(|(p, kind)| {
+                let (max_claim, round_budget) = match kind {
+                    MeshKind::Bucket => (ONE, 16 * g / u128::from(p.interval_ns())),
+                    _ => (
+                        max_claim,
+                        16 * u128::from(p.capacity()) * g / u128::from(p.window_ns()),
+                    ),
+                };
+                ShareRules {
+                    floor,
+                    max_claim,
+                    round_budget: round_budget.clamp(1, u128::from(u64::MAX)) as u64,
+                }
+            })
+            .collect();
         let mut peers = BTreeMap::new();
         for &seed in &config.seeds {
             if seed != config.id && peers.len() + 1 < config.cluster_size {
@@ -471,15 +502,11 @@ impl Node {
         let round = now / config.gossip_interval_ns;
         let hold_rounds = hold_ns.div_ceil(config.gossip_interval_ns);
         let memory_rounds = memory_ns.div_ceil(config.gossip_interval_ns);
-        let bucket_rules = ShareRules {
-            max_claim: ONE,
-            ..rules
-        };
         let mut node = Node {
             config,
             kinds,
             rules,
-            bucket_rules,
+            max_claim,
             memory_rounds,
             default_share,
             hold_rounds,
@@ -566,6 +593,11 @@ impl Node {
             let g = self.config.gossip_interval_ns;
             return Decision::denied(limit, 0, g, g);
         }
+        if self.keys.len() >= self.config.max_keys && !self.keys.contains_key(&(policy, key)) {
+            // Full: a new key waits until idle keys are forgotten (never reset a busy one).
+            let g = self.config.gossip_interval_ns;
+            return Decision::denied(p.capacity(), 0, g, g);
+        }
         let cell = self.cell(policy, key);
         let kind = self.kinds[policy as usize];
         cell.decide(kind, &self.config.policies[policy as usize], now, cost)
@@ -585,6 +617,21 @@ impl Node {
         self.keys
             .get(&(policy, key))
             .map_or(self.default_share, |k| k.own.now.share)
+    }
+
+    /// Return the share this node's cell enforces for `key` (its allowance, which may be
+    /// below the share it announces while its usage drains), or `None` while recovering.
+    pub fn allowance_share(&self, policy: u32, key: u64) -> Option<Share> {
+        if !self.is_running() {
+            return None;
+        }
+        Some(self.keys.get(&(policy, key)).map_or(
+            match self.config.admission {
+                Admission::Shares | Admission::StaticSplit => self.default_share,
+                Admission::LocalOnly | Admission::StaleSum => ONE,
+            },
+            |k| k.current_share,
+        ))
     }
 
     /// Return this node's view of the cluster-wide count of `key` in `window` (the window's
@@ -632,7 +679,8 @@ impl Node {
             let share = restart.map_or(share, |r| r.initial_share);
             let cell = Arc::new(MeshCell::new(kind, &policy_ref, share));
             let mut own = History::fresh(default);
-            let mut current_share = share;
+            let current_share = share;
+            let mut announced = share;
             if let Some(r) = restart {
                 // Restarted recently: this key may have been used before the crash under a
                 // share no peer heard of; count the most it could have been as used, and
@@ -648,12 +696,12 @@ impl Node {
                         0,
                         tokens_of(r.charge_share, policy_ref.capacity()),
                     );
-                    current_share = share_for(used, policy_ref.capacity()).max(share);
+                    announced = share_for(used, policy_ref.capacity()).max(share);
                 }
                 own = History {
                     changed: round,
                     now: Announce {
-                        share: current_share,
+                        share: announced,
                         ..default
                     },
                     before: default,
@@ -661,12 +709,14 @@ impl Node {
             }
             KeyState {
                 cell,
-                demand: 0.0,
+                demand: 0,
                 own,
                 changed_round: if restart.is_some() { round } else { 0 },
                 sent_counts: (0, 0, 0),
                 peers: Vec::new(),
                 current_share,
+                bucket_slot: (0, 0, 0),
+                last_admitted: 0,
                 counts: Vec::new(),
             }
         })
@@ -702,7 +752,7 @@ impl Node {
                 Status::Alive => view.alive.push(id),
                 Status::Dead { since_round } if self.round < since_round + self.hold_rounds => {
                     let extra =
-                        (UNSEEN_CLAIM_STEPS * u64::from(self.rules.max_claim)).min(u64::from(ONE));
+                        (UNSEEN_CLAIM_STEPS * u64::from(self.max_claim)).min(u64::from(ONE));
                     view.held.push((id, extra as Share))
                 }
                 Status::Dead { .. } => {}
@@ -745,7 +795,7 @@ impl Node {
         // The view and digest of the previous round are what claims this round rely on.
         let view_previous = self.view_previous.clone();
         if self.is_running() {
-            self.update_keys(now, &view_previous);
+            self.update_keys(now, &view_previous, previous_round + 1);
         }
         self.view_previous = self.view();
         self.digests = [self.digest(), self.digests[0]];
@@ -791,7 +841,7 @@ impl Node {
             let p = self.config.policies[policy as usize];
             let own = Announced {
                 share: state.own.now.share,
-                demand: state.own.now.demand,
+                demand: state.own.as_of(round).map_or(0, |a| a.demand),
                 released: if state.own.changed == round {
                     state.own.now.released
                 } else {
@@ -799,7 +849,7 @@ impl Node {
                 },
             };
             let (me_index, held, consistent) =
-                gather(state, &view, me, default, Some(round), own, &mut live);
+                gather(state, &view, me, default, (round, true), own, &mut live);
             let used = match kind {
                 MeshKind::Bucket => 0,
                 _ => {
@@ -807,29 +857,30 @@ impl Node {
                     share_for(w.estimate(kind, &p, now).min(p.capacity()), p.capacity())
                 }
             };
-            let rules = if kind == MeshKind::Bucket {
-                &self.bucket_rules
-            } else {
-                &self.rules
-            };
+            let rules = &self.rules[policy as usize];
             let wanted =
                 share::next_share(rules, &live, me_index, held, used, consistent, &mut targets);
-            // A bucket releases only at its tick, where the released tokens are announced.
-            let wanted = if kind == MeshKind::Bucket {
-                wanted.max(state.current_share)
-            } else {
+            let announced = live[me_index].share;
+            let allowance = if wanted > announced {
+                // A claim, on top of what the peers count this node as holding.
                 wanted
+            } else if wanted < announced && kind != MeshKind::Bucket {
+                // A release never raises the allowance. (A bucket releases only at its
+                // tick, where the tokens it gives up are announced.)
+                wanted.min(state.current_share)
+            } else {
+                state.current_share
             };
-            if wanted != state.current_share {
-                let before = state.current_share;
-                state.current_share = state.cell.set_share(kind, &p, now, wanted);
-                if kind == MeshKind::Bucket && wanted > before {
+            if allowance != state.current_share {
+                state.cell.set_share(kind, &p, now, allowance);
+                state.current_share = allowance;
+                if kind == MeshKind::Bucket && wanted > announced {
                     // Take over released tokens in proportion to this node's part of the
                     // round's claims (which every member computes alike from the same
                     // announcements), so the grants sum to at most the tokens released.
                     let claims = share::total_claims(rules, &live, held, &mut targets).max(1);
                     let pool: u64 = live.iter().map(|a| u64::from(a.released)).sum();
-                    let mine = u64::from(wanted - before);
+                    let mine = u64::from(wanted - announced);
                     let grant = (u128::from(pool) * u128::from(mine) / u128::from(claims)) as u64;
                     if grant > 0 {
                         state.cell.grant_bucket(&p, now, grant);
@@ -928,7 +979,7 @@ impl Node {
         } else {
             UNSEEN_CLAIM_STEPS
         };
-        let extra = unseen_rounds * u64::from(self.rules.max_claim);
+        let extra = unseen_rounds * u64::from(self.max_claim);
         if released || extra > 0 {
             let initial_share = if released { 0 } else { self.default_share };
             let charge_share = (u64::from(initial_share) + extra).min(u64::from(ONE)) as Share;
@@ -938,29 +989,35 @@ impl Node {
                 charge_share,
             });
         }
-        for ((policy, key), update) in found {
+        // Every key this node holds now (some were created by peers' frames while it
+        // recovered) starts from what the peers knew of it, or from the restart rule.
+        let initial_share = if released { 0 } else { self.default_share };
+        let mut all: BTreeMap<(u32, u64), Option<KeyUpdate>> =
+            self.keys.keys().map(|&k| (k, None)).collect();
+        for (k, update) in found {
+            all.insert(k, Some(update));
+        }
+        let round = self.round;
+        let me = self.config.id;
+        for ((policy, key), update) in all {
             let kind = self.kinds[policy as usize];
             let policy_ref = self.config.policies[policy as usize];
-            let round = self.round;
-            let me = self.config.id;
             let state = self.key_state(policy, key);
-            let recovered_share = if released { 0 } else { update.now.share };
-            let applied = state
+            let recovered_share = match (released, &update) {
+                (false, Some(u)) => u.now.share,
+                _ => initial_share,
+            };
+            let mut announced = state
                 .cell
                 .set_share(kind, &policy_ref, now, recovered_share);
-            let applied = match kind {
-                MeshKind::Bucket => {
-                    state.cell.empty_bucket(&policy_ref, now);
-                    applied
-                }
+            match kind {
+                MeshKind::Bucket => state.cell.empty_bucket(&policy_ref, now),
                 _ => {
                     let index = policy_ref.window_of(now);
-                    let (previous, current) = if update.window == index {
-                        (update.previous, update.current)
-                    } else if update.window + 1 == index {
-                        (update.current, 0)
-                    } else {
-                        (0, 0)
+                    let (previous, current) = match &update {
+                        Some(u) if u.window == index => (u.previous, u.current),
+                        Some(u) if u.window + 1 == index => (u.current, 0),
+                        _ => (0, 0),
                     };
                     let charge = (u64::from(recovered_share) + extra).min(u64::from(ONE)) as Share;
                     let used = state.cell.recover_window(
@@ -975,29 +1032,34 @@ impl Node {
                     if index > 0 {
                         state.counter_mut(index - 1).raise(me, previous);
                     }
-                    applied.max(share_for(used, policy_ref.capacity()))
+                    announced = announced.max(share_for(used, policy_ref.capacity()));
                 }
-            };
-            state.current_share = applied;
+            }
+            state.current_share = recovered_share;
+            let before = update.map_or(state.own.now, |u| u.now);
             state.own = History {
                 changed: round,
                 now: Announce {
-                    share: applied,
-                    demand: update.now.demand,
+                    share: announced,
+                    demand: 0,
                     released: 0,
                 },
-                before: update.now,
+                before,
             };
-            state.changed_round = round;
+            // Announce it in the next delta even if a peer already acknowledged this round.
+            state.changed_round = round + 1;
         }
         self.events.push_back(Event::Recovered);
     }
 
-    fn update_keys(&mut self, now: Nanos, view: &View) {
+    /// Run the round's release step on every key and announce what changed. `first_round`
+    /// is the first round since the last tick (earlier than this one if ticks were late):
+    /// a change takes effect from it, since a claim made before may have been in effect in
+    /// the rounds the node skipped.
+    fn update_keys(&mut self, now: Nanos, view: &View, first_round: u64) {
         let round = self.round;
         let me = self.config.id;
         let default = self.default_announce();
-        let alpha = self.config.demand_smoothing;
         let admission = self.config.admission;
         let mut live = std::mem::take(&mut self.scratch_live);
         let mut targets = std::mem::take(&mut self.scratch_targets);
@@ -1006,13 +1068,29 @@ impl Node {
             let kind = self.kinds[policy as usize];
             let p = self.config.policies[policy as usize];
             let offered = state.cell.take_offered();
-            state.demand = alpha * offered as f64 + (1.0 - alpha) * state.demand;
-            if state.demand < 1.0 / 32.0 {
-                state.demand = 0.0;
-            }
+            // An average over about 16 rounds, in sixteenths: decay by 15/16, add the cost.
+            state.demand = share::decayed(state.demand, 1)
+                .saturating_add(offered.min(u64::from(u32::MAX)) as u32);
             // Own usage, in tokens, and the counts we gossip.
             let (used_share, counts) = match kind {
-                MeshKind::Bucket => (0, None),
+                MeshKind::Bucket => {
+                    // Buckets count admissions per refill time, like a window, so old
+                    // counts expire and a key can be forgotten.
+                    let total = state.cell.admitted();
+                    let index = p.window_of(now);
+                    let (slot, base, _) = state.bucket_slot;
+                    if index != slot {
+                        let previous = if index == slot + 1 {
+                            state.last_admitted - base
+                        } else {
+                            0
+                        };
+                        state.bucket_slot = (index, state.last_admitted, previous);
+                    }
+                    state.last_admitted = total;
+                    let (_, base, previous) = state.bucket_slot;
+                    (0, Some((index, total - base, previous)))
+                }
                 _ => {
                     let w = state.cell.window(&p, now);
                     let used = w.estimate(kind, &p, now).min(p.capacity());
@@ -1028,20 +1106,20 @@ impl Node {
             // A window may follow its raw demand down (it keeps what it used); a bucket
             // follows the smoothed demand, or a quiet round after a burst would cost it the
             // tokens it saved for the next one.
+            // This node counts as holding what it announced or its allowance, whichever is
+            // larger (a claim raises the allowance before the next announcement).
+            let holding = state.own.now.share.max(state.current_share);
             let fresh = Announced {
-                share: state.current_share,
+                share: holding,
                 demand: match kind {
-                    MeshKind::Bucket => (state.demand * 16.0).round() as u32,
+                    MeshKind::Bucket => state.demand,
                     _ => (offered as f64 * 16.0).round() as u32,
                 },
                 released: 0,
             };
-            let (me_index, held, _) = gather(state, view, me, default, None, fresh, &mut live);
-            let rules = if kind == MeshKind::Bucket {
-                &self.bucket_rules
-            } else {
-                &self.rules
-            };
+            let (me_index, held, _) =
+                gather(state, view, me, default, (round, false), fresh, &mut live);
+            let rules = &self.rules[policy as usize];
             let wanted = match admission {
                 Admission::Shares => share::next_share(
                     rules,
@@ -1062,60 +1140,67 @@ impl Node {
                     }
                 },
             };
-            // A bucket gives up share only when another member needs it: its tokens would be
-            // lost otherwise (a window keeps what it used, so it may release at once).
-            let wanted = if admission == Admission::Shares
-                && kind == MeshKind::Bucket
-                && wanted < state.current_share
-                && !live
-                    .iter()
-                    .zip(targets.iter())
-                    .enumerate()
-                    .any(|(j, (a, &t))| j != me_index && t > a.share)
-            {
-                state.current_share
-            } else {
-                wanted
-            };
             let tokens_before = match kind {
                 MeshKind::Bucket => state.cell.bucket_tokens(&p, now),
                 _ => 0,
             };
-            let applied = state.cell.set_share(kind, &p, now, wanted);
-            state.current_share = applied;
+            // A decrease never raises the allowance (it may sit below the announced share
+            // while usage drains); the baselines set theirs as they like.
+            let allowance = if admission == Admission::Shares && wanted < holding {
+                wanted.min(state.current_share)
+            } else if admission == Admission::Shares {
+                state.current_share
+            } else {
+                wanted
+            };
+            let applied = state.cell.set_share(kind, &p, now, allowance);
+            state.current_share = allowance;
             let released = match kind {
                 MeshKind::Bucket => tokens_before
                     .saturating_sub(state.cell.bucket_tokens(&p, now))
                     .min(u64::from(u32::MAX)) as u32,
                 _ => 0,
             };
-            let demand_q = (state.demand * 16.0).round() as u32;
-            let last = state.own.now.demand;
-            // Announce demand when it moved by half or to or from zero: a decaying demand is
-            // then re-sent a few times, not every round.
-            let demand = if (demand_q == 0) != (last == 0) || demand_q.abs_diff(last) > last / 2 {
-                demand_q
+            // Peers decay the announced demand themselves: announce it again only when the
+            // key is sent anyway (its counts changed) or it is off by more than twice.
+            let counts_changed = counts.is_some_and(|c| c != rolled(state.sent_counts, c.0));
+            let predicted = state.own.as_of(round).map_or(0, |a| a.demand);
+            let demand = if counts_changed
+                || state.demand > predicted.saturating_mul(2)
+                || state.demand.saturating_mul(2) < predicted
+            {
+                state.demand
             } else {
-                last
+                predicted
             };
-            let announce = Announce {
-                share: applied,
-                demand,
-                released,
-            };
-            if announce != state.own.now {
+            let share_or_release_changed = applied != state.own.now.share || released > 0;
+            if share_or_release_changed || demand != predicted {
+                let first_round = first_round.clamp(state.own.changed + 1, round);
+                let before = state
+                    .own
+                    .as_of(first_round.saturating_sub(1))
+                    .unwrap_or(state.own.now);
+                let announce = Announce {
+                    share: applied,
+                    demand,
+                    released,
+                };
                 state.own = History {
-                    changed: round,
+                    changed: first_round,
                     now: announce,
-                    before: state.own.now,
+                    before,
                 };
                 state.changed_round = round;
+            } else if state.own.now.released > 0 {
+                // Released tokens belong to the round that announced them.
+                state.own.now.released = 0;
             }
             if let Some((index, current, previous)) = counts {
-                if (index, current, previous) != state.sent_counts {
-                    state.sent_counts = (index, current, previous);
+                // A window rolling over changes nothing peers cannot work out themselves.
+                if (index, current, previous) != rolled(state.sent_counts, index) {
                     state.changed_round = round;
                 }
+                state.sent_counts = (index, current, previous);
                 state.counter_mut(index).raise(me, current);
                 if index > 0 {
                     state.counter_mut(index - 1).raise(me, previous);
@@ -1123,26 +1208,16 @@ impl Node {
                 state
                     .counts
                     .retain(|(w, _)| *w + 1 >= index && *w <= index + 1);
-            } else {
-                let total = state.cell.admitted();
-                if total != state.sent_counts.1 {
-                    state.sent_counts = (0, total, 0);
-                    state.changed_round = round;
-                }
-                state.counter_mut(0).raise(me, total);
             }
             let quiet = offered == 0
-                && state.demand == 0.0
-                && state.own.now == default
-                && state.own.before == default
-                && state
-                    .peers
-                    .iter()
-                    .all(|(_, h)| h.now == default && h.before == default)
-                && match kind {
-                    MeshKind::Bucket => state.cell.is_full_bucket(&p, now),
-                    _ => state.counts.iter().all(|(_, c)| c.total() == 0),
-                }
+                && state.demand == 0
+                && state.own.as_of(round) == Some(default)
+                && state.own.before.share == default.share
+                && state.peers.iter().all(|(_, h)| {
+                    h.as_of(round) == Some(default) && h.before.share == default.share
+                })
+                && state.counts.iter().all(|(_, c)| c.total() == 0)
+                && (kind != MeshKind::Bucket || state.cell.is_full_bucket(&p, now))
                 && round > state.changed_round + 2;
             if quiet {
                 idle.push((policy, key));
@@ -1183,9 +1258,21 @@ impl Node {
     }
 
     fn send_deltas(&mut self) {
+        // A recovering node sends nothing but its snapshot requests: a delta would let the
+        // peers count its rounds as complete before it knows its own state.
+        if !self.is_running() {
+            return;
+        }
         let ids: Vec<NodeId> = self.peers.keys().copied().collect();
         for to in ids {
-            let since = self.peers[&to].their_ack;
+            // Send what changed since our last delta to this peer, which it normally has by
+            // now; if its acknowledgements stall (a lost datagram), since what it confirmed.
+            let peer = &self.peers[&to];
+            let since = if peer.their_ack + 3 >= self.round {
+                peer.their_ack.max(peer.sent_through)
+            } else {
+                peer.their_ack
+            };
             let updates: Vec<KeyUpdate> = if self.is_running() {
                 self.keys
                     .iter()
@@ -1217,6 +1304,9 @@ impl Node {
             if parts.len() > 64 {
                 // Too far behind for datagrams: send the whole state on a stream.
                 self.send_snapshot(to);
+                if let Some(p) = self.peers.get_mut(&to) {
+                    p.sent_through = self.round;
+                }
                 continue;
             }
             let count = parts.len() as u16;
@@ -1231,6 +1321,9 @@ impl Node {
                 if let Ok(bytes) = wire::encode(&frame) {
                     self.send(to, bytes, false);
                 }
+            }
+            if let Some(p) = self.peers.get_mut(&to) {
+                p.sent_through = self.round;
             }
         }
     }
@@ -1249,19 +1342,15 @@ impl Node {
                 mine.push(self.own_update(policy, key, s));
             }
             if let Some(h) = s.peer(to) {
-                let kind = self.kinds[policy as usize];
-                let (window, current, previous) = match kind {
-                    MeshKind::Bucket => (0, s.counter(0).map_or(0, |c| c.get(to)), 0),
-                    _ => {
-                        let latest = s.counts.last().map_or(0, |(w, _)| *w);
-                        let current = s.counter(latest).map_or(0, |c| c.get(to));
-                        let previous = if latest > 0 {
-                            s.counter(latest - 1).map_or(0, |c| c.get(to))
-                        } else {
-                            0
-                        };
-                        (latest, current, previous)
-                    }
+                let (window, current, previous) = {
+                    let latest = s.counts.last().map_or(0, |(w, _)| *w);
+                    let current = s.counter(latest).map_or(0, |c| c.get(to));
+                    let previous = if latest > 0 {
+                        s.counter(latest - 1).map_or(0, |c| c.get(to))
+                    } else {
+                        0
+                    };
+                    (latest, current, previous)
                 };
                 yours.push(KeyUpdate {
                     policy,
@@ -1275,7 +1364,9 @@ impl Node {
                 });
             }
         }
-        let per_part = (MAX_FRAME_BYTES - 512) / 80;
+        // The decoder's limit counts decoded bytes (about 70 per update, `keys` and `yours`
+        // together), not encoded ones.
+        let per_part = MAX_FRAME_BYTES / 2 / 96;
         let parts = mine
             .len()
             .div_ceil(per_part)
@@ -1289,6 +1380,7 @@ impl Node {
         for part in 0..parts {
             let frame = Frame::Snapshot(Snapshot {
                 you_were_released,
+                sender_running: running,
                 header: header.clone(),
                 part: part as u16,
                 parts: parts as u16,
@@ -1326,11 +1418,21 @@ impl Node {
         if from == self.config.id {
             return Err(FrameError::UnknownPeer(from));
         }
+        let round_now = now / self.config.gossip_interval_ns;
         match &frame {
-            Frame::Delta(d) => self.validate(&d.header, &d.keys)?,
+            Frame::Delta(d) => {
+                validate_parts(d.part, d.parts)?;
+                self.validate(now, &d.header, &d.keys)?;
+            }
             Frame::Snapshot(s) => {
-                self.validate(&s.header, &s.keys)?;
-                self.validate_keys(&s.yours)?;
+                validate_parts(s.part, s.parts)?;
+                self.validate(now, &s.header, &s.keys)?;
+                self.validate_keys(now, s.header.round, &s.yours)?;
+            }
+            Frame::SnapshotRequest { round } if *round > round_now + MAX_ROUNDS_AHEAD => {
+                return Err(FrameError::Invalid(
+                    "round too far ahead of this node's clock",
+                ));
             }
             Frame::SnapshotRequest { .. } => {}
         }
@@ -1406,7 +1508,10 @@ impl Node {
                 if round == p.snapshot_round {
                     p.snapshot_parts.insert(s.part);
                     if p.snapshot_parts.len() >= usize::from(s.parts) {
-                        p.complete = p.complete.max(round);
+                        // A recovering sender's snapshot is not its state yet.
+                        if s.sender_running {
+                            p.complete = p.complete.max(round);
+                        }
                         if let Phase::Recovering { answered, .. } = &mut self.phase {
                             answered.insert(from);
                         }
@@ -1418,30 +1523,63 @@ impl Node {
         Ok(())
     }
 
-    fn validate(&self, header: &RoundHeader, keys: &[KeyUpdate]) -> Result<(), FrameError> {
+    fn validate(
+        &self,
+        now: Nanos,
+        header: &RoundHeader,
+        keys: &[KeyUpdate],
+    ) -> Result<(), FrameError> {
         if header.members.len() > 1024 {
             return Err(FrameError::Invalid("more than 1024 members"));
         }
-        self.validate_keys(keys)
+        let round_now = now / self.config.gossip_interval_ns;
+        if header.round > round_now + MAX_ROUNDS_AHEAD {
+            return Err(FrameError::Invalid(
+                "round too far ahead of this node's clock",
+            ));
+        }
+        if header.ack > round_now + MAX_ROUNDS_AHEAD {
+            return Err(FrameError::Invalid(
+                "acknowledges a round this node has not run",
+            ));
+        }
+        self.validate_keys(now, header.round, keys)
     }
 
-    fn validate_keys(&self, keys: &[KeyUpdate]) -> Result<(), FrameError> {
+    fn validate_keys(&self, now: Nanos, round: u64, keys: &[KeyUpdate]) -> Result<(), FrameError> {
+        let mut new_keys = 0usize;
         for u in keys {
             let Some(p) = self.config.policies.get(u.policy as usize) else {
                 return Err(FrameError::Invalid("unknown policy index"));
             };
+            if u.changed > round {
+                return Err(FrameError::Invalid(
+                    "a change in a later round than the frame's",
+                ));
+            }
+            if u.window > p.window_of(now) + MAX_ROUNDS_AHEAD {
+                return Err(FrameError::Invalid(
+                    "a window too far ahead of this node's clock",
+                ));
+            }
+            if !self.keys.contains_key(&(u.policy, u.key)) {
+                new_keys += 1;
+            }
             if u.now.share > ONE || u.before.share > ONE {
                 return Err(FrameError::Invalid("share above the whole budget"));
             }
             if u64::from(u.now.released.max(u.before.released)) > p.capacity() {
                 return Err(FrameError::Invalid("released tokens above the burst"));
             }
-            if self.kinds[u.policy as usize] != MeshKind::Bucket
-                && (u.current > MAX_MESH_WINDOW_LIMIT.max(p.capacity()) * 2
-                    || u.previous > MAX_MESH_WINDOW_LIMIT.max(p.capacity()) * 2)
-            {
-                return Err(FrameError::Invalid("window count above twice the limit"));
+            // A node counts at most its share (charges included) per window; a bucket's
+            // refill time also refills it once.
+            let most = 2 * p.capacity();
+            if u.current > most || u.previous > most {
+                return Err(FrameError::Invalid("a count above twice the capacity"));
             }
+        }
+        if self.keys.len() + new_keys > self.config.max_keys {
+            return Err(FrameError::Invalid("more keys than max_keys"));
         }
         Ok(())
     }
@@ -1499,40 +1637,36 @@ impl Node {
                     before: u.before,
                 };
             }
-            match kind {
-                MeshKind::Bucket => {
-                    let before = state.counter(0).map_or(0, |c| c.get(from));
-                    state.counter_mut(0).raise(from, u.current);
-                    if stale_sum && u.current > before {
-                        state.cell.charge_bucket(&p, now, u.current - before);
-                    }
+            let index = p.window_of(now);
+            if kind == MeshKind::Bucket && stale_sum {
+                let before = state.counter(u.window).map_or(0, |c| c.get(from));
+                if u.current > before {
+                    state.cell.charge_bucket(&p, now, u.current - before);
                 }
-                _ => {
-                    let index = p.window_of(now);
-                    if u.window + 1 >= index && u.window <= index + 1 {
-                        state.counter_mut(u.window).raise(from, u.current);
-                        if u.window > 0 && u.window >= index {
-                            state.counter_mut(u.window - 1).raise(from, u.previous);
-                        }
-                        state
-                            .counts
-                            .retain(|(w, _)| *w + 1 >= index && *w <= index + 1);
-                    }
+            }
+            if u.window + 1 >= index && u.window <= index + 1 {
+                state.counter_mut(u.window).raise(from, u.current);
+                if u.window > 0 && u.window >= index {
+                    state.counter_mut(u.window - 1).raise(from, u.previous);
                 }
+                state
+                    .counts
+                    .retain(|(w, _)| *w + 1 >= index && *w <= index + 1);
             }
         }
     }
 }
 
 /// Collect the announcements of `view`'s live members for one key into `live` (`own` for this
-/// node), as of `round` (or the latest when `None`); return this node's index, the share
-/// still held by dead members, and whether every announcement of that round was known.
+/// node), as of `round` when `exact` (else the latest, decayed to `round`); return this
+/// node's index, the share still held by dead members, and whether every announcement of
+/// that round was known.
 fn gather(
     state: &KeyState,
     view: &View,
     me: NodeId,
     default: Announce,
-    round: Option<u64>,
+    (round, exact): (u64, bool),
     own: Announced,
     live: &mut Vec<Announced>,
 ) -> (usize, u64, bool) {
@@ -1545,10 +1679,11 @@ fn gather(
             live.push(own);
             continue;
         }
-        let announced = match (state.peer(id), round) {
+        let announced = match (state.peer(id), exact) {
             (None, _) => default,
-            (Some(h), None) => h.now,
-            (Some(h), Some(r)) => {
+            (Some(h), false) => h.as_of(h.changed.max(round)).unwrap_or(h.now),
+            (Some(h), true) => {
+                let r = round;
                 let mut a = h.as_of(r).unwrap_or_else(|| {
                     consistent = false;
                     h.now
@@ -1575,6 +1710,27 @@ fn gather(
         })
         .sum();
     (me_index, held, consistent)
+}
+
+/// Return window counts `(index, current, previous)` moved to window `index` without new
+/// admissions.
+fn rolled(counts: (u64, u64, u64), index: u64) -> (u64, u64, u64) {
+    let (sent, current, _) = counts;
+    if index == sent {
+        counts
+    } else if index == sent + 1 {
+        (index, 0, current)
+    } else {
+        (index, 0, 0)
+    }
+}
+
+/// Refuse a part index out of its range.
+fn validate_parts(part: u16, parts: u16) -> Result<(), FrameError> {
+    if parts == 0 || part >= parts {
+        return Err(FrameError::Invalid("part index out of range"));
+    }
+    Ok(())
 }
 
 /// The other nodes' estimate for a window key, from the gossiped counters.

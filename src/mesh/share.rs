@@ -50,7 +50,7 @@ pub fn share_for(tokens: u64, amount: u64) -> Share {
 pub struct Announced {
     /// Its share.
     pub share: Share,
-    /// Its smoothed demand (offered cost per round, in sixteenths).
+    /// Its demand: offered cost per round averaged over about 16 rounds, in sixteenths.
     pub demand: u32,
     /// Bucket tokens it released in that round.
     pub released: u32,
@@ -63,12 +63,45 @@ pub struct ShareRules {
     pub floor: Share,
     /// The most a node may add to its share in one round.
     pub max_claim: Share,
+    /// What the whole budget serves in one round, in sixteenths of a token (the unit of
+    /// announced demand): `16 · limit · round / window`, or `16 · rate · round`.
+    pub round_budget: u64,
 }
 
-/// Compute every live member's target share from the previous round's announcements.
+/// Return `demand` after `rounds` rounds without new demand: each round keeps 15/16 of it
+/// (rounded down), which is the demand average's own decay. Every node applies the same
+/// integer steps, so a quiet member need not re-announce a decaying demand.
+pub fn decayed(demand: u32, rounds: u64) -> u32 {
+    let mut d = demand;
+    for _ in 0..rounds.min(512) {
+        if d == 0 {
+            break;
+        }
+        d = d - d.div_ceil(16);
+    }
+    if rounds > 512 { 0 } else { d }
+}
+
+/// Return the share that serves twice a member's announced demand.
+pub fn need(rules: &ShareRules, a: &Announced) -> Share {
+    let need = (u128::from(a.demand) * 2 * u128::from(ONE)) / u128::from(rules.round_budget.max(1));
+    need.min(u128::from(ONE)) as Share
+}
+
+/// Tell whether member `j` is short: its share is below its need and its target.
+fn is_short(rules: &ShareRules, live: &[Announced], j: usize, targets: &[Share]) -> bool {
+    let a = &live[j];
+    a.share < need(rules, a) && targets[j] > a.share
+}
+
+/// Compute every live member's target share from announcements of one round.
 ///
-/// `held` is the share still held by members declared dead whose admissions may still
-/// count. Targets sum to at most `ONE - held`.
+/// A member *needs* the share that serves twice its demand. When the needs fit in the
+/// budget (`ONE - held`, `held` being the share of dead members whose admissions may still
+/// count), each member's target is its need plus an even part of what is left, so every
+/// member keeps headroom; when they do not fit, targets are a floor plus a part of the rest
+/// proportional to demand (max-min fairness is not attempted). Targets sum to at most the
+/// budget.
 pub fn targets(rules: &ShareRules, live: &[Announced], held: u64, out: &mut Vec<Share>) {
     out.clear();
     let n = live.len() as u64;
@@ -76,6 +109,15 @@ pub fn targets(rules: &ShareRules, live: &[Announced], held: u64, out: &mut Vec<
         return;
     }
     let available = u64::from(ONE).saturating_sub(held);
+    let needs: u64 = live.iter().map(|a| u64::from(need(rules, a))).sum();
+    if needs <= available {
+        let spare = (available - needs) / n;
+        out.extend(
+            live.iter()
+                .map(|a| (u64::from(need(rules, a)) + spare) as Share),
+        );
+        return;
+    }
     let floor = u64::from(rules.floor).min(available / n);
     let spread = available - floor * n;
     let total_demand: u64 = live.iter().map(|a| u64::from(a.demand)).sum();
@@ -121,8 +163,15 @@ pub fn next_share(
         return lowered.min(target.max(used.min(lowered)));
     }
     if target <= current {
-        // Release down to the target, never below what is in use.
-        return target.max(used.min(current));
+        // Release down to the target (never below what is in use), but only when another
+        // member is short: shares stay put while everyone has what it needs, so a quiet
+        // cluster announces nothing.
+        let someone_short = (0..live.len()).any(|j| j != me && is_short(rules, live, j, scratch));
+        return if someone_short {
+            target.max(used.min(current))
+        } else {
+            current
+        };
     }
     if !consistent {
         return current;
@@ -139,14 +188,13 @@ fn claim_of(
     targets: &[Share],
 ) -> Share {
     let one = u64::from(ONE);
-    if total >= one || targets[j] <= live[j].share {
+    if total >= one || !is_short(rules, live, j, targets) {
         return 0;
     }
     let room = one - total;
-    let deficits: u64 = live
-        .iter()
-        .zip(targets.iter())
-        .map(|(a, &t)| u64::from(t.saturating_sub(a.share)))
+    let deficits: u64 = (0..live.len())
+        .filter(|&k| is_short(rules, live, k, targets))
+        .map(|k| u64::from(targets[k] - live[k].share))
         .sum();
     let deficit = u64::from(targets[j] - live[j].share);
     let fair = ((u128::from(room) * u128::from(deficit)) / u128::from(deficits.max(1))) as u64;
@@ -175,6 +223,7 @@ mod tests {
     const RULES: ShareRules = ShareRules {
         floor: ONE / 500,
         max_claim: ONE / 4,
+        round_budget: 16 * 20,
     };
 
     fn a(share: Share, demand: u32) -> Announced {

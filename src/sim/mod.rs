@@ -232,6 +232,9 @@ pub struct SimReport {
     pub frames_dropped: u64,
     /// Whether some node saw a gossiped count decrease (must never happen).
     pub counter_decreased: bool,
+    /// The largest sum of the running nodes' allowances seen at any tick, as a fraction of
+    /// the budget (at most 1 under the share rule outside partitions; the first 16 keys).
+    pub max_share_sum: f64,
 }
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -430,6 +433,9 @@ pub fn run(config: &SimConfig) -> SimReport {
                     convergence.check(now, &world.nodes, config);
                 }
                 record.check_counters(now, &world.nodes, config);
+                if config.admission == Admission::Shares {
+                    record.check_shares(&world.nodes, config);
+                }
                 // Claims of the round the split fell in may still land on the cut-off side:
                 // the share it holds is measured over the first rounds of the partition.
                 if let Some(p) = config.partition
