@@ -322,6 +322,9 @@ struct KeyState {
     bucket_slot: (u64, u64, u64),
     /// A bucket's admitted total at the last round.
     last_admitted: u64,
+    /// Nothing to do until this key is offered a request or a peer updates it: its last
+    /// round changed nothing, nobody was short and the shares fit.
+    settled: bool,
     /// G-counters of admitted cost per window (the two latest), one entry per node.
     counts: Vec<(u64, GCounter)>,
 }
@@ -717,6 +720,7 @@ impl Node {
                 current_share,
                 bucket_slot: (0, 0, 0),
                 last_admitted: 0,
+                settled: false,
                 counts: Vec::new(),
             }
         })
@@ -837,6 +841,9 @@ impl Node {
         let mut live = std::mem::take(&mut self.scratch_live);
         let mut targets = std::mem::take(&mut self.scratch_targets);
         for (&(policy, _), state) in self.keys.iter_mut() {
+            if state.settled {
+                continue;
+            }
             let kind = self.kinds[policy as usize];
             let p = self.config.policies[policy as usize];
             let own = Announced {
@@ -1064,10 +1071,19 @@ impl Node {
         let mut live = std::mem::take(&mut self.scratch_live);
         let mut targets = std::mem::take(&mut self.scratch_targets);
         let mut idle = Vec::new();
+        // Settled keys are skipped, except when the membership changed and on every 50th
+        // round (which also forgets idle keys): a round then costs what changed, not what is
+        // held.
+        let full_pass = admission != Admission::Shares
+            || self.digest() != self.digests[0]
+            || round.is_multiple_of(50);
         for (&(policy, key), state) in self.keys.iter_mut() {
             let kind = self.kinds[policy as usize];
             let p = self.config.policies[policy as usize];
             let offered = state.cell.take_offered();
+            if state.settled && offered == 0 && !full_pass {
+                continue;
+            }
             // An average over about 16 rounds, in sixteenths: decay by 15/16, add the cost.
             state.demand = share::decayed(state.demand, 1)
                 .saturating_add(offered.min(u64::from(u32::MAX)) as u32);
@@ -1209,6 +1225,9 @@ impl Node {
                     .counts
                     .retain(|(w, _)| *w + 1 >= index && *w <= index + 1);
             }
+            state.settled = admission == Admission::Shares
+                && state.changed_round < round
+                && share::is_settled(&self.rules[policy as usize], &live, held, &targets);
             let quiet = offered == 0
                 && state.demand == 0
                 && state.own.as_of(round) == Some(default)
@@ -1629,6 +1648,7 @@ impl Node {
             let kind = self.kinds[u.policy as usize];
             let p = self.config.policies[u.policy as usize];
             let state = self.key_state(u.policy, u.key);
+            state.settled = false;
             let h = state.peer_mut(from, default);
             if u.changed >= h.changed {
                 *h = History {

@@ -201,6 +201,15 @@ fn claim_of(
     deficit.min(fair).min(u64::from(rules.max_claim)) as Share
 }
 
+/// Tell whether nothing would change for anyone: the shares fit and nobody is short (with
+/// `targets` computed for `live` and `held`).
+pub fn is_settled(rules: &ShareRules, live: &[Announced], held: u64, targets: &[Share]) -> bool {
+    let total: u64 = live.iter().map(|a| u64::from(a.share)).sum::<u64>() + held;
+    total <= u64::from(ONE)
+        && targets.len() == live.len()
+        && !(0..live.len()).any(|j| is_short(rules, live, j, targets))
+}
+
 /// Return the sum of every live member's claim in a round (what each would add if its view
 /// is complete): every member computes the same sum from the same announcements.
 pub fn total_claims(
