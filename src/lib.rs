@@ -33,8 +33,10 @@
 //! - [`rules`]: the compiled policy file; where an HTTP request is decided.
 //! - [`http`]: the tower layer, identity, response fields, retry helper.
 //! - [`backend`]: exact limits in Redis (Lua scripts, fail modes).
-//! - [`mesh`]: what nodes share: the per-node G-Counter and the peer frame codec (the
-//!   gossip itself is not built yet).
+//! - [`mesh`]: the global limit across nodes: per-key cells, budget shares, the sans-IO
+//!   gossip state machine ([`mesh::Node`]), the G-Counter and the peer frame codec. A global
+//!   request is decided in [`mesh::Node::decide`] (one CAS in [`mesh::cell::MeshCell`]).
+//! - [`sim`]: the deterministic cluster simulator behind `ratemesh simulate`.
 
 #![deny(missing_docs)]
 
