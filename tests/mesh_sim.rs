@@ -73,6 +73,18 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
         "honest peers' frames were refused"
     );
     prop_assert!(report.admitted <= report.requests * config.max_cost);
+    // After a heal with a second to spare, every node holds every other node's counts (a
+    // node that crashes loses what it had not sent, so runs with a crash are left out).
+    if let Some(p) = config.partition
+        && p.heal_ns + 1_000_000_000 < config.duration_ns
+        && config.crashes.is_empty()
+    {
+        prop_assert!(
+            report.convergence_ms_after_heal.is_some(),
+            "no convergence after the heal in {:?}",
+            config
+        );
+    }
     Ok(())
 }
 

@@ -229,27 +229,37 @@ impl MeshCell {
     /// Spend `cost` tokens of a bucket that other nodes admitted (the stale-sum baseline's
     /// way of counting the cluster's admissions against one bucket).
     pub fn charge_bucket(&self, policy: &Policy, now: Nanos, cost: u64) {
-        let mut word = self.word.load(Ordering::Acquire);
-        loop {
+        self.update(|word| {
             let b = BucketWord::unpack(word);
             let Some(interval) = interval_units(policy, b.share) else {
-                return;
+                return word;
             };
             let now_units = now >> TAT_UNIT_SHIFT;
             let cap = u128::from(policy.window_ns() >> TAT_UNIT_SHIFT) * 4;
             let ahead = (u128::from(b.ahead_units(now_units)) + interval * u128::from(cost))
                 .min(cap) as u64;
-            let next = BucketWord {
+            BucketWord {
                 tat_units: now_units + ahead,
                 ..b
             }
-            .pack();
+            .pack()
+        });
+    }
+
+    /// Replace the word by `next(word)` with a compare-and-swap loop; return the word written.
+    fn update(&self, mut next: impl FnMut(u64) -> u64) -> u64 {
+        let mut current = self.word.load(Ordering::Acquire);
+        loop {
+            let new = next(current);
+            if new == current {
+                return new;
+            }
             match self
                 .word
-                .compare_exchange(word, next, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
-                Err(actual) => word = actual,
+                Ok(_) => return new,
+                Err(actual) => current = actual,
             }
         }
     }
@@ -279,35 +289,23 @@ impl MeshCell {
     ///
     /// A window admits nothing more while its estimate is above the new allowance, and
     /// must still be counted as holding what it used: the share returned (the one to
-    /// announce) is the larger of `wanted` and the share its estimate stands for. A bucket keeps the tokens it has
+    /// announce) is the larger of `wanted` and the share its estimate stands for. A bucket
+    /// keeps the tokens it has
     /// (never more than the new share's burst): a larger share refills faster but brings no
     /// tokens of its own, so no share change can create a burst.
     pub fn set_share(&self, kind: MeshKind, policy: &Policy, now: Nanos, wanted: Share) -> Share {
-        let mut current = self.word.load(Ordering::Acquire);
-        loop {
-            let (next, applied) = match kind {
-                MeshKind::Bucket => (rescale_bucket(policy, current, now, wanted), wanted),
-                _ => {
-                    let w = WindowWord::unpack(current).rolled(policy.window_of(now));
-                    let used = w.estimate(kind, policy, now).min(policy.capacity());
-                    let allowance = tokens_of(wanted, policy.capacity());
-                    let next = WindowWord { allowance, ..w };
-                    (next.pack(), share_for(used, policy.capacity()).max(wanted))
-                }
-            };
-            if next == current {
-                return applied;
+        let mut applied = wanted;
+        self.update(|word| match kind {
+            MeshKind::Bucket => rescale_bucket(policy, word, now, wanted),
+            _ => {
+                let w = WindowWord::unpack(word).rolled(policy.window_of(now));
+                let used = w.estimate(kind, policy, now).min(policy.capacity());
+                applied = share_for(used, policy.capacity()).max(wanted);
+                let allowance = tokens_of(wanted, policy.capacity());
+                WindowWord { allowance, ..w }.pack()
             }
-            match self.word.compare_exchange_weak(
-                current,
-                next,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return applied,
-                Err(actual) => current = actual,
-            }
-        }
+        });
+        applied
     }
 
     /// Raise the window counts to at least `previous` and `current` for window `index`
@@ -323,21 +321,15 @@ impl MeshCell {
         current: u64,
         charge_tokens: u64,
     ) -> u64 {
-        let mut word = self.word.load(Ordering::Acquire);
-        loop {
+        let word = self.update(|word| {
             let mut w = WindowWord::unpack(word).rolled(policy.window_of(now));
             w.previous = w.previous.max(previous).min(COUNT_MASK);
             w.current = w.current.max(current).min(COUNT_MASK);
             let used = w.estimate(kind, policy, now);
             w.current = (w.current + charge_tokens.saturating_sub(used)).min(COUNT_MASK);
-            match self
-                .word
-                .compare_exchange(word, w.pack(), Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return w.estimate(kind, policy, now),
-                Err(actual) => word = actual,
-            }
-        }
+            w.pack()
+        });
+        WindowWord::unpack(word).estimate(kind, policy, now)
     }
 
     /// Return the whole tokens a bucket holds at `now`.
@@ -354,45 +346,32 @@ impl MeshCell {
     /// Add `tokens` to a bucket (never beyond its share of the burst): tokens another node
     /// released with its share.
     pub fn grant_bucket(&self, policy: &Policy, now: Nanos, tokens: u64) {
-        let mut word = self.word.load(Ordering::Acquire);
-        loop {
+        self.update(|word| {
             let b = BucketWord::unpack(word);
             let Some(interval) = interval_units(policy, b.share) else {
-                return;
+                return word;
             };
             let now_units = now >> TAT_UNIT_SHIFT;
             let ahead = u128::from(b.ahead_units(now_units));
             let ahead = ahead.saturating_sub(interval * u128::from(tokens)) as u64;
-            let next = BucketWord {
+            BucketWord {
                 tat_units: now_units + ahead,
                 ..b
             }
-            .pack();
-            match self
-                .word
-                .compare_exchange(word, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return,
-                Err(actual) => word = actual,
-            }
-        }
+            .pack()
+        });
     }
 
     /// Empty a bucket at `now` (a restarted node cannot know what it spent before).
     pub fn empty_bucket(&self, policy: &Policy, now: Nanos) {
-        let mut word = self.word.load(Ordering::Acquire);
-        loop {
-            let b = BucketWord::unpack(word);
-            let tat_units = (now + policy.window_ns()) >> TAT_UNIT_SHIFT;
-            let next = BucketWord { tat_units, ..b }.pack();
-            match self
-                .word
-                .compare_exchange(word, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return,
-                Err(actual) => word = actual,
+        let tat_units = (now + policy.window_ns()) >> TAT_UNIT_SHIFT;
+        self.update(|word| {
+            BucketWord {
+                tat_units,
+                ..BucketWord::unpack(word)
             }
-        }
+            .pack()
+        });
     }
 }
 
