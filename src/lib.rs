@@ -49,6 +49,7 @@ pub mod http;
 pub mod limiter;
 pub mod local;
 pub mod mesh;
+pub mod net;
 pub mod policy;
 pub mod rules;
 pub mod sim;

@@ -35,6 +35,18 @@ enum Command {
     },
     /// Simulate a cluster and print the overshoot, utilization and gossip cost to expect.
     Simulate(simulate::SimulateArgs),
+    /// Generate a cluster CA and one certificate per node (for mutual TLS between nodes).
+    Certs {
+        /// The directory to write `ca.pem`, `ca.key`, `node-<id>.pem` and `node-<id>.key` to.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// How many nodes (ids 1..=N).
+        #[arg(long, default_value_t = 3)]
+        nodes: u64,
+        /// The cluster's name (in the CA's common name).
+        #[arg(long, default_value = "ratemesh")]
+        cluster: String,
+    },
 }
 
 fn policies(rate: u64) -> Result<Vec<(Policy, &'static str)>, PolicyError> {
@@ -135,6 +147,22 @@ fn demo(rate: u64, burst: u64, steady: u64) -> Result<(), Box<dyn std::error::Er
     Ok(())
 }
 
+fn certs(
+    out: &std::path::Path,
+    nodes: u64,
+    cluster: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if nodes == 0 || nodes > 1024 {
+        return Err("--nodes: between 1 and 1024".into());
+    }
+    let certs = ratemesh::net::certs::generate(cluster, nodes)?;
+    for path in ratemesh::net::certs::write(out, &certs)? {
+        println!("wrote {}", path.display());
+    }
+    println!("keep ca.key offline: it signs new nodes");
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -144,6 +172,11 @@ fn main() -> std::process::ExitCode {
             steady,
         } => demo(rate, burst, steady),
         Command::Simulate(args) => simulate::run(&args),
+        Command::Certs {
+            out,
+            nodes,
+            cluster,
+        } => certs(&out, nodes, &cluster),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

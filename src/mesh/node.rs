@@ -168,6 +168,13 @@ pub enum Event {
     PeerUp(NodeId),
     /// The node got its state back and admits again.
     Recovered,
+    /// An idle key was forgotten: a driver that keeps the key's cell must drop it too.
+    KeyForgotten {
+        /// The policy index.
+        policy: u32,
+        /// The key's hash.
+        key: u64,
+    },
 }
 
 /// Counters about the node's gossip.
@@ -604,6 +611,11 @@ impl Node {
         let cell = self.cell(policy, key);
         let kind = self.kinds[policy as usize];
         cell.decide(kind, &self.config.policies[policy as usize], now, cost)
+    }
+
+    /// Return the kind of cell policy `policy` uses, if it is one of this node's policies.
+    pub fn kind(&self, policy: u32) -> Option<MeshKind> {
+        self.kinds.get(policy as usize).copied()
     }
 
     /// Return the cell of `key` under `policy`, creating it (with the even share) on first
@@ -1242,8 +1254,9 @@ impl Node {
                 idle.push((policy, key));
             }
         }
-        for k in idle {
-            self.keys.remove(&k);
+        for (policy, key) in idle {
+            self.keys.remove(&(policy, key));
+            self.events.push_back(Event::KeyForgotten { policy, key });
         }
         self.scratch_live = live;
         self.scratch_targets = targets;

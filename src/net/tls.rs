@@ -1,0 +1,114 @@
+//! Mutual TLS for the QUIC transport: every node presents a certificate signed by the
+//! cluster CA and verifies its peers' against it, with one crypto provider (`ring`) chosen
+//! explicitly (two providers in one build make rustls's implicit builders panic).
+
+use std::sync::Arc;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+
+use crate::mesh::NodeId;
+use crate::net::certs::node_name;
+
+/// Why the TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM input holds no usable certificate or key.
+    #[error("{what}: {reason}")]
+    Pem {
+        /// Which input.
+        what: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    /// The client-certificate verifier could not be built.
+    #[error("client verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// quinn refused the cipher suites.
+    #[error("QUIC TLS configuration: {0}")]
+    Quic(#[from] quinn::crypto::rustls::NoInitialCipherSuite),
+}
+
+/// One node's QUIC configurations: accept peers and dial them, both with mutual TLS.
+#[derive(Debug, Clone)]
+pub struct NodeTls {
+    /// For the accepting side (requires and verifies the peer's certificate).
+    pub server: quinn::ServerConfig,
+    /// For the dialing side (presents this node's certificate).
+    pub client: quinn::ClientConfig,
+}
+
+fn pem_error(what: &'static str) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError {
+    move |e| TlsError::Pem {
+        what,
+        reason: e.to_string(),
+    }
+}
+
+/// Build a node's configurations from PEM: the cluster CA, its certificate chain and key.
+pub fn node_tls(
+    ca_pem: &[u8],
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    transport: Arc<quinn::TransportConfig>,
+) -> Result<NodeTls, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(ca.map_err(pem_error("CA certificate"))?)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Pem {
+            what: "CA certificate",
+            reason: "no certificate in the file".into(),
+        });
+    }
+    let roots = Arc::new(roots);
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(pem_error("node certificate"))?;
+    if chain.is_empty() {
+        return Err(TlsError::Pem {
+            what: "node certificate",
+            reason: "no certificate in the file".into(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(pem_error("node key"))?;
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
+            .build()?;
+    let server_crypto = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain.clone(), key.clone_key())?;
+    let mut server =
+        quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(server_crypto)?));
+    server.transport_config(Arc::clone(&transport));
+    let client_crypto = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)?;
+    let mut client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto)?));
+    client.transport_config(transport);
+    Ok(NodeTls { server, client })
+}
+
+/// Return the node id that the peer's (verified) certificate names, among `candidates`:
+/// a node's identity comes from its certificate, never from what it says in a message.
+pub fn peer_node_id(
+    connection: &quinn::Connection,
+    candidates: impl IntoIterator<Item = NodeId>,
+) -> Option<NodeId> {
+    let identity = connection.peer_identity()?;
+    let certs = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    let leaf = webpki::EndEntityCert::try_from(certs.first()?).ok()?;
+    candidates.into_iter().find(|&id| {
+        ServerName::try_from(node_name(id))
+            .is_ok_and(|name| leaf.verify_is_valid_for_subject_name(&name).is_ok())
+    })
+}
