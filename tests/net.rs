@@ -17,6 +17,10 @@ fn policy() -> Policy {
 }
 
 async fn start(certs: &ClusterCerts, id: u64, members: &[u64]) -> MeshNet {
+    start_on(certs, id, members, "127.0.0.1:0".parse().unwrap()).await
+}
+
+async fn start_on(certs: &ClusterCerts, id: u64, members: &[u64], listen: SocketAddr) -> MeshNet {
     let (_, cert, key) = certs.nodes.iter().find(|(n, _, _)| *n == id).unwrap();
     let tls = node_tls(
         certs.ca_cert_pem.as_bytes(),
@@ -29,7 +33,7 @@ async fn start(certs: &ClusterCerts, id: u64, members: &[u64]) -> MeshNet {
     node.gossip_interval_ns = 20_000_000;
     MeshNet::start(NetConfig {
         node,
-        listen: "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
+        listen,
         peers: Vec::new(),
         tls,
     })
@@ -109,4 +113,91 @@ async fn three_nodes_hold_one_global_limit_and_refuse_another_ca() {
         n.shutdown().await;
     }
     rogue.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_rejoins_and_gets_its_counts_back() {
+    let certs = certs::generate("test", 3).unwrap();
+    let members = [1, 2, 3];
+    let mut nodes = vec![
+        start(&certs, 1, &members).await,
+        start(&certs, 2, &members).await,
+        start(&certs, 3, &members).await,
+    ];
+    let addrs: Vec<SocketAddr> = nodes.iter().map(MeshNet::local_addr).collect();
+    for (i, a) in nodes.iter().enumerate() {
+        for (j, addr) in addrs.iter().enumerate() {
+            if i != j {
+                a.add_peer(j as u64 + 1, *addr);
+            }
+        }
+    }
+    wait_until("every node to recover", || {
+        nodes.iter().all(MeshNet::is_running)
+    })
+    .await;
+    let key = ratemesh::mesh::key_hash(b"test-cluster-key", b"tenant-7");
+    let admitted = (0..200)
+        .filter(|_| nodes[2].decide(0, key, 1).is_allowed())
+        .count() as u64;
+    assert!(
+        (95..=100).contains(&admitted),
+        "node 3 admitted {admitted} of its 100"
+    );
+    let slot = policy().window_of(ratemesh::clock::Clock::now_ns(&ratemesh::SystemClock::new()));
+    wait_until("the peers to hold node 3's count", || {
+        nodes[0].with_node(|n| n.counts(0, key, slot).map_or(0, |c| c.get(3))) >= admitted
+    })
+    .await;
+
+    // Kill node 3 and start it again on the same address.
+    let old = nodes.pop().unwrap();
+    old.shutdown().await;
+    // The old socket is released once its tasks have seen the shutdown.
+    let restarted = {
+        let mut attempt = 0;
+        loop {
+            let (_, cert, key) = certs.nodes.iter().find(|(n, _, _)| *n == 3).unwrap();
+            let tls = node_tls(
+                certs.ca_cert_pem.as_bytes(),
+                cert.as_bytes(),
+                key.as_bytes(),
+                transport_config(),
+            )
+            .unwrap();
+            let mut node = NodeConfig::new(3, members.to_vec(), vec![policy()]);
+            node.gossip_interval_ns = 20_000_000;
+            match MeshNet::start(NetConfig {
+                node,
+                listen: addrs[2],
+                peers: Vec::new(),
+                tls,
+            })
+            .await
+            {
+                Ok(net) => break net,
+                Err(e) if attempt < 40 => {
+                    attempt += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("cannot restart node 3: {e}"),
+            }
+        }
+    };
+    assert!(
+        !restarted.decide(0, key, 1).is_allowed(),
+        "admitted before recovering"
+    );
+    restarted.add_peer(1, addrs[0]);
+    restarted.add_peer(2, addrs[1]);
+    wait_until("node 3 to recover", || restarted.is_running()).await;
+    let own = restarted.with_node(|n| n.counts(0, key, slot).map_or(0, |c| c.get(3)));
+    assert!(own >= admitted, "node 3 got back {own} of {admitted}");
+    // It restarted with an empty bucket: what it spent before the crash stays spent.
+    assert!(!restarted.decide(0, key, 1).is_allowed());
+    for n in nodes {
+        n.shutdown().await;
+    }
+    restarted.shutdown().await;
 }

@@ -1030,7 +1030,24 @@ impl Node {
                 .cell
                 .set_share(kind, &policy_ref, now, recovered_share);
             match kind {
-                MeshKind::Bucket => state.cell.empty_bucket(&policy_ref, now),
+                MeshKind::Bucket => {
+                    state.cell.empty_bucket(&policy_ref, now);
+                    // Carry the recovered count of this refill slot: the cell counts
+                    // from zero, so the slot's base starts below it (wrapping).
+                    let index = policy_ref.window_of(now);
+                    let (current, previous) = match &update {
+                        Some(u) if u.window == index => (u.current, u.previous),
+                        Some(u) if u.window + 1 == index => (0, u.current),
+                        _ => (0, 0),
+                    };
+                    let total = state.cell.admitted();
+                    state.bucket_slot = (index, total.wrapping_sub(current), previous);
+                    state.last_admitted = total;
+                    state.counter_mut(index).raise(me, current);
+                    if index > 0 {
+                        state.counter_mut(index - 1).raise(me, previous);
+                    }
+                }
                 _ => {
                     let index = policy_ref.window_of(now);
                     let (previous, current) = match &update {
@@ -1109,7 +1126,7 @@ impl Node {
                     let (slot, base, _) = state.bucket_slot;
                     if index != slot {
                         let previous = if index == slot + 1 {
-                            state.last_admitted - base
+                            state.last_admitted.wrapping_sub(base)
                         } else {
                             0
                         };
@@ -1117,7 +1134,7 @@ impl Node {
                     }
                     state.last_admitted = total;
                     let (_, base, previous) = state.bucket_slot;
-                    (0, Some((index, total - base, previous)))
+                    (0, Some((index, total.wrapping_sub(base), previous)))
                 }
                 _ => {
                     let w = state.cell.window(&p, now);

@@ -97,6 +97,7 @@ struct Shared {
     policies: Vec<(Policy, MeshKind)>,
     cells: DashMap<(u32, u64), Arc<MeshCell>>,
     running: AtomicBool,
+    closed: AtomicBool,
     clock: SystemClock,
     stats: NetStats,
 }
@@ -139,6 +140,7 @@ impl MeshNet {
             policies,
             cells: DashMap::new(),
             running: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             clock,
             stats: NetStats::default(),
         });
@@ -222,7 +224,9 @@ impl MeshNet {
 
     /// Stop the driver and close the endpoint.
     pub async fn shutdown(self) {
+        self.shared.closed.store(true, Ordering::Release);
         self.driver.abort();
+        let _ = self.driver.await;
         self.endpoint.close(0u32.into(), b"shutdown");
         // Let the peers hear the close, but do not wait out their idle timeouts.
         let _ = tokio::time::timeout(Duration::from_millis(300), self.endpoint.wait_idle()).await;
@@ -313,10 +317,14 @@ impl Driver {
         let endpoint = self.endpoint.clone();
         let inputs = self.inputs.clone();
         let members = self.members.clone();
+        let shared = Arc::clone(&self.shared);
         tokio::spawn(async move {
             let mut backoff = delay;
             loop {
                 tokio::time::sleep(backoff).await;
+                if shared.closed.load(Ordering::Acquire) {
+                    return;
+                }
                 backoff = (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
                 let Ok(connecting) = endpoint.connect(addr, &certs::node_name(id)) else {
                     continue;
