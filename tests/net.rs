@@ -201,3 +201,129 @@ async fn a_restarted_node_rejoins_and_gets_its_counts_back() {
     }
     restarted.shutdown().await;
 }
+
+/// A UDP relay between two nodes that can drop everything (a partition) and heal.
+struct Relay {
+    addr: SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// Relay datagrams sent to the returned address on to `target`, and the replies back.
+    async fn start(target: SocketAddr) -> Relay {
+        use std::sync::atomic::Ordering;
+        let front = std::sync::Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        let back = std::sync::Arc::new(tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap());
+        back.connect(target).await.unwrap();
+        let addr = front.local_addr().unwrap();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let client = std::sync::Arc::new(std::sync::Mutex::new(None::<SocketAddr>));
+        let (f, b, c, k) = (front.clone(), back.clone(), client.clone(), cut.clone());
+        let forward = tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, from)) = f.recv_from(&mut buf).await {
+                *c.lock().unwrap() = Some(from);
+                if !k.load(Ordering::Relaxed) {
+                    let _ = b.send(&buf[..n]).await;
+                }
+            }
+        });
+        let (f, b, c, k) = (front, back, client, cut.clone());
+        let task = tokio::spawn(async move {
+            let mut buf = vec![0u8; 65536];
+            while let Ok(n) = b.recv(&mut buf).await {
+                let to = *c.lock().unwrap();
+                if let Some(to) = to
+                    && !k.load(Ordering::Relaxed)
+                {
+                    let _ = f.send_to(&buf[..n], to).await;
+                }
+            }
+            forward.abort();
+        });
+        Relay { addr, cut, task }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_stays_within_the_declared_bound_and_heals() {
+    let certs = certs::generate("test", 3).unwrap();
+    let members = [1, 2, 3];
+    let nodes = vec![
+        start(&certs, 1, &members).await,
+        start(&certs, 2, &members).await,
+        start(&certs, 3, &members).await,
+    ];
+    // Every node reaches every other through its own relay, so links can be cut.
+    let mut relays = Vec::new();
+    for (i, a) in nodes.iter().enumerate() {
+        for (j, b) in nodes.iter().enumerate() {
+            if i != j {
+                let relay = Relay::start(b.local_addr()).await;
+                a.add_peer(j as u64 + 1, relay.addr);
+                relays.push(((i, j), relay));
+            }
+        }
+    }
+    wait_until("every node to recover", || {
+        nodes.iter().all(MeshNet::is_running)
+    })
+    .await;
+    let key = ratemesh::mesh::key_hash(b"test-cluster-key", b"tenant-9");
+    // Before the split each node holds a third of the burst of 300.
+    let share_3 = nodes[2].with_node(|n| ratemesh::mesh::share::to_fraction(n.share(0, key)));
+
+    // Cut node 3 off from nodes 1 and 2 (both directions).
+    for ((i, j), relay) in &relays {
+        if *i == 2 || *j == 2 {
+            relay.set_cut(true);
+        }
+    }
+    // Nodes 1 and 2 (a majority) declare node 3 dead after 10 silent rounds, and may then
+    // take its share; node 3 (no majority) keeps its own.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut admitted = 0u64;
+    for i in 0..1200 {
+        if nodes[i % 3].decide(0, key, 1).is_allowed() {
+            admitted += 1;
+        }
+    }
+    eprintln!("admitted {admitted} of 300 during the partition");
+    let bound = 300.0 * (1.0 + share_3.max(1.0 / 3.0)) + 1.0;
+    assert!(
+        admitted as f64 <= bound,
+        "admitted {admitted} during the partition, bound {bound}"
+    );
+    assert!(admitted >= 290, "admitted only {admitted}");
+
+    // Heal: every node gets every other node's counts.
+    for (_, relay) in &relays {
+        relay.set_cut(false);
+    }
+    let slot = policy().window_of(ratemesh::clock::Clock::now_ns(&ratemesh::SystemClock::new()));
+    wait_until("the counters to converge after the heal", || {
+        let views: Vec<Vec<u64>> = nodes
+            .iter()
+            .map(|n| {
+                n.with_node(|node| {
+                    (1..=3)
+                        .map(|id| node.counts(0, key, slot).map_or(0, |c| c.get(id)))
+                        .collect()
+                })
+            })
+            .collect();
+        views.windows(2).all(|w| w[0] == w[1])
+    })
+    .await;
+    for n in nodes {
+        n.shutdown().await;
+    }
+    for (_, relay) in relays {
+        relay.task.abort();
+    }
+}
