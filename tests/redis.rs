@@ -203,6 +203,48 @@ async fn sixty_four_tasks_on_one_key_admit_exactly_the_capacity() {
     assert_eq!(admitted.load(Ordering::Relaxed), 1000);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_token_cache_admits_exactly_the_capacity_with_few_redis_calls() {
+    let Some(server) = RedisServer::start("cache") else {
+        return;
+    };
+    let policy = Policy::token_bucket(1, Duration::from_secs(3600), 1000).unwrap();
+    let redis = RedisLimiter::new(connection(&server), policy).unwrap();
+    let cache = Arc::new(
+        ratemesh::backend::token_cache::TokenCache::new(redis, 20, Duration::from_secs(30))
+            .unwrap(),
+    );
+    let admitted = Arc::new(AtomicU64::new(0));
+    let key = redis_key("test", "tb", "cached", None);
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (cache, admitted, key) = (Arc::clone(&cache), Arc::clone(&admitted), key.clone());
+            tokio::spawn(async move {
+                for _ in 0..40 {
+                    if cache.check(&key, 1).await.unwrap().is_allowed() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Never more than Redis granted; the cache empties before Redis says no, so nothing is
+    // lost either (one node, one key, a long ttl).
+    assert_eq!(admitted.load(Ordering::Relaxed), 1000);
+    // 2560 requests, about one Redis call per batch of 21 while tokens last, then one or
+    // two per denied request.
+    let calls = cache.redis_calls();
+    eprintln!("token cache: 2560 requests, 1000 admitted, {calls} Redis calls");
+    assert!(
+        calls < 2560 - 1000 + 2 * 1000 / 21 + 64 * 2,
+        "{calls} Redis calls"
+    );
+    assert!(calls < 2560, "{calls} Redis calls for 2560 requests");
+}
+
 #[tokio::test]
 async fn a_flushed_script_cache_is_recovered() {
     let Some(server) = RedisServer::start("noscript") else {

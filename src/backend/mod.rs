@@ -4,3 +4,4 @@
 //! decision, time from Redis's own clock, and a fail mode per policy when Redis is away.
 
 pub mod redis;
+pub mod token_cache;
