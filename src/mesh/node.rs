@@ -5,18 +5,23 @@
 //! Outputs are polled: [`Node::poll_transmit`], [`Node::poll_timeout`], [`Node::poll_event`].
 //!
 //! Time is cut into rounds of one gossip interval (`round = floor(now / interval)`). At each
-//! round a node
+//! round's tick a node
 //! 1. updates its membership view (a member silent for `dead_after_rounds` is declared dead,
 //!    but only by a node that still sees a majority of the members alive);
-//! 2. updates every key's share with [`share::next_share`] from the *previous* round's
-//!    announcements of every member, claiming room only when its view of that round is
-//!    complete and every member reported the same membership digest for it;
+//! 2. runs the release step on every key that is not settled ([`share::next_share`] without
+//!    claims: a share goes down when another member is short, or when the shares together
+//!    exceed the budget) and announces what changed;
 //! 3. sends each peer a delta of what changed since the round the peer last confirmed.
 //!
+//! Its *claim step* for the round runs once every live member's announcements of the round
+//! have arrived complete, all report the same membership digest and the peers acknowledged
+//! this node's previous round: claims split the room among the short members, so the
+//! claims of a round never sum above it.
+//!
 //! A starting (or restarted) node first asks its peers for snapshots and admits nothing
-//! until a majority of the members answered: it gets its own counts and shares back, and
-//! charges its whole allowance for the current window (what it admitted but never gossiped
-//! before a crash is covered).
+//! until a majority of the members answered: it gets its own counts and shares back, counts
+//! the claims its peers may not have seen as used (windows), empties its buckets, and starts
+//! from a zero share if the cluster released its share while it was away.
 //!
 //! The request path is [`MeshCell::decide`]: one compare-and-swap on the key's cell, which
 //! the round updates with another. See `docs/overshoot.md` for the bound this guarantees.
