@@ -21,6 +21,15 @@ async fn start(certs: &ClusterCerts, id: u64, members: &[u64]) -> MeshNet {
 }
 
 async fn start_on(certs: &ClusterCerts, id: u64, members: &[u64], listen: SocketAddr) -> MeshNet {
+    try_start_on(certs, id, members, listen).await.unwrap()
+}
+
+async fn try_start_on(
+    certs: &ClusterCerts,
+    id: u64,
+    members: &[u64],
+    listen: SocketAddr,
+) -> Result<MeshNet, ratemesh::net::NetError> {
     let (_, cert, key) = certs.nodes.iter().find(|(n, _, _)| *n == id).unwrap();
     let tls = node_tls(
         certs.ca_cert_pem.as_bytes(),
@@ -38,7 +47,6 @@ async fn start_on(certs: &ClusterCerts, id: u64, members: &[u64], listen: Socket
         tls,
     })
     .await
-    .unwrap()
 }
 
 async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
@@ -154,35 +162,16 @@ async fn a_restarted_node_rejoins_and_gets_its_counts_back() {
     let old = nodes.pop().unwrap();
     old.shutdown().await;
     // The old socket is released once its tasks have seen the shutdown.
-    let restarted = {
-        let mut attempt = 0;
-        loop {
-            let (_, cert, key) = certs.nodes.iter().find(|(n, _, _)| *n == 3).unwrap();
-            let tls = node_tls(
-                certs.ca_cert_pem.as_bytes(),
-                cert.as_bytes(),
-                key.as_bytes(),
-                transport_config(),
-            )
-            .unwrap();
-            let mut node = NodeConfig::new(3, members.to_vec(), vec![policy()]);
-            node.gossip_interval_ns = 20_000_000;
-            match MeshNet::start(NetConfig {
-                node,
-                listen: addrs[2],
-                peers: Vec::new(),
-                tls,
-            })
-            .await
-            {
-                Ok(net) => break net,
-                Err(e) if attempt < 40 => {
-                    attempt += 1;
-                    let _ = e;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("cannot restart node 3: {e}"),
+    let mut attempt = 0;
+    let restarted = loop {
+        match try_start_on(&certs, 3, &members, addrs[2]).await {
+            Ok(net) => break net,
+            Err(e) if attempt < 40 => {
+                attempt += 1;
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            Err(e) => panic!("cannot restart node 3: {e}"),
         }
     };
     assert!(
