@@ -49,6 +49,17 @@ async fn try_start_on(
     .await
 }
 
+/// Certificates for nodes 1-3, their member list, and the three nodes (not yet connected).
+async fn three_nodes() -> (ClusterCerts, [u64; 3], Vec<MeshNet>) {
+    let certs = certs::generate("test", 3).unwrap();
+    let members = [1, 2, 3];
+    let mut nodes = Vec::new();
+    for id in members {
+        nodes.push(start(&certs, id, &members).await);
+    }
+    (certs, members, nodes)
+}
+
 async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     for _ in 0..200 {
         if ok() {
@@ -61,13 +72,7 @@ async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_hold_one_global_limit_and_refuse_another_ca() {
-    let certs = certs::generate("test", 3).unwrap();
-    let members = [1, 2, 3];
-    let nodes = vec![
-        start(&certs, 1, &members).await,
-        start(&certs, 2, &members).await,
-        start(&certs, 3, &members).await,
-    ];
+    let (_, _, nodes) = three_nodes().await;
     for a in &nodes {
         for (j, b) in nodes.iter().enumerate() {
             let id = j as u64 + 1;
@@ -125,13 +130,7 @@ async fn three_nodes_hold_one_global_limit_and_refuse_another_ca() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_rejoins_and_gets_its_counts_back() {
-    let certs = certs::generate("test", 3).unwrap();
-    let members = [1, 2, 3];
-    let mut nodes = vec![
-        start(&certs, 1, &members).await,
-        start(&certs, 2, &members).await,
-        start(&certs, 3, &members).await,
-    ];
+    let (certs, members, mut nodes) = three_nodes().await;
     let addrs: Vec<SocketAddr> = nodes.iter().map(MeshNet::local_addr).collect();
     for (i, a) in nodes.iter().enumerate() {
         for (j, addr) in addrs.iter().enumerate() {
@@ -241,13 +240,7 @@ impl Relay {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_stays_within_the_declared_bound_and_heals() {
-    let certs = certs::generate("test", 3).unwrap();
-    let members = [1, 2, 3];
-    let nodes = vec![
-        start(&certs, 1, &members).await,
-        start(&certs, 2, &members).await,
-        start(&certs, 3, &members).await,
-    ];
+    let (_, _, nodes) = three_nodes().await;
     // Every node reaches every other through its own relay, so links can be cut.
     let mut relays = Vec::new();
     for (i, a) in nodes.iter().enumerate() {
