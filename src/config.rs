@@ -96,7 +96,8 @@ pub enum Backend {
     /// This node's own store.
     #[default]
     Local,
-    /// The cluster-wide gossiped limit (not available yet).
+    /// The cluster-wide limit, shared by the nodes' gossip (needs `key_secret` and a
+    /// running mesh node: `ratemesh node`, or [`crate::http::RateLimitLayer::with_mesh`]).
     Mesh,
     /// Exact counters in Redis (needs a `[redis]` section).
     Redis,
@@ -327,13 +328,14 @@ fn one() -> u64 {
 
 // ---- locating errors ---------------------------------------------------------------------
 
-struct Source<'a> {
-    file: &'a str,
-    text: &'a str,
+/// A file's text and name, to place errors at a line and a dotted field.
+pub(crate) struct Source<'a> {
+    pub(crate) file: &'a str,
+    pub(crate) text: &'a str,
 }
 
 impl Source<'_> {
-    fn line_of(&self, offset: usize) -> usize {
+    pub(crate) fn line_of(&self, offset: usize) -> usize {
         self.text[..offset.min(self.text.len())]
             .bytes()
             .filter(|&b| b == b'\n')
@@ -342,7 +344,7 @@ impl Source<'_> {
     }
 
     /// The dotted path of the key at `offset`: the enclosing `[table]` plus the line's key.
-    fn path_at(&self, offset: usize) -> String {
+    pub(crate) fn path_at(&self, offset: usize) -> String {
         let before = &self.text[..offset.min(self.text.len())];
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
         let line = self.text[line_start..].lines().next().unwrap_or("");
@@ -366,7 +368,7 @@ impl Source<'_> {
 
     /// The line of `key = ...` in the table that starts at `span` (up to the next table
     /// header), or the table's first line.
-    fn line_of_key(&self, span: std::ops::Range<usize>, key: &str) -> usize {
+    pub(crate) fn line_of_key(&self, span: std::ops::Range<usize>, key: &str) -> usize {
         let start = span.start.min(self.text.len());
         let mut offset = start;
         for (i, line) in self.text[start..].split_inclusive('\n').enumerate() {
@@ -384,7 +386,7 @@ impl Source<'_> {
         self.line_of(start)
     }
 
-    fn error(
+    pub(crate) fn error(
         &self,
         line: usize,
         field: impl Into<String>,
@@ -399,7 +401,7 @@ impl Source<'_> {
     }
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| {
         format!("`{text}` is not a duration ({e}); write e.g. \"1s\", \"500ms\", \"1m\", \"1d\"")
     })
@@ -437,6 +439,15 @@ impl GatewayConfig {
     pub fn policy(&self, name: &str) -> Option<&NamedPolicy> {
         self.policies.iter().find(|p| p.name == name)
     }
+
+    /// Return the `backend = "mesh"` policies in their mesh order (by name): the index of
+    /// each is its policy number on the mesh, the same on every node that loads this file.
+    pub fn mesh_policies(&self) -> Vec<&NamedPolicy> {
+        self.policies
+            .iter()
+            .filter(|p| p.backend == Backend::Mesh)
+            .collect()
+    }
 }
 
 fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigError> {
@@ -446,7 +457,13 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         None => None,
     };
     for (name, spanned) in &raw.policies {
-        policies.push(build_policy(source, name, spanned, redis.is_some())?);
+        policies.push(build_policy(
+            source,
+            name,
+            spanned,
+            redis.is_some(),
+            raw.key_secret.is_some(),
+        )?);
     }
     let known = |name: &str| policies.iter().any(|p: &NamedPolicy| p.name == name);
 
@@ -624,6 +641,7 @@ fn build_policy(
     name: &str,
     spanned: &Spanned<RawPolicy>,
     has_redis: bool,
+    has_key_secret: bool,
 ) -> Result<NamedPolicy, ConfigError> {
     let raw = spanned.get_ref();
     let span = spanned.span();
@@ -725,10 +743,43 @@ fn build_policy(
     match raw.backend {
         Backend::Local => {}
         Backend::Mesh => {
-            return Err(fail(
-                "backend",
-                "backend `mesh` is not available in this build yet; use `local` or `redis`".into(),
-            ));
+            if !has_key_secret {
+                return Err(fail(
+                    "backend",
+                    "backend `mesh` needs a top-level `key_secret`, the same on every node, so that a client has one key cluster-wide".into(),
+                ));
+            }
+            if raw.shadow {
+                return Err(fail(
+                    "shadow",
+                    "a shadow policy cannot use the `mesh` backend".into(),
+                ));
+            }
+            let Some(kind) = crate::mesh::cell::MeshKind::of(&policy) else {
+                return Err(fail(
+                    "algorithm",
+                    "the mesh shares token-bucket, gcra, fixed-window and sliding-window policies"
+                        .into(),
+                ));
+            };
+            if kind != crate::mesh::cell::MeshKind::Bucket
+                && policy.capacity() > crate::mesh::cell::MAX_MESH_WINDOW_LIMIT
+            {
+                return Err(fail(
+                    "limit",
+                    format!(
+                        "a mesh window limit is at most {}",
+                        crate::mesh::cell::MAX_MESH_WINDOW_LIMIT
+                    ),
+                ));
+            }
+            if raw.time_zone.is_some() {
+                return Err(fail(
+                    "time_zone",
+                    "time zones are not supported by the `mesh` backend (its windows are UTC)"
+                        .into(),
+                ));
+            }
         }
         Backend::Redis => {
             if !has_redis {

@@ -44,6 +44,7 @@ pub mod algorithm;
 pub mod backend;
 pub mod clock;
 pub mod config;
+pub mod daemon;
 pub mod decision;
 pub mod http;
 pub mod limiter;

@@ -1,5 +1,12 @@
-//! The `ratemesh` command: a local demo of the algorithms and the cluster simulator.
+//! The `ratemesh` command: the node daemon, the cluster demo, the simulator, certificates,
+//! and a local tour of the algorithms.
 
+#[path = "cli/cluster.rs"]
+mod cluster;
+#[path = "cli/demo.rs"]
+mod demo;
+#[path = "cli/plot.rs"]
+mod plot;
 #[path = "cli/simulate.rs"]
 mod simulate;
 
@@ -21,8 +28,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start a cluster of nodes on loopback, drive load through it, kill and restart a node,
+    /// and show that the cluster holds one global limit (with an SVG plot).
+    Demo(demo::DemoArgs),
     /// Send one burst and then a steady stream through each algorithm and show what each admits.
-    Demo {
+    Algorithms {
         /// Requests per second the policies allow (tokens per second, or limit per 1 s window).
         #[arg(long, default_value_t = 10)]
         rate: u64,
@@ -32,6 +42,12 @@ enum Command {
         /// Requests per second sent steadily after the burst, for 2 s.
         #[arg(long, default_value_t = 20)]
         steady: u64,
+    },
+    /// Run one gateway node: the mesh over QUIC and the HTTP gateway (`/metrics`, `/health`).
+    Node {
+        /// The node file (see `cluster/node-1.toml`).
+        #[arg(long)]
+        config: std::path::PathBuf,
     },
     /// Simulate a cluster and print the overshoot, utilization and gossip cost to expect.
     Simulate(simulate::SimulateArgs),
@@ -83,10 +99,10 @@ fn policies(rate: u64) -> Result<Vec<(Policy, &'static str)>, PolicyError> {
     ])
 }
 
-fn demo(rate: u64, burst: u64, steady: u64) -> Result<(), Box<dyn std::error::Error>> {
+fn algorithms(rate: u64, burst: u64, steady: u64) -> Result<(), Box<dyn std::error::Error>> {
     const MS: u64 = 1_000_000;
     println!(
-        "ratemesh local demo: policy {rate}/s; a burst of {burst} requests at t=0, \
+        "ratemesh algorithms: policy {rate}/s; a burst of {burst} requests at t=0, \
          then {steady} req/s for 2 s; then one request that costs {} tokens.\n",
         rate * 100
     );
@@ -163,14 +179,47 @@ fn certs(
     Ok(())
 }
 
+fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    use tracing::Instrument;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let file = ratemesh::daemon::config::NodeFile::from_file(config)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let span = tracing::info_span!("node", id = file.id);
+    runtime.block_on(
+        async move {
+            let running = ratemesh::daemon::start(&file).await?;
+            // One line on stdout that scripts (and `ratemesh demo`) wait for.
+            println!(
+                "ratemesh node {} ready: http={} quic={}",
+                file.id,
+                running.http_addr(),
+                running.quic_addr()
+            );
+            tracing::info!(http = %running.http_addr(), quic = %running.quic_addr(), "listening");
+            running.serve_until(ratemesh::daemon::termination()).await;
+            Ok::<(), Box<dyn std::error::Error>>(())
+        }
+        .instrument(span),
+    )
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo {
+        Command::Demo(args) => demo::run(&args),
+        Command::Algorithms {
             rate,
             burst,
             steady,
-        } => demo(rate, burst, steady),
+        } => algorithms(rate, burst, steady),
+        Command::Node { config } => node(&config),
         Command::Simulate(args) => simulate::run(&args),
         Command::Certs {
             out,

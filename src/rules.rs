@@ -2,7 +2,9 @@
 //!
 //! [`Rules::decide`] is where an HTTP request is decided: it picks the client's tier and the
 //! request's route, checks the enforced policies as one layered decision (a denial by one
-//! leaves no charge on the others), then counts the shadow policies, which report but never
+//! leaves no charge on the others): the local ones, then at most one `mesh` policy (the
+//! cluster-wide limit, [`crate::backend::mesh`]), then at most one `redis` policy
+//! ([`Rules::decide_exact`]); then it counts the shadow policies, which report but never
 //! deny. Keys are 64-bit keyed hashes of `(env, identity source, identity, [route])`: no
 //! client secret (API key, user id, IP) is ever stored, logged or used as a metric label.
 
@@ -15,6 +17,7 @@ use jiff::Timestamp;
 use siphasher::sip::SipHasher13;
 use siphasher::sip128::SipHasher13 as SipHasher13x128;
 
+use crate::backend::mesh::GlobalLimits;
 use crate::backend::redis::{
     BackendError, RedisConnection, RedisLimiter, record_failover, redis_key,
 };
@@ -31,15 +34,36 @@ pub enum RulesError {
     /// The Redis backend could not be set up.
     #[error("redis backend: {0}")]
     Backend(#[from] BackendError),
-    /// A tier and a route together apply two `redis` policies; one request can wait on one.
+    /// A tier and a route together apply two `redis` (or two `mesh`) policies; a request
+    /// passes at most one of each.
     #[error(
-        "tier `{tier}` with route `{route}` applies two `redis` policies; at most one per request"
+        "tier `{tier}` with route `{route}` applies two `{backend}` policies; at most one per request"
     )]
-    TwoExactPolicies {
+    TwoRemotePolicies {
+        /// `redis` or `mesh`.
+        backend: &'static str,
         /// The tier.
         tier: String,
         /// The route (empty: the tier alone).
         route: String,
+    },
+    /// The file has `backend = "mesh"` policies but no mesh node was given.
+    #[error(
+        "policy `{policy}` uses backend `mesh`: run it in a mesh node (`ratemesh node`) or build the rules with a mesh (`Rules::with_mesh`)"
+    )]
+    NoMesh {
+        /// The first mesh policy.
+        policy: String,
+    },
+    /// A reload changed the mesh policies, which a running node cannot change.
+    #[error(
+        "the `mesh` policies changed ({before} → {after}); they are fixed for the life of a node: restart the nodes one by one with the new file"
+    )]
+    MeshPoliciesChanged {
+        /// The mesh policies before, by name.
+        before: String,
+        /// The mesh policies in the new file.
+        after: String,
     },
     /// A tier and a route together apply more policies than one decision can layer.
     #[error("tier `{tier}` with route `{route}` applies {count} policies; at most {MAX_POLICIES}")]
@@ -217,6 +241,8 @@ struct CompiledPolicy {
     store: Arc<Store<u64>>,
     /// The exact backend of a `backend = "redis"` policy.
     redis: Option<RedisLimiter>,
+    /// The mesh policy number of a `backend = "mesh"` policy.
+    mesh: Option<u32>,
 }
 
 impl CompiledPolicy {
@@ -253,6 +279,7 @@ struct CompiledRoute {
     enforced: Vec<usize>,
     shadow: Vec<usize>,
     exact: Vec<usize>,
+    global: Vec<usize>,
 }
 
 impl CompiledRoute {
@@ -273,12 +300,15 @@ struct CompiledTier {
     shadow: Vec<usize>,
     /// `redis` policies (at most one per request, decided last).
     exact: Vec<usize>,
+    /// `mesh` policies (at most one per request, decided after the local ones).
+    global: Vec<usize>,
 }
 
 /// A policy file compiled for deciding requests; cheap to share behind an `Arc`.
 pub struct Rules {
     config: GatewayConfig,
     redis_connection: Option<RedisConnection>,
+    mesh: Option<Arc<dyn GlobalLimits>>,
     hasher: KeyHasher,
     policies: Vec<CompiledPolicy>,
     tiers: BTreeMap<String, CompiledTier>,
@@ -307,18 +337,65 @@ impl std::fmt::Debug for Rules {
 }
 
 impl Rules {
-    /// Compile a validated file with fresh counters.
+    /// Compile a validated file with fresh counters. A file with `backend = "mesh"`
+    /// policies needs [`Rules::with_mesh`].
     pub fn new(config: GatewayConfig) -> Result<Self, RulesError> {
-        Self::build(config, None)
+        Self::build(config, None, None)
+    }
+
+    /// Compile a validated file whose `backend = "mesh"` policies are decided by `mesh` (a
+    /// node built with [`GatewayConfig::mesh_policies`], in that order).
+    pub fn with_mesh(
+        config: GatewayConfig,
+        mesh: Arc<dyn GlobalLimits>,
+    ) -> Result<Self, RulesError> {
+        Self::build(config, None, Some(mesh))
     }
 
     /// Compile a new file, keeping the counters of every policy whose name and parameters
-    /// are unchanged from `previous`.
+    /// are unchanged from `previous` (and its mesh node, whose policies must not change).
     pub fn reloaded(config: GatewayConfig, previous: &Rules) -> Result<Self, RulesError> {
-        Self::build(config, Some(previous))
+        let names = |c: &GatewayConfig| {
+            c.mesh_policies()
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let same = |c: &GatewayConfig| {
+            c.mesh_policies()
+                .iter()
+                .map(|p| (p.name.clone(), p.policy))
+                .collect::<Vec<_>>()
+        };
+        if same(&config) != same(&previous.config) {
+            return Err(RulesError::MeshPoliciesChanged {
+                before: names(&previous.config),
+                after: names(&config),
+            });
+        }
+        Self::build(config, Some(previous), previous.mesh.clone())
     }
 
-    fn build(config: GatewayConfig, previous: Option<&Rules>) -> Result<Self, RulesError> {
+    fn build(
+        config: GatewayConfig,
+        previous: Option<&Rules>,
+        mesh: Option<Arc<dyn GlobalLimits>>,
+    ) -> Result<Self, RulesError> {
+        if mesh.is_none()
+            && let Some(first) = config.mesh_policies().first()
+        {
+            return Err(RulesError::NoMesh {
+                policy: first.name.clone(),
+            });
+        }
+        let mesh_number = |name: &str| {
+            config
+                .mesh_policies()
+                .iter()
+                .position(|p| p.name == name)
+                .map(|i| i as u32)
+        };
         let redis_connection = match (&config.redis, previous) {
             (None, _) => None,
             (Some(redis), Some(old)) if old.config.redis.as_ref() == Some(redis) => {
@@ -353,6 +430,7 @@ impl Rules {
                     store: kept
                         .unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
                     redis,
+                    mesh: mesh_number(&named.name),
                 })
             })
             .collect::<Result<_, _>>()?;
@@ -361,11 +439,14 @@ impl Rules {
             let mut enforced = Vec::new();
             let mut shadow = Vec::new();
             let mut exact = Vec::new();
+            let mut global = Vec::new();
             for i in names.iter().filter_map(index) {
                 if policies[i].named.shadow {
                     shadow.push(i);
                 } else if policies[i].redis.is_some() {
                     exact.push(i);
+                } else if policies[i].mesh.is_some() {
+                    global.push(i);
                 } else {
                     enforced.push(i);
                 }
@@ -377,19 +458,20 @@ impl Rules {
                     crate::Algorithm::LeakyBucketShape { .. }
                 )
             });
-            (enforced, shadow, exact)
+            (enforced, shadow, exact, global)
         };
         let tiers: BTreeMap<String, CompiledTier> = config
             .tiers
             .iter()
             .map(|(name, names)| {
-                let (enforced, shadow, exact) = split(names);
+                let (enforced, shadow, exact, global) = split(names);
                 (
                     name.clone(),
                     CompiledTier {
                         enforced,
                         shadow,
                         exact,
+                        global,
                     },
                 )
             })
@@ -398,7 +480,7 @@ impl Rules {
             .routes
             .iter()
             .map(|route| {
-                let (enforced, shadow, exact) = split(&route.policies);
+                let (enforced, shadow, exact, global) = split(&route.policies);
                 CompiledRoute {
                     name: Arc::from(route.name.as_str()),
                     method: route.method.clone(),
@@ -407,18 +489,27 @@ impl Rules {
                     enforced,
                     shadow,
                     exact,
+                    global,
                 }
             })
             .collect();
         for (tier_name, tier) in &tiers {
-            let alone = [(String::new(), 0usize)];
-            let with_routes = routes.iter().map(|r| (r.name.to_string(), r.exact.len()));
-            for (route, route_exact) in alone.into_iter().chain(with_routes) {
-                if tier.exact.len() + route_exact > 1 {
-                    return Err(RulesError::TwoExactPolicies {
-                        tier: tier_name.clone(),
-                        route,
-                    });
+            let alone = [(String::new(), 0usize, 0usize)];
+            let with_routes = routes
+                .iter()
+                .map(|r| (r.name.to_string(), r.exact.len(), r.global.len()));
+            for (route, route_exact, route_global) in alone.into_iter().chain(with_routes) {
+                for (backend, count) in [
+                    ("redis", tier.exact.len() + route_exact),
+                    ("mesh", tier.global.len() + route_global),
+                ] {
+                    if count > 1 {
+                        return Err(RulesError::TwoRemotePolicies {
+                            backend,
+                            tier: tier_name.clone(),
+                            route: route.clone(),
+                        });
+                    }
                 }
             }
             for route in &routes {
@@ -440,6 +531,7 @@ impl Rules {
         Ok(Rules {
             config,
             redis_connection,
+            mesh,
             hasher,
             policies,
             tiers,
@@ -530,6 +622,7 @@ impl Rules {
             enforced: keyed(|t| &t.enforced, |r| &r.enforced),
             shadow: keyed(|t| &t.shadow, |r| &r.shadow),
             exact: keyed(|t| &t.exact, |r| &r.exact).first().copied(),
+            global: keyed(|t| &t.global, |r| &r.global).first().copied(),
         }
     }
 
@@ -565,6 +658,31 @@ impl Rules {
             },
         );
         (decision, reports, charges)
+    }
+
+    /// Run the local layers, then the request's `mesh` policy if they admit; a mesh denial
+    /// gives the local charges back.
+    fn decide_local_then_mesh(
+        &self,
+        plan: &Plan<'_>,
+        layers: &[(usize, u64)],
+        now: Nanos,
+    ) -> (Decision, Vec<PolicyReport>, Vec<Charge>) {
+        let (local, mut reports, charges) = self.decide_local(layers, plan.cost, now);
+        let (Verdict::Allowed, Some((p, key)), Some(mesh)) =
+            (local.verdict, plan.global, &self.mesh)
+        else {
+            return (local, reports, charges);
+        };
+        let policy = &self.policies[p];
+        let number = policy.mesh.expect("a mesh layer names a mesh policy");
+        let global = mesh.decide(number, key, plan.cost);
+        reports.push(policy.report(global));
+        if global.verdict != Verdict::Allowed {
+            self.refund_local(layers, &charges, plan.cost, now);
+            return (global, reports, charges);
+        }
+        (local, reports, charges)
     }
 
     fn refund_local(&self, layers: &[(usize, u64)], charges: &[Charge], cost: u64, now: Nanos) {
@@ -611,13 +729,14 @@ impl Rules {
 
     /// Decide one request at `now` (nanoseconds on the limiter's clock), without IO.
     ///
-    /// A `redis` policy is answered here by its local store, as when it fails open; use
-    /// [`Rules::decide_exact`] to ask Redis.
+    /// A `mesh` policy is decided by the mesh node (one compare-and-swap, on the node's
+    /// clock). A `redis` policy is answered here by its local store, as when it fails open;
+    /// use [`Rules::decide_exact`] to ask Redis.
     pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
         let plan = self.plan(facts);
         let mut layers = plan.enforced.clone();
         layers.extend(plan.exact);
-        let (decision, reports, _) = self.decide_local(&layers, plan.cost, now);
+        let (decision, reports, _) = self.decide_local_then_mesh(&plan, &layers, now);
         self.outcome(
             &plan,
             decision.verdict == Verdict::Allowed,
@@ -628,7 +747,8 @@ impl Rules {
     }
 
     /// Decide one request, asking Redis for its `redis` policy (at most one per request,
-    /// decided after the local ones pass; a denial there gives the local charges back).
+    /// decided after the local and mesh ones pass; a denial there gives the local charges
+    /// back, while a mesh charge stays counted: the cluster then admits less, never more).
     pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
         let plan = self.plan(facts);
         // `plan.exact` only ever names a policy with a Redis limiter; resolve it before any
@@ -639,7 +759,7 @@ impl Rules {
         }) else {
             return self.decide(facts, now);
         };
-        let (local, mut reports, charges) = self.decide_local(&plan.enforced, plan.cost, now);
+        let (local, mut reports, charges) = self.decide_local_then_mesh(&plan, &plan.enforced, now);
         if local.verdict != Verdict::Allowed {
             return self.outcome(&plan, false, 0, reports, now);
         }
@@ -685,4 +805,5 @@ struct Plan<'a> {
     enforced: Vec<(usize, u64)>,
     shadow: Vec<(usize, u64)>,
     exact: Option<(usize, u64)>,
+    global: Option<(usize, u64)>,
 }

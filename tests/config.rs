@@ -134,10 +134,11 @@ fn unknown_fields_missing_fields_and_costs_that_never_fit_are_rejected() {
     assert_eq!(error.field, "policies.daily.backend");
     assert!(error.reason.contains("[redis]"), "{error}");
 
+    // A mesh policy is valid in the file, but rules without a mesh node refuse it.
     let text = FIXTURE.replace("window = \"1d\"", "window = \"1d\"\nbackend = \"mesh\"");
-    let error = error_of(&text);
-    assert_eq!(error.field, "policies.daily.backend");
-    assert!(error.reason.contains("not available"), "{error}");
+    let config = GatewayConfig::from_toml_str(&text, "test.toml").unwrap();
+    let error = Rules::new(config).unwrap_err().to_string();
+    assert!(error.contains("`daily` uses backend `mesh`"), "{error}");
 
     let text = format!(
         "{}\n[redis]\nurl = \"redis://127.0.0.1:1\"\n",

@@ -93,6 +93,21 @@ impl RateLimitLayer {
         })
     }
 
+    /// Build the layer for a file with `backend = "mesh"` policies, decided by `mesh` (a
+    /// running node, e.g. [`crate::net::MeshNet`]), with the system clock.
+    pub fn with_mesh(
+        config: GatewayConfig,
+        mesh: Arc<dyn crate::backend::mesh::GlobalLimits>,
+    ) -> Result<Self, RulesError> {
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                rules: ArcSwap::from_pointee(Rules::with_mesh(config, mesh)?),
+                clock: Arc::new(SystemClock::new()),
+                on_denied: None,
+            }),
+        })
+    }
+
     /// Read a policy file and build the layer.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ReloadError> {
         Ok(Self::new(GatewayConfig::from_file(path)?)?)

@@ -1756,7 +1756,7 @@ fn gather(
             released: announced.released,
         });
     }
-    let held = view
+    let held: u64 = view
         .held
         .iter()
         .map(|&(id, extra)| {
@@ -1764,6 +1764,16 @@ fn gather(
             (u64::from(share) + u64::from(extra)).min(u64::from(ONE))
         })
         .sum();
+    // The dead members' real shares are at most what the live ones leave of the budget
+    // (claims never sum above it), so while the live shares fit, holding more than the rest
+    // would only shave the survivors for nothing; it still leaves no room to claim. When the
+    // live shares alone exceed the budget (a heal), the full hold is shaved for.
+    let live_total: u64 = live.iter().map(|a| u64::from(a.share)).sum();
+    let held = if live_total <= u64::from(ONE) {
+        held.min(u64::from(ONE) - live_total)
+    } else {
+        held
+    };
     (me_index, held, consistent)
 }
 

@@ -23,6 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use dashmap::DashMap;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
@@ -155,7 +156,7 @@ impl MeshNet {
             members,
             me: config.node.id,
         };
-        let driver = tokio::spawn(driver.run(receiver));
+        let driver = tokio::spawn(driver.run(receiver).in_current_span());
         for (id, addr) in config.peers {
             let _ = inputs.send(Input::AddPeer(id, addr));
         }
@@ -230,6 +231,12 @@ impl MeshNet {
         self.endpoint.close(0u32.into(), b"shutdown");
         // Let the peers hear the close, but do not wait out their idle timeouts.
         let _ = tokio::time::timeout(Duration::from_millis(300), self.endpoint.wait_idle()).await;
+    }
+}
+
+impl crate::backend::mesh::GlobalLimits for MeshNet {
+    fn decide(&self, policy: u32, key: u64, cost: u64) -> Decision {
+        MeshNet::decide(self, policy, key, cost)
     }
 }
 
@@ -352,26 +359,30 @@ impl Driver {
             .filter(|&m| m != self.me)
             .collect();
         let shared = Arc::clone(&self.shared);
-        tokio::spawn(async move {
-            let connection = match incoming.await {
-                Ok(c) => c,
-                Err(error) => {
-                    // Another CA's certificate, or none: the handshake fails here.
-                    shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%error, "refused a peer connection");
-                    return;
-                }
-            };
-            match peer_node_id(&connection, members) {
-                Some(id) => {
-                    let _ = inputs.send(Input::Connected(id, connection));
-                }
-                None => {
-                    shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-                    connection.close(2u32.into(), b"not a member");
+        tokio::spawn(
+            async move {
+                let connection = match incoming.await {
+                    Ok(c) => c,
+                    Err(error) => {
+                        // Another CA's certificate, or none: the handshake fails here.
+                        shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%error, "refused a peer connection");
+                        return;
+                    }
+                };
+                match peer_node_id(&connection, members) {
+                    Some(id) => {
+                        let _ = inputs.send(Input::Connected(id, connection));
+                    }
+                    None => {
+                        shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!("refused a peer whose certificate names no member");
+                        connection.close(2u32.into(), b"not a member");
+                    }
                 }
             }
-        });
+            .in_current_span(),
+        );
     }
 
     fn flush(&mut self) {
@@ -389,8 +400,14 @@ impl Driver {
         };
         self.shared.running.store(running, Ordering::Release);
         for event in events {
-            if let Event::KeyForgotten { policy, key } = event {
-                self.shared.cells.remove(&(policy, key));
+            match event {
+                Event::KeyForgotten { policy, key } => {
+                    self.shared.cells.remove(&(policy, key));
+                }
+                Event::PeerDown(peer) => tracing::warn!(peer, "peer declared dead"),
+                Event::PeerUp(peer) => tracing::info!(peer, "peer is back"),
+                Event::Discovered(peer) => tracing::info!(peer, "learned of a member"),
+                Event::Recovered => tracing::info!("state recovered from a majority; admitting"),
             }
         }
         for t in transmits {

@@ -112,3 +112,16 @@ pub fn peer_node_id(
             .is_ok_and(|name| leaf.verify_is_valid_for_subject_name(&name).is_ok())
     })
 }
+
+/// Tell whether the first certificate of `cert_pem` names node `id` (`node-<id>.ratemesh`):
+/// a node started with another node's certificate would be refused by its peers.
+pub fn certificate_names_node(cert_pem: &[u8], id: NodeId) -> bool {
+    let Some(Ok(leaf)) = CertificateDer::pem_slice_iter(cert_pem).next() else {
+        return false;
+    };
+    let Ok(leaf) = webpki::EndEntityCert::try_from(&leaf) else {
+        return false;
+    };
+    ServerName::try_from(node_name(id))
+        .is_ok_and(|name| leaf.verify_is_valid_for_subject_name(&name).is_ok())
+}

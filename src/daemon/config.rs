@@ -1,0 +1,325 @@
+//! The node file of `ratemesh node --config FILE`: who the node is, where it listens, its
+//! peers, its certificates, and the policy file it enforces.
+//!
+//! ```toml
+//! id = 1
+//! listen = "127.0.0.1:7101"        # QUIC (UDP) between nodes
+//! http = "127.0.0.1:8101"          # the gateway, /metrics and /health
+//! gossip_interval = "20ms"
+//! policy_file = "policies.toml"    # relative to this file; the same file on every node
+//! drain = "5s"                     # on SIGTERM: finish in-flight requests for at most this
+//!
+//! [tls]                            # from `ratemesh certs --out certs --nodes 3`
+//! ca = "certs/ca.pem"
+//! cert = "certs/node-1.pem"
+//! key = "certs/node-1.key"
+//!
+//! [[peers]]
+//! id = 2
+//! addr = "127.0.0.1:7102"
+//! ```
+//!
+//! Errors name the file, the line, the field and the reason (the policy file's own errors
+//! name the policy file).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::clock::duration_to_nanos;
+use crate::config::{ConfigError, GatewayConfig, Source, parse_duration};
+use crate::mesh::NodeId;
+use crate::mesh::node::NodeConfig;
+use crate::net::tls::{NodeTls, certificate_names_node, node_tls};
+use crate::net::transport_config;
+
+/// The shortest gossip interval a node accepts.
+pub const MIN_GOSSIP_INTERVAL: Duration = Duration::from_millis(1);
+/// The longest gossip interval a node accepts.
+pub const MAX_GOSSIP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A validated node file, with its policy file loaded.
+#[derive(Debug, Clone)]
+pub struct NodeFile {
+    /// The node file's path.
+    pub path: PathBuf,
+    /// This node's id (its certificate names `node-<id>.ratemesh`).
+    pub id: NodeId,
+    /// The QUIC (UDP) address.
+    pub listen: SocketAddr,
+    /// The HTTP address (gateway, `/metrics`, `/health`).
+    pub http: SocketAddr,
+    /// One gossip round.
+    pub gossip_interval: Duration,
+    /// How long SIGTERM waits for in-flight requests.
+    pub drain: Duration,
+    /// The other members and where they listen.
+    pub peers: Vec<(NodeId, SocketAddr)>,
+    /// The most members the cluster has (default: this node and its peers).
+    pub cluster_size: usize,
+    /// The cluster CA, this node's certificate and key (PEM files).
+    pub tls: TlsFiles,
+    /// The policy file's path.
+    pub policy_file: PathBuf,
+    /// The policy file.
+    pub gateway: GatewayConfig,
+}
+
+/// The PEM files of a node's mutual TLS.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The cluster CA certificate.
+    pub ca: PathBuf,
+    /// This node's certificate.
+    pub cert: PathBuf,
+    /// This node's private key.
+    pub key: PathBuf,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNodeFile {
+    id: Spanned<u64>,
+    listen: Spanned<String>,
+    http: Spanned<String>,
+    gossip_interval: Option<Spanned<String>>,
+    drain: Option<Spanned<String>>,
+    cluster_size: Option<Spanned<usize>>,
+    policy_file: Spanned<String>,
+    tls: Spanned<RawTls>,
+    #[serde(default)]
+    peers: Vec<Spanned<RawPeer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPeer {
+    id: u64,
+    addr: String,
+}
+
+impl NodeFile {
+    /// Read and validate a node file and the policy file it names.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<NodeFile, ConfigError> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: 0,
+            field: String::new(),
+            reason: format!("cannot read the file: {e}"),
+        })?;
+        Self::from_toml_str(&text, path)
+    }
+
+    /// Validate a node file's text; `path` names it in errors and anchors relative paths.
+    pub fn from_toml_str(text: &str, path: &Path) -> Result<NodeFile, ConfigError> {
+        let file = path.display().to_string();
+        let source = Source { file: &file, text };
+        let raw: RawNodeFile = toml::from_str(text).map_err(|e| {
+            let offset = e.span().map_or(0, |span| span.start);
+            source.error(
+                source.line_of(offset),
+                source.path_at(offset),
+                e.message().trim().to_string(),
+            )
+        })?;
+        let at = |span: std::ops::Range<usize>| source.line_of(span.start);
+        let base = path.parent().unwrap_or(Path::new("."));
+        let relative = |p: &str| base.join(p);
+
+        let id = *raw.id.get_ref();
+        if id == 0 {
+            return Err(source.error(at(raw.id.span()), "id", "node ids start at 1"));
+        }
+        let address = |spanned: &Spanned<String>, field: &str| {
+            spanned.get_ref().parse::<SocketAddr>().map_err(|e| {
+                source.error(
+                    at(spanned.span()),
+                    field,
+                    format!(
+                        "`{}` is not an address ({e}); write e.g. \"127.0.0.1:7101\"",
+                        spanned.get_ref()
+                    ),
+                )
+            })
+        };
+        let listen = address(&raw.listen, "listen")?;
+        let http = address(&raw.http, "http")?;
+        let duration = |spanned: &Option<Spanned<String>>, field: &str, default: Duration| {
+            spanned.as_ref().map_or(Ok(default), |s| {
+                parse_duration(s.get_ref())
+                    .map_err(|reason| source.error(at(s.span()), field, reason))
+            })
+        };
+        let gossip_interval = duration(
+            &raw.gossip_interval,
+            "gossip_interval",
+            Duration::from_millis(20),
+        )?;
+        if !(MIN_GOSSIP_INTERVAL..=MAX_GOSSIP_INTERVAL).contains(&gossip_interval) {
+            let span = raw.gossip_interval.as_ref().map_or(0..0, |s| s.span());
+            return Err(source.error(
+                at(span),
+                "gossip_interval",
+                format!(
+                    "between {MIN_GOSSIP_INTERVAL:?} and {MAX_GOSSIP_INTERVAL:?}, got {gossip_interval:?}"
+                ),
+            ));
+        }
+        let drain = duration(&raw.drain, "drain", Duration::from_secs(5))?;
+
+        let mut peers = Vec::new();
+        let mut seen = BTreeSet::from([id]);
+        for (i, spanned) in raw.peers.iter().enumerate() {
+            let peer = spanned.get_ref();
+            let line = at(spanned.span());
+            let field = |key: &str| format!("peers[{i}].{key}");
+            if !seen.insert(peer.id) || peer.id == 0 {
+                return Err(source.error(
+                    line,
+                    field("id"),
+                    format!(
+                        "node {} is this node, a second entry, or 0; every peer has its own id ≥ 1",
+                        peer.id
+                    ),
+                ));
+            }
+            let addr = peer.addr.parse::<SocketAddr>().map_err(|e| {
+                source.error(
+                    line,
+                    field("addr"),
+                    format!("`{}` is not an address ({e})", peer.addr),
+                )
+            })?;
+            peers.push((peer.id, addr));
+        }
+        let members = peers.len() + 1;
+        let cluster_size = match &raw.cluster_size {
+            None => members,
+            Some(size) if *size.get_ref() >= members => *size.get_ref(),
+            Some(size) => {
+                return Err(source.error(
+                    at(size.span()),
+                    "cluster_size",
+                    format!(
+                        "{} is fewer than this node and its {} peers",
+                        size.get_ref(),
+                        peers.len()
+                    ),
+                ));
+            }
+        };
+
+        let tls_raw = raw.tls.get_ref();
+        let tls = TlsFiles {
+            ca: relative(&tls_raw.ca),
+            cert: relative(&tls_raw.cert),
+            key: relative(&tls_raw.key),
+        };
+        let tls_span = raw.tls.span();
+        for (key, file) in [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)] {
+            if !file.is_file() {
+                return Err(source.error(
+                    source.line_of_key(tls_span.clone(), key),
+                    format!("tls.{key}"),
+                    format!(
+                        "no file at {} (make them with `ratemesh certs --out DIR --nodes N`)",
+                        file.display()
+                    ),
+                ));
+            }
+        }
+
+        let policy_file = relative(raw.policy_file.get_ref());
+        if !policy_file.is_file() {
+            return Err(source.error(
+                at(raw.policy_file.span()),
+                "policy_file",
+                format!("no file at {}", policy_file.display()),
+            ));
+        }
+        let gateway = GatewayConfig::from_file(&policy_file)?;
+
+        Ok(NodeFile {
+            path: path.to_path_buf(),
+            id,
+            listen,
+            http,
+            gossip_interval,
+            drain,
+            peers,
+            cluster_size,
+            tls,
+            policy_file,
+            gateway,
+        })
+    }
+
+    /// Return the mesh node's configuration: this node, its peers and the policy file's
+    /// `mesh` policies.
+    pub fn node_config(&self) -> NodeConfig {
+        let members: Vec<NodeId> = std::iter::once(self.id)
+            .chain(self.peers.iter().map(|(id, _)| *id))
+            .collect();
+        let policies = self
+            .gateway
+            .mesh_policies()
+            .iter()
+            .map(|p| p.policy)
+            .collect();
+        let mut config = NodeConfig::new(self.id, members, policies);
+        config.cluster_size = self.cluster_size;
+        config.gossip_interval_ns = duration_to_nanos(self.gossip_interval);
+        config
+    }
+
+    /// Read the certificates and build the node's TLS configurations; an error names the
+    /// file and the field.
+    pub fn load_tls(&self) -> Result<NodeTls, ConfigError> {
+        let read = |file: &Path, field: &str| {
+            std::fs::read(file).map_err(|e| self.error(field, format!("{}: {e}", file.display())))
+        };
+        let ca = read(&self.tls.ca, "tls.ca")?;
+        let cert = read(&self.tls.cert, "tls.cert")?;
+        let key = read(&self.tls.key, "tls.key")?;
+        if !certificate_names_node(&cert, self.id) {
+            return Err(self.error(
+                "tls.cert",
+                format!(
+                    "{} is not the certificate of node {} (it does not name {})",
+                    self.tls.cert.display(),
+                    self.id,
+                    crate::net::certs::node_name(self.id)
+                ),
+            ));
+        }
+        node_tls(&ca, &cert, &key, transport_config()).map_err(|e| {
+            self.error(
+                "tls",
+                format!("the certificates do not make a TLS configuration: {e}"),
+            )
+        })
+    }
+
+    fn error(&self, field: &str, reason: String) -> ConfigError {
+        ConfigError {
+            file: self.path.display().to_string(),
+            line: 0,
+            field: field.to_string(),
+            reason,
+        }
+    }
+}
