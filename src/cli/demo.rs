@@ -269,7 +269,10 @@ async fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         let killed = nodes - 1;
         if p == 2 {
             cluster.kill(killed).await;
-            say(format!("  node {nodes} killed (SIGKILL)"));
+            say(format!(
+                "  node {nodes} killed (SIGKILL); its share stays reserved for two windows (it may \
+                 have admitted requests the others have not heard of), then the others take it over"
+            ));
         }
         let mut restart = None;
         if p == 3 {

@@ -100,7 +100,20 @@ pub fn write_svg(path: &Path, series: &Series) -> Result<(), Box<dyn std::error:
         .label("cluster total (ratemesh)")
         .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.stroke_width(3)));
     for node in 0..series.nodes {
-        let color = Palette99::pick(node).to_rgba();
+        // Not red: red is the limit.
+        const COLORS: [(u8, u8, u8); 9] = [
+            (31, 119, 180),
+            (44, 160, 44),
+            (255, 127, 14),
+            (148, 103, 189),
+            (140, 86, 75),
+            (227, 119, 194),
+            (23, 190, 207),
+            (188, 189, 34),
+            (127, 127, 127),
+        ];
+        let (r, g, b) = COLORS[node % COLORS.len()];
+        let color = RGBColor(r, g, b);
         chart
             .draw_series(LineSeries::new(
                 step(series.admitted.iter().map(|r| r[node]).collect()),
