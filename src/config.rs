@@ -386,6 +386,18 @@ impl Source<'_> {
         self.line_of(start)
     }
 
+    /// Deserialize the text; a TOML or shape error names its line and dotted field.
+    pub(crate) fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        toml::from_str(self.text).map_err(|e| {
+            let offset = e.span().map_or(0, |span| span.start);
+            self.error(
+                self.line_of(offset),
+                self.path_at(offset),
+                e.message().trim().to_string(),
+            )
+        })
+    }
+
     pub(crate) fn error(
         &self,
         line: usize,
@@ -401,6 +413,16 @@ impl Source<'_> {
     }
 }
 
+/// Read a config file, or say which file could not be read and why.
+pub(crate) fn read_config_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.display().to_string(),
+        line: 0,
+        field: String::new(),
+        reason: format!("cannot read the file: {e}"),
+    })
+}
+
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| {
         format!("`{text}` is not a duration ({e}); write e.g. \"1s\", \"500ms\", \"1m\", \"1d\"")
@@ -411,27 +433,14 @@ impl GatewayConfig {
     /// Read and validate a policy file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            line: 0,
-            field: String::new(),
-            reason: format!("cannot read the file: {e}"),
-        })?;
-        Self::from_toml_str(&text, &file)
+        let text = read_config_file(path)?;
+        Self::from_toml_str(&text, &path.display().to_string())
     }
 
     /// Validate a policy file's text; `origin` names it in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let source = Source { file: origin, text };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            let offset = e.span().map_or(0, |span| span.start);
-            source.error(
-                source.line_of(offset),
-                source.path_at(offset),
-                e.message().trim().to_string(),
-            )
-        })?;
+        let raw: RawConfig = source.parse()?;
         build(&source, raw)
     }
 

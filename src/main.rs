@@ -180,6 +180,7 @@ fn certs(
 }
 
 fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::Write;
     use tracing::Instrument;
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -196,12 +197,15 @@ fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
         async move {
             let running = ratemesh::daemon::start(&file).await?;
             // One line on stdout that scripts (and `ratemesh demo`) wait for.
-            println!(
+            let mut stdout = std::io::stdout();
+            let _ = writeln!(
+                stdout,
                 "ratemesh node {} ready: http={} quic={}",
                 file.id,
                 running.http_addr(),
                 running.quic_addr()
             );
+            let _ = stdout.flush();
             tracing::info!(http = %running.http_addr(), quic = %running.quic_addr(), "listening");
             running.serve_until(ratemesh::daemon::termination()).await;
             Ok::<(), Box<dyn std::error::Error>>(())

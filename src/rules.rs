@@ -57,7 +57,7 @@ pub enum RulesError {
     },
     /// A reload changed the mesh policies, which a running node cannot change.
     #[error(
-        "the `mesh` policies changed ({before} → {after}); they are fixed for the life of a node: restart the nodes one by one with the new file"
+        "the `mesh` policies changed ({before} → {after}); they are fixed for the life of a node and numbered by name on every node: stop every node, then start them all with the new file"
     )]
     MeshPoliciesChanged {
         /// The mesh policies before, by name.
@@ -493,7 +493,12 @@ impl Rules {
                 }
             })
             .collect();
-        for (tier_name, tier) in &tiers {
+        // Every tier with every route, and each route alone (a client with no tier).
+        let no_tier = (String::new(), CompiledTier::default());
+        for (tier_name, tier) in tiers
+            .iter()
+            .chain(std::iter::once((&no_tier.0, &no_tier.1)))
+        {
             let alone = [(String::new(), 0usize, 0usize)];
             let with_routes = routes
                 .iter()

@@ -116,6 +116,11 @@ async fn wait_healthy(client: &reqwest::Client, node: &NodeProcess) {
     }
 }
 
+async fn metrics_of(client: &reqwest::Client, node: &NodeProcess) -> String {
+    let url = format!("http://{}/metrics", node.http);
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name) && !l.starts_with('#'))
@@ -172,14 +177,7 @@ async fn three_node_processes_hold_one_limit_and_drain_on_sigterm() {
         .unwrap();
     assert_eq!(other.status(), 200);
 
-    let metrics = client
-        .get(format!("http://{}/metrics", nodes[0].http))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_of(&client, &nodes[0]).await;
     assert_eq!(metric(&metrics, "ratemesh_peers_up"), 2.0);
     assert_eq!(metric(&metrics, "ratemesh_node_running"), 1.0);
     assert_eq!(metric(&metrics, "ratemesh_overshoot_bound_estimate"), 0.0);
@@ -203,14 +201,7 @@ async fn three_node_processes_hold_one_limit_and_drain_on_sigterm() {
     assert!(status.success(), "exit status {status}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let text = client
-            .get(format!("http://{}/metrics", nodes[0].http))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = metrics_of(&client, &nodes[0]).await;
         if metric(&text, "ratemesh_peers_up") == 1.0 {
             assert!(metric(&text, "ratemesh_overshoot_bound_estimate") > 0.0);
             break;

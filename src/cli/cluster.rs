@@ -23,7 +23,8 @@ pub struct NodeProcess {
 
 /// The cluster's files and processes; dropping it kills every process it started.
 pub struct LocalCluster {
-    dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
+    dir_path: PathBuf,
     exe: PathBuf,
     /// The nodes, by id order.
     pub nodes: Vec<NodeProcess>,
@@ -85,7 +86,8 @@ impl LocalCluster {
             });
         }
         Ok(LocalCluster {
-            dir,
+            dir_path: dir.path().to_path_buf(),
+            dir: Some(dir),
             exe: std::env::current_exe()?,
             nodes: out,
         })
@@ -93,7 +95,15 @@ impl LocalCluster {
 
     /// Return the directory holding the certificates, files and logs.
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        &self.dir_path
+    }
+
+    /// Keep the directory when the cluster is dropped (it is deleted otherwise); return it.
+    pub fn keep_files(&mut self) -> PathBuf {
+        if let Some(dir) = self.dir.take() {
+            let _ = dir.keep();
+        }
+        self.dir_path.clone()
     }
 
     /// Start node `index` (0-based) and wait until it prints that it listens.

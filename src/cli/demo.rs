@@ -72,7 +72,7 @@ struct Sample {
 impl Sample {
     /// Unix ns at the middle of the round trip (where the decision is counted).
     fn mid_ns(&self) -> u64 {
-        self.sent_ns + (self.done_ns - self.sent_ns) / 2
+        self.sent_ns + self.done_ns.saturating_sub(self.sent_ns) / 2
     }
 }
 
@@ -213,10 +213,25 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut cluster = LocalCluster::prepare(args.nodes, &policies(args.limit))?;
+    let result = drive(args, &mut cluster).await;
+    if result.is_err() {
+        // Keep the node logs that the error points to.
+        eprintln!(
+            "kept the files and node logs in {}",
+            cluster.keep_files().display()
+        );
+    }
+    result
+}
+
+async fn drive(
+    args: &DemoArgs,
+    cluster: &mut LocalCluster,
+) -> Result<(), Box<dyn std::error::Error>> {
     let nodes = args.nodes;
     let rate = args.rate.unwrap_or(3 * args.limit);
     let phase_s = (args.duration_s / 4).max(2);
-    let mut cluster = LocalCluster::prepare(nodes, &policies(args.limit))?;
     let say = |text: String| {
         if !args.json {
             println!("{text}");
@@ -276,14 +291,16 @@ async fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         let mut restart = None;
         if p == 3 {
-            cluster.start(killed).await?;
-            let started = Instant::now();
-            let cluster_ref = &cluster;
+            // Restart while the load runs; time it from the spawn to the first 200 on /health.
+            let cluster_ref = &mut *cluster;
             restart = Some(async move {
-                cluster_ref
+                let started = Instant::now();
+                cluster_ref.start(killed).await?;
+                let ready = cluster_ref
                     .wait_healthy(killed, Duration::from_secs(phase_s))
                     .await
-                    .map(|_| started.elapsed())
+                    .map(|_| started.elapsed());
+                Ok::<_, Box<dyn std::error::Error>>(ready)
             });
         }
         let mut credit = vec![0.0f64; nodes];
@@ -306,11 +323,11 @@ async fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
                     credit[node] += rate as f64 * weight * dt;
                     while credit[node] >= 1.0 {
                         credit[node] -= 1.0;
-                        offered.lock().expect("offered").push((node, now));
                         let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
                             skipped += 1;
                             continue;
                         };
+                        offered.lock().expect("offered").push((node, now));
                         let client = client.clone();
                         let uri = uris[node].clone();
                         let samples = Arc::clone(&samples);
@@ -352,10 +369,10 @@ async fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
         match restart {
             Some(ready) => {
                 let (ready, ()) = tokio::join!(ready, load);
-                restart_ready_ms = ready.map(|d| d.as_millis() as u64);
+                restart_ready_ms = ready?.map(|d| d.as_millis() as u64);
                 let text = match restart_ready_ms {
                     Some(ms) => format!(
-                        "  node {nodes} restarted: recovered its counts from the others and admits again after {ms} ms"
+                        "  node {nodes} restarted: recovered its counts from the others and admits again {ms} ms after it was started"
                     ),
                     None => {
                         format!("  node {nodes} restarted but did not recover within the phase")

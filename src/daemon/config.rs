@@ -31,7 +31,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::clock::duration_to_nanos;
-use crate::config::{ConfigError, GatewayConfig, Source, parse_duration};
+use crate::config::{ConfigError, GatewayConfig, Source, parse_duration, read_config_file};
 use crate::mesh::NodeId;
 use crate::mesh::node::NodeConfig;
 use crate::net::tls::{NodeTls, certificate_names_node, node_tls};
@@ -41,6 +41,9 @@ use crate::net::transport_config;
 pub const MIN_GOSSIP_INTERVAL: Duration = Duration::from_millis(1);
 /// The longest gossip interval a node accepts.
 pub const MAX_GOSSIP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The most members a cluster has.
+pub const MAX_CLUSTER_SIZE: usize = 1024;
 
 /// A validated node file, with its policy file loaded.
 #[derive(Debug, Clone)]
@@ -114,28 +117,14 @@ impl NodeFile {
     /// Read and validate a node file and the policy file it names.
     pub fn from_file(path: impl AsRef<Path>) -> Result<NodeFile, ConfigError> {
         let path = path.as_ref();
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            line: 0,
-            field: String::new(),
-            reason: format!("cannot read the file: {e}"),
-        })?;
-        Self::from_toml_str(&text, path)
+        Self::from_toml_str(&read_config_file(path)?, path)
     }
 
     /// Validate a node file's text; `path` names it in errors and anchors relative paths.
     pub fn from_toml_str(text: &str, path: &Path) -> Result<NodeFile, ConfigError> {
         let file = path.display().to_string();
         let source = Source { file: &file, text };
-        let raw: RawNodeFile = toml::from_str(text).map_err(|e| {
-            let offset = e.span().map_or(0, |span| span.start);
-            source.error(
-                source.line_of(offset),
-                source.path_at(offset),
-                e.message().trim().to_string(),
-            )
-        })?;
+        let raw: RawNodeFile = source.parse()?;
         let at = |span: std::ops::Range<usize>| source.line_of(span.start);
         let base = path.parent().unwrap_or(Path::new("."));
         let relative = |p: &str| base.join(p);
@@ -207,8 +196,22 @@ impl NodeFile {
             peers.push((peer.id, addr));
         }
         let members = peers.len() + 1;
+        if members > MAX_CLUSTER_SIZE {
+            return Err(source.error(
+                at(raw.peers[MAX_CLUSTER_SIZE - 1].span()),
+                "peers",
+                format!("a cluster has at most {MAX_CLUSTER_SIZE} members"),
+            ));
+        }
         let cluster_size = match &raw.cluster_size {
             None => members,
+            Some(size) if *size.get_ref() > MAX_CLUSTER_SIZE => {
+                return Err(source.error(
+                    at(size.span()),
+                    "cluster_size",
+                    format!("at most {MAX_CLUSTER_SIZE}"),
+                ));
+            }
             Some(size) if *size.get_ref() >= members => *size.get_ref(),
             Some(size) => {
                 return Err(source.error(

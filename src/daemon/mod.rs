@@ -162,13 +162,7 @@ impl RunningNode {
                 tracing::warn!(drain = ?self.drain, "requests still in flight after the drain time; closing");
             }
         }
-        match Arc::try_unwrap(state) {
-            Ok(state) => match Arc::try_unwrap(state.mesh) {
-                Ok(mesh) => mesh.shutdown().await,
-                Err(_) => tracing::debug!("mesh still referenced; closing with the process"),
-            },
-            Err(_) => tracing::debug!("node state still referenced; closing with the process"),
-        }
+        state.mesh.close().await;
         tracing::info!("stopped");
     }
 }

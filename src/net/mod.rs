@@ -223,14 +223,20 @@ impl MeshNet {
         decision
     }
 
-    /// Stop the driver and close the endpoint.
-    pub async fn shutdown(self) {
+    /// Stop the driver and close the endpoint (the peers hear the close at once); the node
+    /// then sends and receives nothing. For a handle that is shared (e.g. with the rules).
+    pub async fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);
         self.driver.abort();
-        let _ = self.driver.await;
         self.endpoint.close(0u32.into(), b"shutdown");
         // Let the peers hear the close, but do not wait out their idle timeouts.
         let _ = tokio::time::timeout(Duration::from_millis(300), self.endpoint.wait_idle()).await;
+    }
+
+    /// Stop the driver and close the endpoint.
+    pub async fn shutdown(self) {
+        self.close().await;
+        let _ = self.driver.await;
     }
 }
 
