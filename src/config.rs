@@ -22,6 +22,18 @@
 //! window = "1d"
 //! time_zone = "Europe/Paris"                   # days start at local midnight
 //!
+//! [redis]
+//! url = "redis://127.0.0.1:6379"
+//!
+//! [policies.payments]                          # exact across the fleet, through Redis
+//! algorithm = "token-bucket"
+//! rate = 50
+//! period = "1s"
+//! burst = 100
+//! backend = "redis"
+//! fail_mode = "closed"
+//! token_cache = { batch = 10, ttl = "100ms" }  # optional, for very hot keys
+//!
 //! [tiers.free]
 //! policies = ["per_second", "daily"]
 //!
@@ -158,7 +170,23 @@ pub struct NamedPolicy {
     pub shadow: bool,
     /// Windows start at midnight in this zone (fixed windows); `None` = UTC.
     pub time_zone: Option<TimeZone>,
+    /// A per-node cache of tokens granted by Redis (`redis` buckets only); `None` = off.
+    pub token_cache: Option<TokenCacheConfig>,
 }
+
+/// The local token cache of a `redis` token bucket or GCRA policy
+/// (see [`crate::backend::token_cache`] for the error it adds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenCacheConfig {
+    /// Tokens taken from Redis on top of a request's cost, for the next requests on this node.
+    pub batch: u64,
+    /// How long cached tokens may be spent after Redis granted them.
+    pub ttl: Duration,
+}
+
+/// The longest `token_cache.ttl`: the cache may admit up to `rate · ttl` more than the policy
+/// in an interval, so it is kept short.
+pub const MAX_TOKEN_CACHE_TTL: Duration = Duration::from_secs(10);
 
 /// A route: requests matching a method and a path prefix cost `cost` tokens and also pass
 /// through `policies` (keyed per client and per route).
@@ -302,6 +330,14 @@ struct RawPolicy {
     #[serde(default)]
     shadow: bool,
     time_zone: Option<String>,
+    token_cache: Option<RawTokenCache>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTokenCache {
+    batch: u64,
+    ttl: String,
 }
 
 #[derive(Deserialize)]
@@ -837,6 +873,10 @@ fn build_policy(
             }
         }
     }
+    let token_cache = match &raw.token_cache {
+        None => None,
+        Some(cache) => Some(token_cache_config(cache, raw.backend, &policy, &fail)?),
+    };
     Ok(NamedPolicy {
         name: name.to_string(),
         policy,
@@ -844,6 +884,62 @@ fn build_policy(
         fail_mode: raw.fail_mode,
         shadow: raw.shadow,
         time_zone,
+        token_cache,
+    })
+}
+
+/// Validate a policy's `token_cache` table (errors point at `token_cache`).
+fn token_cache_config(
+    raw: &RawTokenCache,
+    backend: Backend,
+    policy: &Policy,
+    fail: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<TokenCacheConfig, ConfigError> {
+    if backend != Backend::Redis {
+        return Err(fail(
+            "token_cache",
+            "a token cache sits in front of Redis: it needs `backend = \"redis\"`".into(),
+        ));
+    }
+    if !matches!(policy.algorithm(), Algorithm::TokenBucket | Algorithm::Gcra) {
+        return Err(fail(
+            "token_cache",
+            format!(
+                "a token cache needs a token-bucket or gcra policy, not {}",
+                policy.algorithm().name()
+            ),
+        ));
+    }
+    if raw.batch == 0 || raw.batch >= policy.capacity() {
+        return Err(fail(
+            "token_cache",
+            format!(
+                "batch = {} must be at least 1 and below the burst ({})",
+                raw.batch,
+                policy.capacity()
+            ),
+        ));
+    }
+    let ttl = parse_duration(&raw.ttl).map_err(|reason| fail("token_cache", reason))?;
+    if ttl.is_zero() {
+        return Err(fail(
+            "token_cache",
+            "ttl must be above zero (leave `token_cache` out to turn the cache off)".into(),
+        ));
+    }
+    if ttl > MAX_TOKEN_CACHE_TTL {
+        return Err(fail(
+            "token_cache",
+            format!(
+                "ttl = \"{}\" is longer than {} s: cached tokens may be spent up to a ttl late, so the cache can admit rate × ttl more than the policy in an interval",
+                raw.ttl,
+                MAX_TOKEN_CACHE_TTL.as_secs()
+            ),
+        ));
+    }
+    Ok(TokenCacheConfig {
+        batch: raw.batch,
+        ttl,
     })
 }
 

@@ -21,6 +21,7 @@ use crate::backend::mesh::GlobalLimits;
 use crate::backend::redis::{
     BackendError, RedisConnection, RedisLimiter, record_failover, redis_key,
 };
+use crate::backend::token_cache::TokenCache;
 use crate::clock::Nanos;
 use crate::config::FailMode;
 use crate::config::{GatewayConfig, IdentityConfig, IdentitySource, NamedPolicy};
@@ -241,6 +242,8 @@ struct CompiledPolicy {
     store: Arc<Store<u64>>,
     /// The exact backend of a `backend = "redis"` policy.
     redis: Option<RedisLimiter>,
+    /// The local cache of tokens granted by `redis`, when the policy asks for one.
+    token_cache: Option<Arc<TokenCache>>,
     /// The mesh policy number of a `backend = "mesh"` policy.
     mesh: Option<u32>,
 }
@@ -411,16 +414,29 @@ impl Rules {
             .policies
             .iter()
             .map(|named| -> Result<CompiledPolicy, RulesError> {
-                let kept = previous.and_then(|p| {
-                    p.policies
-                        .iter()
-                        .find(|old| old.named == *named)
-                        .map(|old| Arc::clone(&old.store))
-                });
+                let old = previous.and_then(|p| p.policies.iter().find(|old| old.named == *named));
+                let kept = old.map(|old| Arc::clone(&old.store));
                 let redis = match (named.backend, &redis_connection) {
                     (crate::config::Backend::Redis, Some(connection)) => {
                         Some(RedisLimiter::new(connection.clone(), named.policy)?)
                     }
+                    _ => None,
+                };
+                // Tokens already granted stay usable across a reload that keeps the policy and
+                // the Redis deployment.
+                let same_redis = previous.is_some_and(|p| p.config.redis == config.redis);
+                let token_cache = match (&redis, named.token_cache) {
+                    (Some(redis), Some(cache)) => Some(
+                        match old
+                            .and_then(|o| o.token_cache.as_ref())
+                            .filter(|_| same_redis)
+                        {
+                            Some(kept) => Arc::clone(kept),
+                            None => {
+                                Arc::new(TokenCache::new(redis.clone(), cache.batch, cache.ttl)?)
+                            }
+                        },
+                    ),
                     _ => None,
                 };
                 Ok(CompiledPolicy {
@@ -430,6 +446,7 @@ impl Rules {
                     store: kept
                         .unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
                     redis,
+                    token_cache,
                     mesh: mesh_number(&named.name),
                 })
             })
@@ -774,7 +791,11 @@ impl Rules {
             .map(|r| &*r.name);
         let identity = format!("{key:016x}");
         let rkey = redis_key(&self.config.env, &policy.named.name, &identity, route);
-        let exact = match redis.check(&rkey, plan.cost).await {
+        let reply = match &policy.token_cache {
+            Some(cache) => cache.check_at(&rkey, plan.cost, now).await,
+            None => redis.check(&rkey, plan.cost).await,
+        };
+        let exact = match reply {
             Ok(decision) => decision,
             Err(error) => {
                 record_failover(&policy.name, policy.named.fail_mode, &error);

@@ -274,3 +274,78 @@ async fn sighup_reloads_the_file() {
     task.abort();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn a_token_cache_is_checked_where_it_is_written() {
+    let redis = "\n[redis]\nurl = \"redis://127.0.0.1:1\"\n";
+    let with_cache = |policy_lines: &str, cache: &str| {
+        format!(
+            "{}{redis}",
+            FIXTURE.replace(
+                "burst = 100\n",
+                &format!("burst = 100\n{policy_lines}token_cache = {cache}\n"),
+            )
+        )
+    };
+    let good = with_cache("backend = \"redis\"\n", "{ batch = 10, ttl = \"100ms\" }");
+    let config = GatewayConfig::from_toml_str(&good, "good.toml").unwrap();
+    let cache = config.policy("pro_burst").unwrap().token_cache.unwrap();
+    assert_eq!((cache.batch, cache.ttl), (10, Duration::from_millis(100)));
+    Rules::new(config).expect("a cached redis policy compiles");
+
+    for (policy_lines, cache, reason) in [
+        ("", "{ batch = 10, ttl = \"100ms\" }", "backend = \"redis\""),
+        (
+            "backend = \"redis\"\n",
+            "{ batch = 100, ttl = \"100ms\" }",
+            "below the burst (100)",
+        ),
+        (
+            "backend = \"redis\"\n",
+            "{ batch = 0, ttl = \"100ms\" }",
+            "at least 1",
+        ),
+        (
+            "backend = \"redis\"\n",
+            "{ batch = 10, ttl = \"0s\" }",
+            "above zero",
+        ),
+        (
+            "backend = \"redis\"\n",
+            "{ batch = 10, ttl = \"1m\" }",
+            "rate × ttl",
+        ),
+        (
+            "backend = \"redis\"\n",
+            "{ batch = 10, ttl = \"soon\" }",
+            "not a duration",
+        ),
+    ] {
+        let text = with_cache(policy_lines, cache);
+        let error = error_of(&text);
+        assert_eq!(error.field, "policies.pro_burst.token_cache", "{error}");
+        assert_eq!(error.line, line_of(&text, "token_cache"), "{error}");
+        assert!(error.reason.contains(reason), "{error}");
+    }
+
+    // Only buckets: a window has no tokens to hand out ahead of time.
+    let text = format!(
+        "{}{redis}",
+        FIXTURE.replace(
+            "limit = 30\n",
+            "limit = 30\nbackend = \"redis\"\ntoken_cache = { batch = 5, ttl = \"1s\" }\n",
+        )
+    );
+    let error = error_of(&text);
+    assert_eq!(error.field, "policies.search_per_minute.token_cache");
+    assert!(error.reason.contains("token-bucket or gcra"), "{error}");
+
+    let text = with_cache(
+        "backend = \"redis\"\n",
+        "{ batch = 10, ttl = \"1s\", size = 3 }",
+    );
+    assert!(
+        error_of(&text).reason.contains("size"),
+        "unknown key refused"
+    );
+}

@@ -82,6 +82,20 @@ impl RedisServer {
         self.child = Self::spawn(&self.dir).expect("redis-server restarts");
     }
 
+    /// Return how many times Redis ran `EVALSHA` since it started.
+    fn evalsha_calls(&self) -> u64 {
+        let output = Command::new("redis-cli")
+            .arg("-s")
+            .arg(self.socket())
+            .args(["INFO", "commandstats"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8(output.stdout).unwrap();
+        text.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    }
+
     fn cli(&self, args: &[&str]) {
         let status = Command::new("redis-cli")
             .arg("-s")
@@ -234,15 +248,146 @@ async fn a_local_token_cache_admits_exactly_the_capacity_with_few_redis_calls() 
     // Never more than Redis granted; the cache empties before Redis says no, so nothing is
     // lost either (one node, one key, a long ttl).
     assert_eq!(admitted.load(Ordering::Relaxed), 1000);
-    // 2560 requests, about one Redis call per batch of 21 while tokens last, then one or
-    // two per denied request.
+    // 2560 requests: about one Redis call per batch of 21 while tokens last; once Redis has
+    // said the bucket is empty (no refill for an hour), the denials are answered locally.
     let calls = cache.redis_calls();
-    eprintln!("token cache: 2560 requests, 1000 admitted, {calls} Redis calls");
-    assert!(
-        calls < 2560 - 1000 + 2 * 1000 / 21 + 64 * 2,
-        "{calls} Redis calls"
+    let local = cache.local_denials();
+    eprintln!(
+        "token cache: 2560 requests, 1000 admitted, {calls} Redis calls, {local} local denials"
     );
-    assert!(calls < 2560, "{calls} Redis calls for 2560 requests");
+    assert!(calls < 2 * 1000 / 21 + 64 * 2, "{calls} Redis calls");
+    assert!(local > 1560 - 64 * 2, "{local} local denials");
+}
+
+#[tokio::test]
+async fn the_token_cache_denies_locally_only_while_redis_has_no_token() {
+    let Some(server) = RedisServer::start("cache-empty") else {
+        return;
+    };
+    // One token per 2 s, burst 3; the cache takes one extra token per call.
+    let policy = Policy::token_bucket(1, Duration::from_secs(2), 3).unwrap();
+    let redis = RedisLimiter::new(connection(&server), policy).unwrap();
+    let cache =
+        ratemesh::backend::token_cache::TokenCache::new(redis, 1, Duration::from_secs(5)).unwrap();
+    let key = redis_key("test", "tb", "empty", None);
+    let mut admitted = 0;
+    let last_denial = loop {
+        let decision = cache.check(&key, 1).await.unwrap();
+        if !decision.is_allowed() {
+            break decision;
+        }
+        admitted += 1;
+        assert!(admitted <= 3, "never more than the burst");
+    };
+    assert_eq!(admitted, 3, "the burst, through the cache");
+    assert!(last_denial.retry_after_ns <= 2_000_000_000);
+    let calls_before = cache.redis_calls();
+    for _ in 0..1000 {
+        let decision = cache.check(&key, 1).await.unwrap();
+        assert_eq!(decision.verdict, Verdict::Denied);
+        assert!(decision.retry_after_ns <= 2_000_000_000);
+        // A request of 2 tokens waits one interval more.
+        let two = cache.check(&key, 2).await.unwrap();
+        assert!(two.retry_after_ns >= decision.retry_after_ns + 1_999_000_000);
+    }
+    assert!(
+        cache.redis_calls() - calls_before <= 2,
+        "{} calls for 2000 denied requests",
+        cache.redis_calls() - calls_before
+    );
+    assert!(cache.local_denials() >= 1998);
+    // The local denial's retry time is never later than Redis's: after it, Redis admits.
+    let decision = cache.check(&key, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_nanos(decision.retry_after_ns)).await;
+    assert!(cache.check(&key, 1).await.unwrap().is_allowed());
+    // A cost above the burst can never fit, cached or not.
+    assert_eq!(
+        cache.check(&key, 4).await.unwrap().verdict,
+        Verdict::CannotFit
+    );
+}
+
+/// A policy file whose `redis` token bucket (1000 tokens, no refill to speak of) has a
+/// `token_cache`, with `key_secret` so that keys are stable.
+fn cached_policy_file(url: &str) -> String {
+    format!(
+        r#"
+env = "test"
+key_secret = "s"
+default_tier = "all"
+[redis]
+url = "{url}"
+[policies.hot]
+algorithm = "token-bucket"
+rate = 1
+period = "1h"
+burst = 1000
+backend = "redis"
+token_cache = {{ batch = 20, ttl = "5s" }}
+[tiers.all]
+policies = ["hot"]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_cache_in_the_policy_file_admits_exactly_the_burst_with_fewer_redis_calls() {
+    use ratemesh::config::{GatewayConfig, IdentitySource};
+    use ratemesh::rules::{Identity, RequestFacts, Rules};
+    let Some(server) = RedisServer::start("cache-file") else {
+        return;
+    };
+    let config =
+        GatewayConfig::from_toml_str(&cached_policy_file(&server.url()), "cache.toml").unwrap();
+    let rules = Arc::new(Rules::new(config).unwrap());
+    let admitted = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (rules, admitted) = (Arc::clone(&rules), Arc::clone(&admitted));
+            tokio::spawn(async move {
+                let identity = Identity::new(IdentitySource::ApiKey, "hot-client");
+                let facts = RequestFacts {
+                    identity: &identity,
+                    tier: None,
+                    method: &http::Method::GET,
+                    path: "/",
+                };
+                let clock = ratemesh::SystemClock::new();
+                for _ in 0..40 {
+                    let now = ratemesh::clock::Clock::now_ns(&clock);
+                    if rules.decide_exact(&facts, now).await.allowed {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let calls = server.evalsha_calls();
+    eprintln!("policy-file token cache: 2560 requests, 1000 admitted, {calls} EVALSHA calls");
+    assert_eq!(admitted.load(Ordering::Relaxed), 1000);
+    // Without the cache every request is one call: 2560. With it the 1000 admissions take
+    // about 1000 / 21 calls, and once Redis said the bucket is empty the denials stay local.
+    assert!(calls < 2 * 1000 / 21 + 64 * 2, "{calls} calls");
+
+    // The same file without the cache makes one call per request.
+    let plain = cached_policy_file(&server.url())
+        .replace("token_cache = { batch = 20, ttl = \"5s\" }\n", "");
+    let rules = Rules::new(GatewayConfig::from_toml_str(&plain, "plain.toml").unwrap()).unwrap();
+    let identity = Identity::new(IdentitySource::ApiKey, "another-client");
+    let facts = RequestFacts {
+        identity: &identity,
+        tier: None,
+        method: &http::Method::GET,
+        path: "/",
+    };
+    let before = server.evalsha_calls();
+    for _ in 0..30 {
+        assert!(rules.decide_exact(&facts, 0).await.allowed);
+    }
+    assert_eq!(server.evalsha_calls() - before, 30);
 }
 
 #[tokio::test]

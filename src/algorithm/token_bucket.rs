@@ -12,9 +12,25 @@ use crate::policy::Policy;
 /// Decide a request of `cost` tokens at `now`; return the decision and the next state.
 #[inline]
 pub fn decide(policy: &Policy, full_at_ns: Nanos, now: Nanos, cost: u64) -> (Decision, Nanos) {
+    match plan(policy, full_at_ns, now, cost) {
+        Ok((next, deficit_after_ns)) => (admitted(policy, deficit_after_ns), next),
+        Err(decision) => (decision, full_at_ns),
+    }
+}
+
+/// Plan a request of `cost` tokens at `now`: the next state and the time still missing until
+/// full after it (for [`admitted`]), or the decision that writes nothing (a denial, a cost
+/// that can never fit). The part of [`decide`] that a compare-and-swap loop must repeat.
+#[inline(always)]
+pub fn plan(
+    policy: &Policy,
+    full_at_ns: Nanos,
+    now: Nanos,
+    cost: u64,
+) -> Result<(Nanos, Nanos), Decision> {
     let capacity = policy.capacity();
     if cost > capacity {
-        return (Decision::cannot_fit(capacity), full_at_ns);
+        return Err(Decision::cannot_fit(capacity));
     }
     let interval = policy.interval_ns();
     let depth_ns = policy.window_ns(); // capacity · interval
@@ -25,21 +41,25 @@ pub fn decide(policy: &Policy, full_at_ns: Nanos, now: Nanos, cost: u64) -> (Dec
     let need_ns = cost * interval;
     if need_ns > level_ns {
         let retry_after = need_ns - level_ns;
-        let decision = Decision::denied(
+        return Err(Decision::denied(
             capacity,
             policy.tokens_in(level_ns),
             deficit_ns,
             retry_after,
-        );
-        return (decision, full_at_ns);
+        ));
     }
     let deficit_after = deficit_ns + need_ns;
-    let decision = Decision::allowed(
-        capacity,
-        policy.tokens_in(depth_ns - deficit_after),
-        deficit_after,
-    );
-    (decision, now + deficit_after)
+    Ok((now + deficit_after, deficit_after))
+}
+
+/// Report an admission that left `deficit_after_ns` missing until full (from [`plan`]).
+#[inline(always)]
+pub fn admitted(policy: &Policy, deficit_after_ns: Nanos) -> Decision {
+    Decision::allowed(
+        policy.capacity(),
+        policy.tokens_in(policy.window_ns() - deficit_after_ns),
+        deficit_after_ns,
+    )
 }
 
 /// Give back `cost` tokens taken earlier (never more than a full bucket).

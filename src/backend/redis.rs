@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, RedisError, Script};
+use ::redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use crate::clock::Nanos;
 use crate::decision::{Decision, Verdict};
@@ -35,6 +35,9 @@ pub enum BackendError {
     /// Redis failed, timed out, or is unreachable.
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
+    /// A token cache was asked for with settings it cannot honour.
+    #[error("token cache: {0}")]
+    TokenCache(String),
     /// Redis answered something that is not a decision.
     #[error("unexpected reply from the script: {0}")]
     Reply(String),
@@ -62,6 +65,15 @@ pub struct RedisLimiter {
     script: Script,
     /// The policy's rate interval or window, in microseconds.
     unit_us: u64,
+}
+
+impl std::fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("policy", &self.policy)
+            .field("script_sha", &self.script.get_hash())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A multiplexed connection that reconnects by itself.
@@ -102,6 +114,7 @@ impl RedisConnection {
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(timeout))
             .set_number_of_retries(1);
+
         Ok(RedisConnection::Single(
             ConnectionManager::new_lazy_with_config(client, config)?,
         ))
@@ -148,10 +161,11 @@ impl RedisLimiter {
         if unit_ns % 1000 != 0 {
             return Err(BackendError::NotWholeMicroseconds(unit_ns));
         }
+        let source = format!("{PRELUDE}\n{body}");
         Ok(RedisLimiter {
             connection,
             policy,
-            script: Script::new(&format!("{PRELUDE}\n{body}")),
+            script: Script::new(&source),
             unit_us: unit_ns / 1000,
         })
     }
@@ -184,45 +198,89 @@ impl RedisLimiter {
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Decision, BackendError> {
-        let mut invocation = self.script.key(key);
-        if self.policy.algorithm() == Algorithm::SlidingLog {
-            invocation.key(format!("{key}:seq"));
+        let reply = match self.query(self.evalsha(key, cost, now_us)).await {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                // The server lost its script cache (`SCRIPT FLUSH`, a restart, a failover):
+                // load the script again and retry once.
+                self.load_script().await?;
+                self.query(self.evalsha(key, cost, now_us)).await?
+            }
+            reply => reply?,
+        };
+        decision_from_reply(&reply)
+    }
+
+    /// Build `EVALSHA sha numkeys key [key:seq] now interval capacity cost` in one buffer
+    /// (the request path's only allocations: the command's two vectors).
+    fn evalsha(&self, key: &str, cost: u64, now_us: Option<u64>) -> Cmd {
+        let sliding_log = self.policy.algorithm() == Algorithm::SlidingLog;
+        let mut command = Cmd::with_capacity(9, 96 + 2 * key.len());
+        command.arg("EVALSHA").arg(self.script.get_hash());
+        if sliding_log {
+            command
+                .arg(2)
+                .arg(key)
+                .arg([key.as_bytes(), b":seq"].concat());
+        } else {
+            command.arg(1).arg(key);
         }
-        invocation
-            .arg(now_us.map_or(String::new(), |t| t.to_string()))
+        match now_us {
+            Some(now_us) => command.arg(now_us),
+            None => command.arg(""),
+        };
+        command
             .arg(self.unit_us)
             .arg(self.policy.capacity())
             .arg(cost);
-        let reply: Vec<i64> = match &self.connection {
+        command
+    }
+
+    async fn query(&self, command: Cmd) -> Result<Value, RedisError> {
+        match &self.connection {
+            RedisConnection::Single(manager) => command.query_async(&mut manager.clone()).await,
+            RedisConnection::Cluster(cluster) => {
+                command.query_async(&mut cluster.connection().await?).await
+            }
+        }
+    }
+
+    async fn load_script(&self) -> Result<(), RedisError> {
+        match &self.connection {
             RedisConnection::Single(manager) => {
-                invocation.invoke_async(&mut manager.clone()).await?
+                self.script.load_async(&mut manager.clone()).await?;
             }
             RedisConnection::Cluster(cluster) => {
-                invocation
-                    .invoke_async(&mut cluster.connection().await?)
-                    .await?
+                self.script
+                    .load_async(&mut cluster.connection().await?)
+                    .await?;
             }
-        };
-        decision_from_reply(&reply)
+        }
+        Ok(())
     }
 }
 
 /// Turn the script's `{verdict, limit, remaining, reset_us, retry_us}` into a `Decision`,
 /// refusing anything else.
-fn decision_from_reply(reply: &[i64]) -> Result<Decision, BackendError> {
-    let [verdict, limit, remaining, reset_us, retry_us] = reply else {
-        return Err(BackendError::Reply(format!("{reply:?}")));
+fn decision_from_reply(reply: &Value) -> Result<Decision, BackendError> {
+    let unexpected = || BackendError::Reply(format!("{reply:?}"));
+    let Value::Array(items) = reply else {
+        return Err(unexpected());
     };
-    let non_negative =
-        |v: i64| u64::try_from(v).map_err(|_| BackendError::Reply(format!("{reply:?}")));
-    let (limit, remaining) = (non_negative(*limit)?, non_negative(*remaining)?);
-    let reset_after_ns = non_negative(*reset_us)?.saturating_mul(1000);
-    let retry_after_ns = non_negative(*retry_us)?.saturating_mul(1000);
-    Ok(match verdict {
+    let [verdict, limit, remaining, reset_us, retry_us] = &items[..] else {
+        return Err(unexpected());
+    };
+    let non_negative = |v: &Value| match v {
+        Value::Int(v) => u64::try_from(*v).map_err(|_| unexpected()),
+        _ => Err(unexpected()),
+    };
+    let (limit, remaining) = (non_negative(limit)?, non_negative(remaining)?);
+    let reset_after_ns = non_negative(reset_us)?.saturating_mul(1000);
+    let retry_after_ns = non_negative(retry_us)?.saturating_mul(1000);
+    Ok(match non_negative(verdict)? {
         0 => Decision::allowed(limit, remaining, reset_after_ns),
         1 => Decision::denied(limit, remaining, reset_after_ns, retry_after_ns),
         2 => Decision::cannot_fit(limit),
-        _ => return Err(BackendError::Reply(format!("{reply:?}"))),
+        _ => return Err(unexpected()),
     })
 }
 
@@ -302,5 +360,55 @@ impl ExactLimiter {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&v| Value::Int(v)).collect())
+    }
+
+    #[test]
+    fn a_reply_becomes_a_decision() {
+        let allowed = decision_from_reply(&ints(&[0, 10, 7, 300, 0])).unwrap();
+        assert_eq!(allowed, Decision::allowed(10, 7, 300_000));
+        let denied = decision_from_reply(&ints(&[1, 10, 0, 900, 100])).unwrap();
+        assert_eq!(denied, Decision::denied(10, 0, 900_000, 100_000));
+        assert_eq!(
+            decision_from_reply(&ints(&[2, 10, 0, 0, 0])).unwrap(),
+            Decision::cannot_fit(10)
+        );
+    }
+
+    #[test]
+    fn a_malformed_reply_is_an_error_not_a_panic() {
+        for reply in [
+            ints(&[0, 10, 7, 300]),
+            ints(&[0, 10, 7, 300, 0, 1]),
+            ints(&[0, 10, -1, 300, 0]),
+            ints(&[3, 10, 7, 300, 0]),
+            ints(&[]),
+            Value::Int(0),
+            Value::Nil,
+            Value::Array(vec![
+                Value::Int(0),
+                Value::BulkString(b"10".to_vec()),
+                Value::Int(7),
+                Value::Int(300),
+                Value::Int(0),
+            ]),
+        ] {
+            let error = decision_from_reply(&reply).unwrap_err();
+            assert!(
+                matches!(error, BackendError::Reply(_)),
+                "{reply:?}: {error}"
+            );
+        }
+        // Huge times saturate instead of overflowing.
+        let far = decision_from_reply(&ints(&[1, 10, 0, i64::MAX, i64::MAX])).unwrap();
+        assert_eq!(far.retry_after_ns, u64::MAX);
     }
 }

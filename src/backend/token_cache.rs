@@ -1,14 +1,20 @@
 //! A small local token cache in front of the exact Redis backend, for very hot keys (off
-//! unless you build one): each call to Redis takes the request's cost plus a `batch` of
-//! tokens, and the next requests for that key on this node spend the batch without a round
-//! trip, until it is used up or `ttl` passes.
+//! unless a policy asks for it with `token_cache = { batch, ttl }`): each call to Redis takes
+//! the request's cost plus a `batch` of tokens, and the next requests for that key on this
+//! node spend the batch without a round trip, until it is used up or `ttl` passes. When Redis
+//! answers that the bucket holds less than one token, the node denies the key's requests
+//! itself until the instant Redis named for the next token, so a client hammering past its
+//! limit costs Redis one call per refill, not one per request.
 //!
 //! Error, stated: the cache never admits a token Redis did not grant, so it never admits
 //! more than Redis would over the tokens' grant times. It moves admissions later by up to
 //! `ttl`: in admission time a bucket (rate `r`, burst `b`) admits at most `b + r·(|I| + ttl)`
 //! in an interval `I`, i.e. at most `r·ttl` more than the policy, and on no interval more
 //! than that. Tokens still cached when their entry expires are lost (at most `batch` per key
-//! per node per `ttl`): under-admission, never over-admission. Token buckets and GCRA only.
+//! per node per `ttl`): under-admission, never over-admission. A local denial is exact: it
+//! lasts until Redis's own next-token instant measured from before the call (less 1 µs), and
+//! nothing but refill adds tokens to a Redis bucket, so Redis would have denied it too.
+//! Token buckets and GCRA only.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +24,7 @@ use dashmap::DashMap;
 
 use crate::backend::redis::{BackendError, RedisLimiter};
 use crate::clock::{Clock, Nanos, SystemClock, duration_to_nanos};
-use crate::decision::Decision;
+use crate::decision::{Decision, Verdict};
 use crate::policy::Algorithm;
 
 /// The most keys the cache holds before it forgets expired entries.
@@ -30,9 +36,22 @@ struct Entry {
     expires_ns: AtomicU64,
     /// Redis had no batch to spare: ask for single requests until then.
     no_batch_until_ns: AtomicU64,
+    /// Redis said it holds less than one token until then: deny without asking.
+    empty_until_ns: AtomicU64,
+    /// When Redis said the bucket would be full again (for the denial's reset time).
+    full_at_ns: AtomicU64,
+}
+
+impl Entry {
+    /// Tell whether forgetting the entry at `now` would lose anything but a hint.
+    fn is_live(&self, now: Nanos) -> bool {
+        self.expires_ns.load(Ordering::Acquire) > now
+            || self.empty_until_ns.load(Ordering::Acquire) > now
+    }
 }
 
 /// A Redis limiter with a per-node cache of granted tokens per key.
+#[derive(Debug)]
 pub struct TokenCache {
     redis: RedisLimiter,
     batch: u64,
@@ -40,6 +59,7 @@ pub struct TokenCache {
     clock: SystemClock,
     entries: DashMap<String, Arc<Entry>>,
     redis_calls: AtomicU64,
+    local_denials: AtomicU64,
 }
 
 impl TokenCache {
@@ -48,16 +68,21 @@ impl TokenCache {
     pub fn new(redis: RedisLimiter, batch: u64, ttl: Duration) -> Result<Self, BackendError> {
         let policy = redis.policy();
         if !matches!(policy.algorithm(), Algorithm::TokenBucket | Algorithm::Gcra) {
-            return Err(BackendError::Reply(format!(
+            return Err(BackendError::TokenCache(format!(
                 "a token cache needs a token bucket or GCRA, not {}",
                 policy.algorithm().name()
             )));
         }
         if batch == 0 || batch >= policy.capacity() {
-            return Err(BackendError::Reply(format!(
+            return Err(BackendError::TokenCache(format!(
                 "cache batch {batch} must be between 1 and the burst ({}) exclusive",
                 policy.capacity()
             )));
+        }
+        if ttl.is_zero() {
+            return Err(BackendError::TokenCache(
+                "the ttl must be above zero".into(),
+            ));
         }
         Ok(TokenCache {
             redis,
@@ -66,6 +91,7 @@ impl TokenCache {
             clock: SystemClock::new(),
             entries: DashMap::new(),
             redis_calls: AtomicU64::new(0),
+            local_denials: AtomicU64::new(0),
         })
     }
 
@@ -74,20 +100,55 @@ impl TokenCache {
         self.redis_calls.load(Ordering::Relaxed)
     }
 
+    /// Return the Redis limiter behind the cache.
+    pub fn redis(&self) -> &RedisLimiter {
+        &self.redis
+    }
+
     /// Decide a request of `cost` tokens for `key`: from the cache when it holds enough,
     /// else through Redis (taking a batch for the next requests when Redis has it).
     pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, BackendError> {
-        let now = self.clock.now_ns();
-        let limit = self.redis.policy().capacity();
+        self.check_at(key, cost, self.clock.now_ns()).await
+    }
+
+    /// Decide like [`TokenCache::check`] with `now` (nanoseconds, any monotonic clock the
+    /// caller always uses for this cache) for the ttl, instead of the cache's own clock.
+    pub async fn check_at(
+        &self,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> Result<Decision, BackendError> {
+        let policy = *self.redis.policy();
+        let (limit, interval_ns) = (policy.capacity(), policy.interval_ns());
+        if cost > limit {
+            return Ok(Decision::cannot_fit(limit));
+        }
+        if cost == 0 {
+            // A peek takes nothing: Redis reports its state.
+            return self.redis.check(key, 0).await;
+        }
         let entry = self.entries.get(key).map(|e| Arc::clone(&e));
-        if let Some(entry) = &entry
-            && entry.expires_ns.load(Ordering::Acquire) > now
-        {
-            let taken = entry
-                .tokens
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(cost));
-            if let Ok(before) = taken {
-                return Ok(Decision::allowed(limit, before - cost, 0));
+        if let Some(entry) = &entry {
+            if entry.expires_ns.load(Ordering::Acquire) > now {
+                let taken = entry
+                    .tokens
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| t.checked_sub(cost));
+                if let Ok(before) = taken {
+                    return Ok(Decision::allowed(limit, before - cost, 0));
+                }
+            }
+            let empty_until_ns = entry.empty_until_ns.load(Ordering::Acquire);
+            if now < empty_until_ns {
+                // Redis said it holds less than one token until then: it would deny too.
+                self.local_denials.fetch_add(1, Ordering::Relaxed);
+                let full_at_ns = entry.full_at_ns.load(Ordering::Acquire);
+                return Ok(Decision::denied(
+                    limit,
+                    0,
+                    full_at_ns.saturating_sub(now),
+                    empty_until_ns - now + (cost - 1) * interval_ns,
+                ));
             }
         }
         let batch_allowed = entry
@@ -110,26 +171,80 @@ impl TokenCache {
                 ..decision
             });
         }
+        if decision.verdict == Verdict::CannotFit {
+            return Ok(decision);
+        }
+        // Redis held fewer than `want` tokens: `retry_after` is when it will hold `want`, so
+        // it holds `want · interval − retry_after` nanoseconds' worth now (exact: Redis counts
+        // whole microseconds and the interval is a whole number of them).
+        let level_ns = (want * interval_ns).saturating_sub(decision.retry_after_ns);
+        if level_ns < interval_ns {
+            // Less than one token: no request can pass until one has refilled. `now` was
+            // read before Redis's clock, so this ends no later than Redis's own answer would
+            // change (less a microsecond for rounding).
+            let empty_until_ns = (now + interval_ns - level_ns).saturating_sub(1_000);
+            if let Some(entry) = self.entry(key, now) {
+                entry
+                    .full_at_ns
+                    .store(now + decision.reset_after_ns, Ordering::Release);
+                entry
+                    .empty_until_ns
+                    .store(empty_until_ns, Ordering::Release);
+            }
+        }
         if want == cost {
             return Ok(decision);
         }
-        // Not enough for a batch: ask for the request alone, and for single requests only
-        // until a batch could fit again.
-        let entry = Arc::clone(&self.entries.entry(key.to_string()).or_default());
-        entry
-            .no_batch_until_ns
-            .store(now + decision.retry_after_ns, Ordering::Release);
+        let cost_ns = cost * interval_ns;
+        if level_ns < cost_ns {
+            // The request alone does not fit either: say so without a second call.
+            return Ok(Decision::denied(
+                limit,
+                decision.remaining,
+                decision.reset_after_ns,
+                cost_ns - level_ns,
+            ));
+        }
+        // Not enough for a batch but enough for the request: ask for it alone, and for single
+        // requests only until a batch could fit again.
+        if let Some(entry) = self.entry(key, now) {
+            entry
+                .no_batch_until_ns
+                .store(now + decision.retry_after_ns, Ordering::Release);
+        }
         self.redis_calls.fetch_add(1, Ordering::Relaxed);
         self.redis.check(key, cost).await
     }
 
+    /// Return how many requests the cache denied without asking Redis (Redis had said it
+    /// held less than one token until a refill).
+    pub fn local_denials(&self) -> u64 {
+        self.local_denials.load(Ordering::Relaxed)
+    }
+
+    /// Find or make `key`'s entry; `None` when the cache is full of live entries (then the
+    /// request simply goes to Redis).
+    fn entry(&self, key: &str, now: Nanos) -> Option<Arc<Entry>> {
+        if let Some(entry) = self.entries.get(key) {
+            return Some(Arc::clone(&entry));
+        }
+        if self.entries.len() >= MAX_CACHED_KEYS {
+            self.entries.retain(|_, e| e.is_live(now));
+            if self.entries.len() >= MAX_CACHED_KEYS {
+                return None;
+            }
+        }
+        Some(Arc::clone(
+            &self.entries.entry(key.to_string()).or_default(),
+        ))
+    }
+
     /// Put `tokens` granted at `now` in `key`'s entry.
     fn keep(&self, key: &str, tokens: u64, now: Nanos) {
-        if self.entries.len() >= MAX_CACHED_KEYS {
-            self.entries
-                .retain(|_, e| e.expires_ns.load(Ordering::Acquire) > now);
-        }
-        let entry = Arc::clone(&self.entries.entry(key.to_string()).or_default());
+        let Some(entry) = self.entry(key, now) else {
+            // The cache is full: the tokens are lost (under-admission, never over).
+            return;
+        };
         if entry.expires_ns.load(Ordering::Acquire) <= now {
             // Expired tokens are dropped (under-admission, never over).
             entry.tokens.store(tokens, Ordering::Release);

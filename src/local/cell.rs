@@ -7,10 +7,12 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use crate::algorithm::{SlidingLog, SlidingWindowState, word_decide, word_is_idle, word_refund};
+use crate::algorithm::{
+    SlidingLog, SlidingWindowState, token_bucket, word_decide, word_is_idle, word_refund,
+};
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 use crate::sync::{AtomicU64, Ordering};
 
 /// One key's state for token bucket, GCRA, leaky buckets and fixed window: one atomic word.
@@ -36,7 +38,51 @@ impl WordCell {
     /// Decide a request of `cost` tokens at `now` with one compare-and-swap loop.
     #[inline]
     pub fn decide(&self, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
+        if policy.algorithm() == Algorithm::TokenBucket {
+            return self.decide_token_bucket(policy, now, cost);
+        }
         self.update(|state| word_decide(policy, state, now, cost, reserve))
+    }
+
+    /// Decide a token bucket request: only the next state is computed inside the
+    /// compare-and-swap loop; the admission's report (a division) after it succeeds, which
+    /// keeps the loop short when threads contend for one key.
+    #[inline(always)]
+    pub fn decide_token_bucket(&self, policy: &Policy, now: Nanos, cost: u64) -> Decision {
+        self.update_then(
+            |state| token_bucket::plan(policy, state, now, cost),
+            |deficit_after_ns| token_bucket::admitted(policy, deficit_after_ns),
+        )
+    }
+
+    /// Run `plan` (state in; next state and a report, or a decision that writes nothing) in
+    /// a compare-and-swap loop; once the next state is published, turn the report into the
+    /// decision with `finish`.
+    #[inline(always)]
+    pub fn update_then<R>(
+        &self,
+        plan: impl Fn(u64) -> Result<(u64, R), Decision>,
+        finish: impl FnOnce(R) -> Decision,
+    ) -> Decision {
+        let mut current = self.state.load(Ordering::Acquire);
+        loop {
+            let (next, report) = match plan(current) {
+                Ok(planned) => planned,
+                Err(decision) => return decision,
+            };
+            if next == current {
+                return finish(report);
+            }
+            match self.state.compare_exchange_weak(
+                current,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return finish(report),
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// Run `step` (a pure algorithm: state in, decision and next state out) in a

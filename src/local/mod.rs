@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 
-use crate::algorithm::{SlidingLog, SlidingWindowState, fixed_window, gcra, token_bucket};
+use crate::algorithm::{SlidingLog, SlidingWindowState, fixed_window, gcra};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
@@ -79,7 +79,7 @@ struct SlidingLogStep;
 impl Step<WordCell> for TokenBucketStep {
     #[inline(always)]
     fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
-        cell.update(|state| token_bucket::decide(policy, state, now, cost))
+        cell.decide_token_bucket(policy, now, cost)
     }
 }
 
