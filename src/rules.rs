@@ -792,7 +792,7 @@ impl Rules {
         let identity = format!("{key:016x}");
         let rkey = redis_key(&self.config.env, &policy.named.name, &identity, route);
         let reply = match &policy.token_cache {
-            Some(cache) => cache.check_at(&rkey, plan.cost, now).await,
+            Some(cache) => cache.check(&rkey, plan.cost).await,
             None => redis.check(&rkey, plan.cost).await,
         };
         let exact = match reply {

@@ -13,7 +13,11 @@
 //! than that. Tokens still cached when their entry expires are lost (at most `batch` per key
 //! per node per `ttl`): under-admission, never over-admission. A local denial is exact: it
 //! lasts until Redis's own next-token instant measured from before the call (less 1 µs), and
-//! nothing but refill adds tokens to a Redis bucket, so Redis would have denied it too.
+//! nothing but refill adds tokens to a Redis bucket, so Redis would have denied it too (if
+//! Redis loses the key early, by eviction or a flush, the node still denies until that
+//! instant: at most one refill interval). Both are timed on the system clock. At most
+//! 100,000 keys are cached; when full, entries without live tokens are forgotten (at most
+//! once per ttl) and keys that find no room go to Redis one request at a time.
 //! Token buckets and GCRA only.
 
 use std::sync::Arc;
@@ -43,10 +47,10 @@ struct Entry {
 }
 
 impl Entry {
-    /// Tell whether forgetting the entry at `now` would lose anything but a hint.
-    fn is_live(&self, now: Nanos) -> bool {
-        self.expires_ns.load(Ordering::Acquire) > now
-            || self.empty_until_ns.load(Ordering::Acquire) > now
+    /// Tell whether forgetting the entry at `now` would lose granted tokens (anything else it
+    /// holds is a hint).
+    fn holds_tokens(&self, now: Nanos) -> bool {
+        self.expires_ns.load(Ordering::Acquire) > now && self.tokens.load(Ordering::Acquire) > 0
     }
 }
 
@@ -60,6 +64,8 @@ pub struct TokenCache {
     entries: DashMap<String, Arc<Entry>>,
     redis_calls: AtomicU64,
     local_denials: AtomicU64,
+    /// When the last sweep of a full cache ran.
+    last_sweep_ns: AtomicU64,
 }
 
 impl TokenCache {
@@ -92,6 +98,7 @@ impl TokenCache {
             entries: DashMap::new(),
             redis_calls: AtomicU64::new(0),
             local_denials: AtomicU64::new(0),
+            last_sweep_ns: AtomicU64::new(0),
         })
     }
 
@@ -107,18 +114,11 @@ impl TokenCache {
 
     /// Decide a request of `cost` tokens for `key`: from the cache when it holds enough,
     /// else through Redis (taking a batch for the next requests when Redis has it).
+    ///
+    /// The ttl and the local denials are timed on the system clock, which runs at the same
+    /// speed as Redis's: never on an injected test clock.
     pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, BackendError> {
-        self.check_at(key, cost, self.clock.now_ns()).await
-    }
-
-    /// Decide like [`TokenCache::check`] with `now` (nanoseconds, any monotonic clock the
-    /// caller always uses for this cache) for the ttl, instead of the cache's own clock.
-    pub async fn check_at(
-        &self,
-        key: &str,
-        cost: u64,
-        now: Nanos,
-    ) -> Result<Decision, BackendError> {
+        let now = self.clock.now_ns();
         let policy = *self.redis.policy();
         let (limit, interval_ns) = (policy.capacity(), policy.interval_ns());
         if cost > limit {
@@ -151,9 +151,12 @@ impl TokenCache {
                 ));
             }
         }
-        let batch_allowed = entry
-            .as_ref()
-            .is_none_or(|e| e.no_batch_until_ns.load(Ordering::Acquire) <= now);
+        // A batch needs somewhere to keep it: a key without an entry takes one only while the
+        // cache has room, else its extra tokens would be thrown away.
+        let batch_allowed = match &entry {
+            Some(e) => e.no_batch_until_ns.load(Ordering::Acquire) <= now,
+            None => self.has_room(now),
+        };
         let want = if batch_allowed {
             (cost + self.batch).min(limit)
         } else {
@@ -184,9 +187,10 @@ impl TokenCache {
             // change (less a microsecond for rounding).
             let empty_until_ns = (now + interval_ns - level_ns).saturating_sub(1_000);
             if let Some(entry) = self.entry(key, now) {
-                entry
-                    .full_at_ns
-                    .store(now + decision.reset_after_ns, Ordering::Release);
+                entry.full_at_ns.store(
+                    now.saturating_add(decision.reset_after_ns),
+                    Ordering::Release,
+                );
                 entry
                     .empty_until_ns
                     .store(empty_until_ns, Ordering::Release);
@@ -208,9 +212,10 @@ impl TokenCache {
         // Not enough for a batch but enough for the request: ask for it alone, and for single
         // requests only until a batch could fit again.
         if let Some(entry) = self.entry(key, now) {
-            entry
-                .no_batch_until_ns
-                .store(now + decision.retry_after_ns, Ordering::Release);
+            entry.no_batch_until_ns.store(
+                now.saturating_add(decision.retry_after_ns),
+                Ordering::Release,
+            );
         }
         self.redis_calls.fetch_add(1, Ordering::Relaxed);
         self.redis.check(key, cost).await
@@ -228,15 +233,31 @@ impl TokenCache {
         if let Some(entry) = self.entries.get(key) {
             return Some(Arc::clone(&entry));
         }
-        if self.entries.len() >= MAX_CACHED_KEYS {
-            self.entries.retain(|_, e| e.is_live(now));
-            if self.entries.len() >= MAX_CACHED_KEYS {
-                return None;
-            }
+        if !self.has_room(now) {
+            return None;
         }
         Some(Arc::clone(
             &self.entries.entry(key.to_string()).or_default(),
         ))
+    }
+
+    /// Tell whether a new key fits; when the cache is full, forget the entries that hold no
+    /// live tokens (denial hints are only hints: Redis denies those requests anyway), at most
+    /// once per ttl so that a full cache stays cheap.
+    fn has_room(&self, now: Nanos) -> bool {
+        if self.entries.len() < MAX_CACHED_KEYS {
+            return true;
+        }
+        let last = self.last_sweep_ns.load(Ordering::Acquire);
+        if now >= last.saturating_add(self.ttl_ns)
+            && self
+                .last_sweep_ns
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.entries.retain(|_, e| e.holds_tokens(now));
+        }
+        self.entries.len() < MAX_CACHED_KEYS
     }
 
     /// Put `tokens` granted at `now` in `key`'s entry.
