@@ -4,51 +4,16 @@
 //! with a random seed and a quanta clock; ratemesh runs its token bucket.
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+
+mod common;
+use common::{BURST, KEYS, RATE_PER_S, governor, ratemesh, ratemesh_with};
 use dashmap::DashMap;
-use governor::clock::QuantaClock;
-use governor::{Quota, RateLimiter};
 use ratemesh::clock::Clock;
 use ratemesh::{Limiter, Policy, SystemClock};
-
-/// 100 million per second with a burst of 1000: nearly every check is admitted, so every
-/// check writes (the dearer path for both).
-const RATE_PER_S: u64 = 100_000_000;
-const BURST: u64 = 1000;
-const KEYS: u64 = 1_000_000;
-
-type Governor = RateLimiter<
-    u64,
-    governor::state::keyed::DashMapStateStore<u64, ahash::RandomState>,
-    QuantaClock,
-    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
->;
-
-fn governor() -> Governor {
-    let quota = Quota::per_second(NonZeroU32::new(RATE_PER_S as u32).unwrap())
-        .allow_burst(NonZeroU32::new(BURST as u32).unwrap());
-    RateLimiter::dashmap_with_clock_and_hasher(
-        quota,
-        QuantaClock::default(),
-        ahash::RandomState::new(),
-    )
-}
-
-fn ratemesh_with(policy: Policy) -> Limiter<u64> {
-    Limiter::builder()
-        .policy(policy)
-        .max_keys(2 * KEYS as usize)
-        .build::<u64>()
-        .unwrap()
-}
-
-fn ratemesh() -> Limiter<u64> {
-    ratemesh_with(Policy::token_bucket(RATE_PER_S, Duration::from_secs(1), BURST).unwrap())
-}
 
 /// Keys in a fixed pseudo-random order (xorshift), the same for both limiters.
 fn key_sequence() -> Vec<u64> {

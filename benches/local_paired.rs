@@ -7,42 +7,14 @@
 //! quartiles. Same quota, hasher (ahash), clock (quanta) and key as `benches/local.rs`.
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use governor::clock::QuantaClock;
-use governor::{Quota, RateLimiter};
-use ratemesh::{Limiter, Policy};
+mod common;
+use common::{governor, ratemesh};
 
-const RATE_PER_S: u64 = 100_000_000;
-const BURST: u64 = 1000;
 /// Checks per turn: about 0.1 s at 60 ns.
 const CHECKS: u64 = 1_500_000;
-
-type Governor = RateLimiter<
-    u64,
-    governor::state::keyed::DashMapStateStore<u64, ahash::RandomState>,
-    QuantaClock,
-    governor::middleware::NoOpMiddleware<governor::clock::QuantaInstant>,
->;
-
-fn governor() -> Governor {
-    let quota = Quota::per_second(NonZeroU32::new(RATE_PER_S as u32).unwrap())
-        .allow_burst(NonZeroU32::new(BURST as u32).unwrap());
-    RateLimiter::dashmap_with_clock_and_hasher(
-        quota,
-        QuantaClock::default(),
-        ahash::RandomState::new(),
-    )
-}
-
-fn ratemesh() -> Limiter<u64> {
-    Limiter::builder()
-        .policy(Policy::token_bucket(RATE_PER_S, Duration::from_secs(1), BURST).unwrap())
-        .build::<u64>()
-        .unwrap()
-}
 
 /// Return the nanoseconds per check of `check` run `CHECKS` times on `threads` threads at
 /// once (wall time, so two threads report the time of a pair of checks).
