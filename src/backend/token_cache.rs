@@ -107,11 +107,6 @@ impl TokenCache {
         self.redis_calls.load(Ordering::Relaxed)
     }
 
-    /// Return the Redis limiter behind the cache.
-    pub fn redis(&self) -> &RedisLimiter {
-        &self.redis
-    }
-
     /// Decide a request of `cost` tokens for `key`: from the cache when it holds enough,
     /// else through Redis (taking a batch for the next requests when Redis has it).
     ///

@@ -89,22 +89,13 @@ impl WordCell {
     /// compare-and-swap loop until its next state is published or nothing needs writing.
     #[inline]
     pub fn update(&self, step: impl Fn(u64) -> (Decision, u64)) -> Decision {
-        let mut current = self.state.load(Ordering::Acquire);
-        loop {
-            let (decision, next) = step(current);
-            if next == current {
-                return decision;
-            }
-            match self.state.compare_exchange_weak(
-                current,
-                next,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return decision,
-                Err(actual) => current = actual,
-            }
-        }
+        self.update_then(
+            |state| {
+                let (decision, next) = step(state);
+                Ok((next, decision))
+            },
+            |decision| decision,
+        )
     }
 
     /// Give back `cost` tokens admitted at `charged_at`.
