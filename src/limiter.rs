@@ -106,7 +106,7 @@ impl<C: Clock, S: BuildHasher + Clone> LimiterBuilder<C, S> {
     }
 
     /// Build the limiter.
-    pub fn build<K: Hash + Eq>(self) -> Result<Limiter<K, C, S>, LimiterError> {
+    pub fn build<K: Hash + Eq + Send + Sync>(self) -> Result<Limiter<K, C, S>, LimiterError> {
         let count = self.policies.len();
         if count == 0 {
             return Err(LimiterError::NoPolicy);
@@ -139,7 +139,7 @@ impl<C: Clock, S: BuildHasher + Clone> LimiterBuilder<C, S> {
 }
 
 #[derive(Debug)]
-struct Layer<K, S> {
+struct Layer<K: Send + Sync, S> {
     /// The policy's position in the builder (at most `MAX_POLICIES`).
     index: u32,
     store: Store<K, S>,
@@ -147,9 +147,10 @@ struct Layer<K, S> {
 
 /// Decide requests for keys of type `K` against one or more layered policies.
 ///
-/// `Limiter` is `Sync`: share it behind an `Arc` and call it from any thread.
+/// `Limiter` is `Sync`: share it behind an `Arc` and call it from any thread (keys are
+/// `Send + Sync`: threads keep shortcuts to hot keys).
 #[derive(Debug)]
-pub struct Limiter<K, C = SystemClock, S = DefaultHasher> {
+pub struct Limiter<K: Send + Sync, C = SystemClock, S = DefaultHasher> {
     layers: Box<[Layer<K, S>]>,
     clock: C,
 }
@@ -161,7 +162,7 @@ impl Limiter<(), SystemClock, DefaultHasher> {
     }
 }
 
-impl<K: Hash + Eq, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
+impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C, S> {
     /// Return the clock.
     pub fn clock(&self) -> &C {
         &self.clock

@@ -14,8 +14,9 @@ pub const MAX_WINDOW_NS: Nanos = 366 * 24 * 3600 * 1_000_000_000;
 /// The largest `limit` of a sliding log (it keeps up to `limit` entries per key).
 pub const MAX_SLIDING_LOG_LIMIT: u64 = 1 << 20;
 
-/// The largest `limit` of a fixed or sliding window (counts are packed into 32 bits).
-pub const MAX_WINDOW_LIMIT: u64 = u32::MAX as u64;
+/// The largest `limit` of a fixed or sliding window (counts are packed into 32 bits, and a
+/// fixed window's all-ones word is reserved for a retired cell).
+pub const MAX_WINDOW_LIMIT: u64 = u32::MAX as u64 - 1;
 
 /// The largest bucket depth in nanoseconds (`burst` × interval); keeps arithmetic in `u64`.
 pub const MAX_BUCKET_DEPTH_NS: Nanos = 1 << 62;
@@ -435,9 +436,10 @@ mod tests {
             Err(PolicyError::TooLarge { field: "burst", .. })
         ));
         assert!(matches!(
-            Policy::fixed_window(u64::from(u32::MAX) + 1, S),
+            Policy::fixed_window(u64::from(u32::MAX), S),
             Err(PolicyError::TooLarge { field: "limit", .. })
         ));
+        assert!(Policy::fixed_window(u64::from(u32::MAX) - 1, S).is_ok());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
-use ratemesh::local::WordCell;
+use ratemesh::local::{RETIRED, WordCell};
 use ratemesh::{Policy, Verdict};
 
 const NOW: u64 = 1_000_000_000;
@@ -110,6 +110,51 @@ fn refund_racing_decisions_loses_nothing() {
             // 5 tokens: A's 2 plus B's 1 plus C's 2 always fit, so both must be admitted.
             assert_eq!(admitted, vec![true, true]);
             assert_eq!(cell.decide(&policy, NOW, 0, true).remaining, 2);
+        });
+    }
+}
+
+/// A sweep retires an idle cell while two threads decide on it through their shortcuts
+/// (`decide_live`). Either the retirement wins and neither decision touches the cell (both
+/// go back to the map, where the key is fresh), or a decision changed the state first and the
+/// retirement fails: a retired cell never admits, and nothing admitted is forgotten.
+#[test]
+fn retiring_an_idle_cell_races_decisions_through_shortcuts() {
+    for policy in [
+        Policy::token_bucket(1, hour(), 2).unwrap(),
+        Policy::gcra(1, hour(), 2).unwrap(),
+        Policy::leaky_bucket_police(1, hour(), 2).unwrap(),
+        Policy::fixed_window(2, hour()).unwrap(),
+    ] {
+        loom::model(move || {
+            let cell = Arc::new(WordCell::new());
+            let deciders: Vec<_> = [1u64, 2]
+                .into_iter()
+                .map(|cost| {
+                    let cell = Arc::clone(&cell);
+                    thread::spawn(move || cell.decide_live(&policy, NOW, cost, true))
+                })
+                .collect();
+            let retired = cell.retire_if_idle(&policy, NOW);
+            let outcomes: Vec<_> = deciders.into_iter().map(|h| h.join().unwrap()).collect();
+            let admitted: u64 = outcomes
+                .iter()
+                .zip([1u64, 2])
+                .filter(|(outcome, _)| matches!(outcome, Some(d) if d.is_allowed()))
+                .map(|(_, cost)| cost)
+                .sum();
+            if retired {
+                assert_eq!(cell.load(), RETIRED);
+                // Every cost fits a fresh cell, so a decision that ran before the retirement
+                // would have written and made it fail: both found the cell retired.
+                assert!(outcomes.iter().all(Option::is_none), "{outcomes:?}");
+                assert_eq!(admitted, 0);
+            } else {
+                assert!(outcomes.iter().all(Option::is_some), "{outcomes:?}");
+                assert!(admitted >= 1, "the retirement failed with nothing admitted");
+                let left = cell.decide(&policy, NOW, 0, true).remaining;
+                assert_eq!(left, policy.capacity() - admitted);
+            }
         });
     }
 }

@@ -57,6 +57,88 @@ fn threads_hammering_one_key_admit_exactly_the_capacity() {
     }
 }
 
+/// Threads keep shortcuts to hot keys' cells; an eviction retires those cells. Round after
+/// round (the clock stands still within a round, then jumps until every key is idle and the
+/// keys are evicted), four threads hammer eight keys through their stale shortcuts: each key
+/// admits exactly its capacity per round, so no retired cell ever admits beside the fresh one.
+#[test]
+fn shortcuts_to_evicted_hot_keys_never_admit() {
+    const KEYS: usize = 8;
+    const ROUNDS: u64 = 20;
+    const CAPACITY: u64 = 100;
+    let hour = Duration::from_secs(3600);
+    for policy in [
+        Policy::token_bucket(1, hour, CAPACITY).unwrap(),
+        Policy::gcra(1, hour, CAPACITY).unwrap(),
+        Policy::leaky_bucket_police(1, hour, CAPACITY).unwrap(),
+        Policy::fixed_window(CAPACITY, hour).unwrap(),
+    ] {
+        let clock = ManualClock::new(SECOND);
+        let limiter = Arc::new(
+            Limiter::builder()
+                .policy(policy)
+                .clock(clock.clone())
+                .build::<String>()
+                .unwrap(),
+        );
+        let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|k| format!("tenant-{k}")).collect());
+        let admitted: Arc<Vec<AtomicU64>> =
+            Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+        let barrier = Arc::new(std::sync::Barrier::new(5));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (limiter, keys, admitted, barrier) = (
+                    Arc::clone(&limiter),
+                    Arc::clone(&keys),
+                    Arc::clone(&admitted),
+                    Arc::clone(&barrier),
+                );
+                std::thread::spawn(move || {
+                    for _ in 0..ROUNDS {
+                        barrier.wait();
+                        for i in 0..3 * CAPACITY as usize {
+                            // Each thread walks the keys in its own order, a few checks each.
+                            let k = (i / 3 + t) % KEYS;
+                            if limiter.check(keys[k].as_str(), 1).is_allowed() {
+                                admitted[k].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        for (k, key) in keys.iter().enumerate() {
+                            for _ in 0..CAPACITY {
+                                if limiter.check(key.as_str(), 1).is_allowed() {
+                                    admitted[k].fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        barrier.wait();
+                    }
+                })
+            })
+            .collect();
+        let name = policy.algorithm().name();
+        for round in 0..ROUNDS {
+            barrier.wait();
+            barrier.wait();
+            for (k, count) in admitted.iter().enumerate() {
+                let count = count.swap(0, Ordering::Relaxed);
+                assert_eq!(count, CAPACITY, "{name}: key {k} in round {round}");
+            }
+            // Every key is idle 200 hours later (a full bucket, a new window); the sweep
+            // removes (and retires) all of them.
+            clock.advance(Duration::from_secs(200 * 3600));
+            assert_eq!(limiter.evict_idle(), KEYS, "{name}: round {round}");
+        }
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let shared = limiter.stats()[0].shared_keys;
+        assert!(
+            shared >= KEYS as u64 * ROUNDS,
+            "{name}: {shared} keys shared"
+        );
+    }
+}
+
 #[test]
 fn ten_million_keys_never_exceed_a_cap_of_100k() {
     const CAP: usize = 100_000;

@@ -35,6 +35,13 @@ impl WordCell {
         }
     }
 
+    /// Create a cell holding `state` (a word algorithm's state).
+    pub fn with_state(state: u64) -> Self {
+        WordCell {
+            state: AtomicU64::new(state),
+        }
+    }
+
     /// Decide a request of `cost` tokens at `now` with one compare-and-swap loop.
     #[inline]
     pub fn decide(&self, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
@@ -44,34 +51,56 @@ impl WordCell {
         self.update(|state| word_decide(policy, state, now, cost, reserve))
     }
 
+    /// Decide like [`WordCell::decide`] on a cell that may have been retired; return `None`
+    /// (and change nothing) if it was: the key must then be decided through the map.
+    #[inline]
+    pub fn decide_live(
+        &self,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+    ) -> Option<Decision> {
+        if policy.algorithm() == Algorithm::TokenBucket {
+            return live_outcome(self.update_then(
+                live(|state| token_bucket::plan(policy, state, now, cost)),
+                |deficit_after_ns| token_bucket::admitted(policy, deficit_after_ns),
+            ));
+        }
+        live_outcome(self.update_then(
+            live(|state| {
+                let (decision, next) = word_decide(policy, state, now, cost, reserve);
+                Ok((next, decision))
+            }),
+            |decision| decision,
+        ))
+    }
+
     /// Decide a token bucket request: only the next state is computed inside the
     /// compare-and-swap loop; the admission's report (a division) after it succeeds, which
     /// keeps the loop short when threads contend for one key.
     #[inline(always)]
     pub fn decide_token_bucket(&self, policy: &Policy, now: Nanos, cost: u64) -> Decision {
-        self.update_then(
+        outcome(self.update_then(
             |state| token_bucket::plan(policy, state, now, cost),
             |deficit_after_ns| token_bucket::admitted(policy, deficit_after_ns),
-        )
+        ))
     }
 
-    /// Run `plan` (state in; next state and a report, or a decision that writes nothing) in
-    /// a compare-and-swap loop; once the next state is published, turn the report into the
+    /// Run `plan` (state in; next state and a report, or a stop that writes nothing) in a
+    /// compare-and-swap loop; once the next state is published, turn the report into the
     /// decision with `finish`.
     #[inline(always)]
-    pub fn update_then<R>(
+    pub fn update_then<R, E>(
         &self,
-        plan: impl Fn(u64) -> Result<(u64, R), Decision>,
+        plan: impl Fn(u64) -> Result<(u64, R), E>,
         finish: impl FnOnce(R) -> Decision,
-    ) -> Decision {
+    ) -> Result<Decision, E> {
         let mut current = self.state.load(Ordering::Acquire);
         loop {
-            let (next, report) = match plan(current) {
-                Ok(planned) => planned,
-                Err(decision) => return decision,
-            };
+            let (next, report) = plan(current)?;
             if next == current {
-                return finish(report);
+                return Ok(finish(report));
             }
             match self.state.compare_exchange_weak(
                 current,
@@ -79,7 +108,7 @@ impl WordCell {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return finish(report),
+                Ok(_) => return Ok(finish(report)),
                 Err(actual) => current = actual,
             }
         }
@@ -89,13 +118,27 @@ impl WordCell {
     /// compare-and-swap loop until its next state is published or nothing needs writing.
     #[inline]
     pub fn update(&self, step: impl Fn(u64) -> (Decision, u64)) -> Decision {
-        self.update_then(
+        outcome(self.update_then(
             |state| {
                 let (decision, next) = step(state);
-                Ok((next, decision))
+                Ok::<_, Decision>((next, decision))
             },
             |decision| decision,
-        )
+        ))
+    }
+
+    /// Retire the cell if its key is idle at `now`: from then on it never admits (every
+    /// [`WordCell::decide_live`] returns `None`). Return whether it is retired.
+    ///
+    /// The compare-and-swap from the idle state fails if a decision changed the state first,
+    /// so a retired cell has admitted nothing since it was found idle.
+    pub fn retire_if_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        let state = self.state.load(Ordering::Acquire);
+        word_is_idle(policy, state, now)
+            && self
+                .state
+                .compare_exchange(state, RETIRED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     }
 
     /// Give back `cost` tokens admitted at `charged_at`.
@@ -126,6 +169,42 @@ impl WordCell {
     }
 }
 
+/// The state of a retired cell (see [`WordCell::retire_if_idle`]). No algorithm reaches it
+/// from a clock reading: time states stay below `now + 2^63` and a fixed window's count below
+/// `u32::MAX`.
+pub const RETIRED: u64 = u64::MAX;
+
+/// Stop a plan on a retired cell.
+#[inline(always)]
+fn live<R>(
+    plan: impl Fn(u64) -> Result<(u64, R), Decision>,
+) -> impl Fn(u64) -> Result<(u64, R), Option<Decision>> {
+    move |state| {
+        if state == RETIRED {
+            Err(None)
+        } else {
+            plan(state).map_err(Some)
+        }
+    }
+}
+
+/// The decision of a loop that stops only with a decision.
+#[inline(always)]
+fn outcome(result: Result<Decision, Decision>) -> Decision {
+    match result {
+        Ok(decision) | Err(decision) => decision,
+    }
+}
+
+/// The decision of a loop that may stop on a retired cell (`None`).
+#[inline(always)]
+fn live_outcome(result: Result<Decision, Option<Decision>>) -> Option<Decision> {
+    match result {
+        Ok(decision) => Some(decision),
+        Err(stop) => stop,
+    }
+}
+
 /// Lock a per-key mutex; a poisoned lock (a panic elsewhere) still yields the state.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
@@ -137,6 +216,11 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) trait Cell: Default + Send + Sync {
     fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64);
     fn is_idle(&self, policy: &Policy, now: Nanos) -> bool;
+    /// Tell whether the sweep may remove the cell now (it is idle, and nothing that may
+    /// still hold it can admit on it any more).
+    fn evict_if_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        self.is_idle(policy, now)
+    }
 }
 
 impl Cell for WordCell {

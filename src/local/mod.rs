@@ -2,15 +2,20 @@
 //!
 //! # The request path
 //! A decision hashes the key (ahash with a per-process random seed, which resists hash
-//! flooding by clients), takes the read lock of one of the map's shards, and runs the cell's
-//! compare-and-swap loop (token bucket, GCRA, leaky buckets, fixed window) or its per-key
-//! mutex (sliding window, sliding log). No global lock; for a known key, no allocation.
-//! A new key is inserted under that shard's write lock.
+//! flooding by clients). For a word algorithm (token bucket, GCRA, leaky buckets, fixed
+//! window) the thread first looks among its own shortcuts to hot keys' cells ([`hot`]): on a
+//! hit it compares the key and runs the cell's compare-and-swap loop, and takes no lock at
+//! all. Otherwise it takes the read lock of one of the map's shards and runs the cell's
+//! compare-and-swap loop (word algorithms) or its per-key mutex (sliding window, sliding
+//! log). No global lock; for a known key, no allocation (a key that turns hot moves its cell
+//! into a shared one once). A new key is inserted under that shard's write lock.
 //!
 //! # The cap on keys and eviction
 //! A key is *idle* when its state is equivalent to a fresh key's (a full bucket, windows
 //! that are over, a log with no entry left in the window). Forgetting an idle key changes
-//! no future decision, so eviction is exact: only idle keys are ever removed.
+//! no future decision, so eviction is exact: only idle keys are ever removed. A hot key's
+//! shared cell is retired as it is removed, so that threads' shortcuts to it can never admit
+//! again (see [`hot`]).
 //!
 //! The store never holds more than `max_keys` keys. When a new key arrives at the cap, the
 //! store first sweeps out idle keys (at most once per `sweep_interval`); if the map is still
@@ -19,8 +24,9 @@
 //! flood of random keys can neither grow memory nor reset a busy key, and is itself limited.
 
 mod cell;
+mod hot;
 
-pub use cell::WordCell;
+pub use cell::{RETIRED, WordCell};
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
@@ -35,6 +41,7 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
 use cell::{Cell, lock};
+use hot::{HotKeys, WordSlot};
 
 /// The default hasher: ahash with a random per-process seed (DoS-resistant, fast).
 pub type DefaultHasher = ahash::RandomState;
@@ -60,6 +67,9 @@ pub struct StoreStats {
     pub evicted: u64,
     /// Decisions made on the overflow cell because the store was full.
     pub overflow_decisions: u64,
+    /// Hot keys whose cell moved into one shared with threads' shortcuts, since the start
+    /// (a key counts again if it turns hot again after an eviction).
+    pub shared_keys: u64,
 }
 
 /// One algorithm's decision on one kind of cell, as a type: the store compiles one lookup and
@@ -76,28 +86,58 @@ struct AnyWordStep;
 struct SlidingWindowStep;
 struct SlidingLogStep;
 
-impl Step<WordCell> for TokenBucketStep {
+/// A word algorithm's decision on one cell, through the map (the slot is read-locked) or
+/// through a thread's shortcut (the cell may have been retired meanwhile).
+trait WordStep {
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision;
+
+    #[inline(always)]
+    fn decide_live(
+        cell: &WordCell,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+    ) -> Option<Decision> {
+        cell.decide_live(policy, now, cost, reserve)
+    }
+}
+
+impl<K, D: WordStep> Step<WordSlot<K>> for D {
+    #[inline(always)]
+    fn decide(
+        slot: &WordSlot<K>,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+    ) -> Decision {
+        D::decide(slot.cell(), policy, now, cost, reserve)
+    }
+}
+
+impl WordStep for TokenBucketStep {
     #[inline(always)]
     fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
         cell.decide_token_bucket(policy, now, cost)
     }
 }
 
-impl Step<WordCell> for GcraStep {
+impl WordStep for GcraStep {
     #[inline(always)]
     fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
         cell.update(|state| gcra::decide(policy, state, now, cost))
     }
 }
 
-impl Step<WordCell> for FixedWindowStep {
+impl WordStep for FixedWindowStep {
     #[inline(always)]
     fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
         cell.update(|state| fixed_window::decide(policy, state, now, cost))
     }
 }
 
-impl Step<WordCell> for AnyWordStep {
+impl WordStep for AnyWordStep {
     #[inline(always)]
     fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
         cell.decide(policy, now, cost, reserve)
@@ -135,25 +175,34 @@ struct Cells<K, C, S> {
     overflow: C,
 }
 
+/// A word algorithm's cells, and each thread's shortcuts to the hot ones.
+struct WordCells<K: Send + Sync, S> {
+    cells: Cells<K, WordSlot<K>, S>,
+    hot: HotKeys<K>,
+}
+
 /// The cells of one policy, by algorithm, so a decision dispatches with one jump.
-enum Table<K, S> {
-    TokenBucket(Cells<K, WordCell, S>),
-    Gcra(Cells<K, WordCell, S>),
-    FixedWindow(Cells<K, WordCell, S>),
+enum Table<K: Send + Sync, S> {
+    TokenBucket(WordCells<K, S>),
+    Gcra(WordCells<K, S>),
+    FixedWindow(WordCells<K, S>),
     /// Both leaky buckets (word algorithms that dispatch inside the loop).
-    LeakyBucket(Cells<K, WordCell, S>),
+    LeakyBucket(WordCells<K, S>),
     SlidingWindow(Cells<K, Mutex<SlidingWindowState>, S>),
     SlidingLog(Cells<K, Mutex<SlidingLog>, S>),
 }
 
-/// Run `$body` with `$cells` bound to the table's cells, whatever their kind.
+/// Run `$body` with `$cells` bound to the table's map cells, whatever their kind.
 macro_rules! with_cells {
     ($table:expr, $cells:ident => $body:expr) => {
         match $table {
-            Table::TokenBucket($cells)
-            | Table::Gcra($cells)
-            | Table::FixedWindow($cells)
-            | Table::LeakyBucket($cells) => $body,
+            Table::TokenBucket(words)
+            | Table::Gcra(words)
+            | Table::FixedWindow(words)
+            | Table::LeakyBucket(words) => {
+                let $cells = &words.cells;
+                $body
+            }
             Table::SlidingWindow($cells) => $body,
             Table::SlidingLog($cells) => $body,
         }
@@ -170,15 +219,16 @@ struct Limits {
     last_sweep_ns: AtomicU64,
     evicted: AtomicU64,
     overflow_decisions: AtomicU64,
+    shared_keys: AtomicU64,
 }
 
 /// One policy's state for every key: a `DashMap` of cells with a hard cap on keys.
-pub struct Store<K, S = DefaultHasher> {
+pub struct Store<K: Send + Sync, S = DefaultHasher> {
     table: Table<K, S>,
     limits: Limits,
 }
 
-impl<K, S> std::fmt::Debug for Store<K, S> {
+impl<K: Send + Sync, S> std::fmt::Debug for Store<K, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
             .field("policy", &self.limits.policy)
@@ -192,7 +242,7 @@ fn default_sweep_interval(policy: &Policy) -> Nanos {
     (policy.window_ns() / 4).clamp(1_000_000, 1_000_000_000)
 }
 
-impl<K: Hash + Eq> Store<K, DefaultHasher> {
+impl<K: Hash + Eq + Send + Sync> Store<K, DefaultHasher> {
     /// Create a store for `policy` that holds at most `max_keys` keys.
     ///
     /// With `max_keys == 0` every key shares the overflow cell (one limit for all).
@@ -201,7 +251,7 @@ impl<K: Hash + Eq> Store<K, DefaultHasher> {
     }
 }
 
-impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
+impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
     /// Create a store with an explicit hasher (keys come from clients: keep it keyed).
     pub fn with_hasher(policy: Policy, max_keys: usize, hasher: S) -> Self {
         fn cells<K: Hash + Eq, C: Default, S: BuildHasher + Clone>(hasher: S) -> Cells<K, C, S> {
@@ -210,12 +260,18 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 overflow: C::default(),
             }
         }
+        fn words<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone>(hasher: S) -> WordCells<K, S> {
+            WordCells {
+                cells: cells(hasher),
+                hot: HotKeys::new(),
+            }
+        }
         let table = match policy.algorithm() {
-            Algorithm::TokenBucket => Table::TokenBucket(cells(hasher)),
-            Algorithm::Gcra => Table::Gcra(cells(hasher)),
-            Algorithm::FixedWindow => Table::FixedWindow(cells(hasher)),
+            Algorithm::TokenBucket => Table::TokenBucket(words(hasher)),
+            Algorithm::Gcra => Table::Gcra(words(hasher)),
+            Algorithm::FixedWindow => Table::FixedWindow(words(hasher)),
             Algorithm::LeakyBucketPolice | Algorithm::LeakyBucketShape { .. } => {
-                Table::LeakyBucket(cells(hasher))
+                Table::LeakyBucket(words(hasher))
             }
             Algorithm::SlidingWindow => Table::SlidingWindow(cells(hasher)),
             Algorithm::SlidingLog => Table::SlidingLog(cells(hasher)),
@@ -230,6 +286,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 last_sweep_ns: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
                 overflow_decisions: AtomicU64::new(0),
+                shared_keys: AtomicU64::new(0),
             },
         }
     }
@@ -266,6 +323,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             keys: self.len(),
             evicted: self.limits.evicted.load(Ordering::Relaxed),
             overflow_decisions: self.limits.overflow_decisions.load(Ordering::Relaxed),
+            shared_keys: self.limits.shared_keys.load(Ordering::Relaxed),
         }
     }
 
@@ -334,6 +392,113 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     pub fn evict_idle(&self, now: Nanos) -> usize {
         let limits = &self.limits;
         with_cells!(&self.table, cells => cells.sweep(limits, now))
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
+    /// [`WordCells::decide_inline`], out of line (see [`Cells::decide`]).
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide<D: WordStep, Q>(
+        &self,
+        limits: &Limits,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+        charge: &mut Charge,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide_inline::<D, Q>(limits, key, now, cost, reserve, charge)
+    }
+
+    /// Decide through this thread's shortcut to the key's cell if it has one, else through
+    /// the map.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_inline<D: WordStep, Q>(
+        &self,
+        limits: &Limits,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+        charge: &mut Charge,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let policy = &limits.policy;
+        let hash = self.cells.map.hasher().hash_one(key);
+        let shortcut = self.hot.decide(hash, key, |cell| {
+            D::decide_live(cell, policy, now, cost, reserve)
+        });
+        if let Some(decision) = shortcut {
+            *charge = Charge::Key;
+            return decision;
+        }
+        self.decide_through_map::<D, Q>(limits, hash, key, now, cost, reserve, charge)
+    }
+
+    /// The path of a key without a live shortcut on this thread: decide on its map slot,
+    /// then keep a shortcut to its cell if it is shared, or share it if the key turned hot.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_through_map<D: WordStep, Q>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+        charge: &mut Charge,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let policy = &limits.policy;
+        let decide = |slot: &WordSlot<K>| D::decide(slot.cell(), policy, now, cost, reserve);
+        if let Some(slot) = self.cells.map.get(key) {
+            *charge = Charge::Key;
+            let decision = decide(&slot);
+            let shared = slot.shared().cloned();
+            drop(slot);
+            match shared {
+                Some(shared) => self.hot.keep(hash, shared),
+                None if self.hot.seen_twice(hash) => self.share(limits, hash, key),
+                None => {}
+            }
+            return decision;
+        }
+        let (decision, taken_from) = self.cells.decide_new_key(limits, key, now, cost, decide);
+        *charge = taken_from;
+        decision
+    }
+
+    /// Move a hot key's cell into a shared one (once per key's life) and keep a shortcut.
+    #[cold]
+    #[inline(never)]
+    fn share<Q>(&self, limits: &Limits, hash: u64, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let shared = match self.cells.map.get_mut(key) {
+            Some(mut slot) => {
+                if slot.shared().is_none() {
+                    limits.shared_keys.fetch_add(1, Ordering::Relaxed);
+                }
+                slot.share(|| key.to_owned())
+            }
+            None => return,
+        };
+        self.hot.keep(hash, shared);
     }
 }
 
@@ -457,7 +622,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
         let policy = &limits.policy;
         let mut removed = 0usize;
         self.map.retain(|_, cell| {
-            let idle = cell.is_idle(policy, now);
+            let idle = cell.evict_if_idle(policy, now);
             removed += usize::from(idle);
             !idle
         });

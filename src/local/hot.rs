@@ -1,0 +1,218 @@
+//! Hot keys: each thread's shortcuts to the cells of the keys it checks again and again.
+//!
+//! A map lookup takes a shard's read lock and releases it: two atomic read-modify-writes
+//! around the one that decides (the cell's compare-and-swap), and on a hot key all three
+//! contend for cache lines that every core writes. A shortcut skips the map: the thread
+//! hashes the key, finds it among its own shortcuts, compares the key, and runs the
+//! compare-and-swap on a cell that it holds through an `Arc`.
+//!
+//! # Sharing a cell
+//! A word algorithm's cell lives inline in its map slot ([`WordSlot`]) until one thread looks
+//! the key up twice in a row within its shortcut set. The cell then moves, once, into an
+//! `Arc` ([`SharedCell`]) that the slot and every thread's shortcut point to: under the
+//! shard's write lock, so no reader is inside the inline cell while its state is copied. From
+//! then on the map path decides on the shared cell too, so there is still one state per key.
+//! That move is the only allocation, once per key's life; filling another thread's shortcut
+//! clones the `Arc`.
+//!
+//! # Eviction
+//! The sweep retires a shared cell (a compare-and-swap from its idle state to
+//! [`RETIRED`](super::cell::RETIRED)) and removes the slot, both under the shard's write
+//! lock. A thread whose shortcut finds the cell retired drops the shortcut and decides
+//! through the map, where the key is fresh, as it would be without shortcuts. The retiring
+//! swap fails if a decision changed the state after the sweep found it idle, so a retired
+//! cell has admitted nothing that the fresh key does not know about.
+
+use std::borrow::Borrow;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use thread_local::ThreadLocal;
+
+use super::cell::{Cell, WordCell};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::policy::Policy;
+
+/// Shortcut sets per thread and store (a power of two).
+const SETS: usize = 16;
+/// Shortcuts per set.
+const WAYS: usize = 2;
+
+/// A cell shared between a map slot and threads' shortcuts, with its key (to check a
+/// shortcut against the key asked for without going through the map).
+pub(crate) struct SharedCell<K> {
+    cell: WordCell,
+    key: K,
+}
+
+/// A word algorithm's map slot: the cell inline, or shared once the key turned hot.
+pub(crate) struct WordSlot<K> {
+    inline: WordCell,
+    shared: Option<Arc<SharedCell<K>>>,
+}
+
+impl<K> Default for WordSlot<K> {
+    fn default() -> Self {
+        WordSlot {
+            inline: WordCell::new(),
+            shared: None,
+        }
+    }
+}
+
+impl<K> WordSlot<K> {
+    /// Return the cell that holds the key's state.
+    #[inline(always)]
+    pub(crate) fn cell(&self) -> &WordCell {
+        match &self.shared {
+            Some(shared) => &shared.cell,
+            None => &self.inline,
+        }
+    }
+
+    /// Return the shared cell, if the key is hot.
+    #[inline(always)]
+    pub(crate) fn shared(&self) -> Option<&Arc<SharedCell<K>>> {
+        self.shared.as_ref()
+    }
+
+    /// Move the state into a shared cell (if not done yet) and return it. Needs `&mut`: the
+    /// caller holds the shard's write lock, so no decision is running on the inline cell.
+    pub(crate) fn share(&mut self, key: impl FnOnce() -> K) -> Arc<SharedCell<K>> {
+        let inline = &self.inline;
+        Arc::clone(self.shared.get_or_insert_with(|| {
+            Arc::new(SharedCell {
+                cell: WordCell::with_state(inline.load()),
+                key: key(),
+            })
+        }))
+    }
+}
+
+impl<K: Send + Sync> Cell for WordSlot<K> {
+    fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64) {
+        self.cell().refund(policy, charged_at, cost)
+    }
+
+    fn is_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        self.cell().is_idle(policy, now)
+    }
+
+    fn evict_if_idle(&self, policy: &Policy, now: Nanos) -> bool {
+        match &self.shared {
+            // Threads may hold shortcuts to it: retire it so that none of them admits on it.
+            Some(shared) => shared.cell.retire_if_idle(policy, now),
+            None => self.inline.is_idle(policy, now),
+        }
+    }
+}
+
+/// A thread's way to one hot key's cell.
+struct Shortcut<K> {
+    /// The key's hash (compared before the key).
+    hash: u64,
+    shared: Arc<SharedCell<K>>,
+}
+
+/// One thread's shortcuts into one store.
+struct Shortcuts<K> {
+    /// `WAYS` shortcuts per set.
+    ways: [[Option<Shortcut<K>>; WAYS]; SETS],
+    /// Per set, the way to replace next (the one not used last).
+    victim: [u8; SETS],
+    /// Per set, the hash of the last key looked up through the map: a key seen twice in a
+    /// row turns hot.
+    last_miss: [u64; SETS],
+}
+
+impl<K> Shortcuts<K> {
+    fn new() -> Self {
+        Shortcuts {
+            ways: std::array::from_fn(|_| std::array::from_fn(|_| None)),
+            victim: [0; SETS],
+            last_miss: [0; SETS],
+        }
+    }
+}
+
+#[inline(always)]
+fn set_of(hash: u64) -> usize {
+    // The map picks shards with the high bits and buckets with the low ones; any bits do.
+    (hash >> 32) as usize & (SETS - 1)
+}
+
+/// Every thread's shortcuts into one store.
+pub(crate) struct HotKeys<K: Send + Sync> {
+    threads: ThreadLocal<RefCell<Shortcuts<K>>>,
+}
+
+impl<K: Send + Sync> HotKeys<K> {
+    pub(crate) fn new() -> Self {
+        HotKeys {
+            threads: ThreadLocal::new(),
+        }
+    }
+
+    /// Decide through this thread's shortcut to `key`, if it has a live one; `None` sends the
+    /// request to the map.
+    #[inline(always)]
+    pub(crate) fn decide<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        decide: impl FnOnce(&WordCell) -> Option<Decision>,
+    ) -> Option<Decision>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        // A key's `Eq` that re-entered the store would find the table borrowed: map path.
+        let mut shortcuts = self.threads.get()?.try_borrow_mut().ok()?;
+        let set = set_of(hash);
+        let way = shortcuts.ways[set].iter().position(
+            |way| matches!(way, Some(s) if s.hash == hash && s.shared.key.borrow() == key),
+        )?;
+        let shortcut = shortcuts.ways[set][way].as_ref()?;
+        match decide(&shortcut.shared.cell) {
+            Some(decision) => {
+                shortcuts.victim[set] = (way ^ 1) as u8;
+                Some(decision)
+            }
+            None => {
+                // Retired by a sweep: forget it; the map holds the key afresh.
+                shortcuts.ways[set][way] = None;
+                None
+            }
+        }
+    }
+
+    /// Keep a shortcut to `shared` (its key's hash is `hash`), in place of the way of its
+    /// set used least recently. Call without holding a map lock: it may drop an older
+    /// shortcut, and with it a key.
+    pub(crate) fn keep(&self, hash: u64, shared: Arc<SharedCell<K>>) {
+        let Ok(mut shortcuts) = self.shortcuts().try_borrow_mut() else {
+            return;
+        };
+        let set = set_of(hash);
+        let victim = usize::from(shortcuts.victim[set]);
+        shortcuts.ways[set][victim] = Some(Shortcut { hash, shared });
+        shortcuts.victim[set] = (victim ^ 1) as u8;
+        shortcuts.last_miss[set] = 0;
+    }
+
+    /// Note that a key with hash `hash` was decided through the map on an inline cell; tell
+    /// whether it was also the previous such key of its set (then share its cell).
+    #[inline]
+    pub(crate) fn seen_twice(&self, hash: u64) -> bool {
+        let Ok(mut shortcuts) = self.shortcuts().try_borrow_mut() else {
+            return false;
+        };
+        let last = &mut shortcuts.last_miss[set_of(hash)];
+        std::mem::replace(last, hash) == hash
+    }
+
+    fn shortcuts(&self) -> &RefCell<Shortcuts<K>> {
+        self.threads.get_or(|| RefCell::new(Shortcuts::new()))
+    }
+}
