@@ -49,6 +49,12 @@ fn per_key(name: &str, fill: impl FnOnce() -> Box<dyn std::any::Any>) {
 }
 
 fn ratemesh(policy: Policy) -> Box<dyn std::any::Any> {
+    ratemesh_checked(policy, 1)
+}
+
+/// Fill a limiter with `KEYS` keys, each checked `checks` times in a row (three or more
+/// make every key hot: its cell moves into one shared with the thread's shortcuts).
+fn ratemesh_checked(policy: Policy, checks: usize) -> Box<dyn std::any::Any> {
     let limiter = Limiter::builder()
         .policy(policy)
         .max_keys(2 * KEYS as usize)
@@ -56,7 +62,9 @@ fn ratemesh(policy: Policy) -> Box<dyn std::any::Any> {
         .build::<u64>()
         .unwrap();
     for key in 0..KEYS {
-        limiter.check(&key, 1);
+        for _ in 0..checks {
+            limiter.check(&key, 1);
+        }
     }
     Box::new(limiter)
 }
@@ -72,6 +80,9 @@ fn main() {
     let s = Duration::from_secs(1);
     per_key("ratemesh/token-bucket", || {
         ratemesh(Policy::token_bucket(10, s, 10).unwrap())
+    });
+    per_key("ratemesh/token-bucket (all hot)", || {
+        ratemesh_checked(Policy::token_bucket(10, s, 10).unwrap(), 3)
     });
     per_key("ratemesh/fixed-window", || {
         ratemesh(Policy::fixed_window(10, s).unwrap())

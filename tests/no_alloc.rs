@@ -81,13 +81,14 @@ fn a_layered_denial_with_refunds_does_not_allocate() {
         .unwrap();
     // A key's first checks allocate: its map entry (the key and the shard's table), the
     // thread's shortcut table, then (on its third check on a thread, when it turns hot) the
-    // cell it shares with threads' shortcuts and a copy of the key: five per layer.
+    // shared cell with a copy of the key, and its entry in the map of shared cells (another
+    // copy and that shard's table): seven per layer.
     let warm_up = allocations_during(|| {
         for _ in 0..3 {
             limiter.check("client", 1);
         }
     });
-    assert!(warm_up <= 3 * 5, "{warm_up} allocations to warm up");
+    assert!(warm_up <= 3 * 7, "{warm_up} allocations to warm up");
     let count = allocations_during(|| {
         for _ in 0..1000 {
             limiter.check("client", 1);

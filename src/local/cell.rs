@@ -127,6 +127,11 @@ impl WordCell {
         ))
     }
 
+    /// Retire the cell whatever its state (its state moves elsewhere); return that state.
+    pub(crate) fn retire(&self) -> u64 {
+        self.state.swap(RETIRED, Ordering::AcqRel)
+    }
+
     /// Retire the cell if its key is idle at `now`: from then on it never admits (every
     /// [`WordCell::decide_live`] returns `None`). Return whether it is retired.
     ///
@@ -216,11 +221,6 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) trait Cell: Default + Send + Sync {
     fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64);
     fn is_idle(&self, policy: &Policy, now: Nanos) -> bool;
-    /// Tell whether the sweep may remove the cell now (it is idle, and nothing that may
-    /// still hold it can admit on it any more).
-    fn evict_if_idle(&self, policy: &Policy, now: Nanos) -> bool {
-        self.is_idle(policy, now)
-    }
 }
 
 impl Cell for WordCell {

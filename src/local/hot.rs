@@ -6,22 +6,8 @@
 //! hashes the key, finds it among its own shortcuts, compares the key, and runs the
 //! compare-and-swap on a cell that it holds through an `Arc`.
 //!
-//! # Sharing a cell
-//! A word algorithm's cell lives inline in its map slot ([`WordSlot`]) until one thread looks
-//! the key up twice in a row within its shortcut set. The cell then moves, once, into an
-//! `Arc` ([`SharedCell`]) that the slot and every thread's shortcut point to: under the
-//! shard's write lock, so no reader is inside the inline cell while its state is copied. From
-//! then on the map path decides on the shared cell too, so there is still one state per key.
-//! That move is the only allocation, once per key's life; filling another thread's shortcut
-//! clones the `Arc`.
-//!
-//! # Eviction
-//! The sweep retires a shared cell (a compare-and-swap from its idle state to
-//! [`RETIRED`](super::cell::RETIRED)) and removes the slot, both under the shard's write
-//! lock. A thread whose shortcut finds the cell retired drops the shortcut and decides
-//! through the map, where the key is fresh, as it would be without shortcuts. The retiring
-//! swap fails if a decision changed the state after the sweep found it idle, so a retired
-//! cell has admitted nothing that the fresh key does not know about.
+//! The shared cells themselves, and how a key's cell moves into one and out of the store,
+//! are in [`words`](super::words).
 
 use std::borrow::Borrow;
 use std::cell::RefCell;
@@ -29,82 +15,34 @@ use std::sync::Arc;
 
 use thread_local::ThreadLocal;
 
-use super::cell::{Cell, WordCell};
-use crate::clock::Nanos;
+use super::cell::WordCell;
 use crate::decision::Decision;
-use crate::policy::Policy;
 
 /// Shortcut sets per thread and store (a power of two).
 const SETS: usize = 16;
 /// Shortcuts per set.
 const WAYS: usize = 2;
 
-/// A cell shared between a map slot and threads' shortcuts, with its key (to check a
+/// A hot key's cell, shared by the store and threads' shortcuts, with its key (to check a
 /// shortcut against the key asked for without going through the map).
 pub(crate) struct SharedCell<K> {
     cell: WordCell,
     key: K,
 }
 
-/// A word algorithm's map slot: the cell inline, or shared once the key turned hot.
-pub(crate) struct WordSlot<K> {
-    inline: WordCell,
-    shared: Option<Arc<SharedCell<K>>>,
-}
-
-impl<K> Default for WordSlot<K> {
-    fn default() -> Self {
-        WordSlot {
-            inline: WordCell::new(),
-            shared: None,
+impl<K> SharedCell<K> {
+    /// Create the shared cell of `key`, holding `state`.
+    pub(crate) fn new(state: u64, key: K) -> Self {
+        SharedCell {
+            cell: WordCell::with_state(state),
+            key,
         }
     }
-}
 
-impl<K> WordSlot<K> {
-    /// Return the cell that holds the key's state.
+    /// Return the cell.
     #[inline(always)]
     pub(crate) fn cell(&self) -> &WordCell {
-        match &self.shared {
-            Some(shared) => &shared.cell,
-            None => &self.inline,
-        }
-    }
-
-    /// Return the shared cell, if the key is hot.
-    #[inline(always)]
-    pub(crate) fn shared(&self) -> Option<&Arc<SharedCell<K>>> {
-        self.shared.as_ref()
-    }
-
-    /// Move the state into a shared cell (if not done yet) and return it. Needs `&mut`: the
-    /// caller holds the shard's write lock, so no decision is running on the inline cell.
-    pub(crate) fn share(&mut self, key: impl FnOnce() -> K) -> Arc<SharedCell<K>> {
-        let inline = &self.inline;
-        Arc::clone(self.shared.get_or_insert_with(|| {
-            Arc::new(SharedCell {
-                cell: WordCell::with_state(inline.load()),
-                key: key(),
-            })
-        }))
-    }
-}
-
-impl<K: Send + Sync> Cell for WordSlot<K> {
-    fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64) {
-        self.cell().refund(policy, charged_at, cost)
-    }
-
-    fn is_idle(&self, policy: &Policy, now: Nanos) -> bool {
-        self.cell().is_idle(policy, now)
-    }
-
-    fn evict_if_idle(&self, policy: &Policy, now: Nanos) -> bool {
-        match &self.shared {
-            // Threads may hold shortcuts to it: retire it so that none of them admits on it.
-            Some(shared) => shared.cell.retire_if_idle(policy, now),
-            None => self.inline.is_idle(policy, now),
-        }
+        &self.cell
     }
 }
 

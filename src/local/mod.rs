@@ -25,6 +25,7 @@
 
 mod cell;
 mod hot;
+mod words;
 
 pub use cell::{RETIRED, WordCell};
 
@@ -41,7 +42,7 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
 use cell::{Cell, lock};
-use hot::{HotKeys, WordSlot};
+use words::WordCells;
 
 /// The default hasher: ahash with a random per-process seed (DoS-resistant, fast).
 pub type DefaultHasher = ahash::RandomState;
@@ -103,19 +104,6 @@ trait WordStep {
     }
 }
 
-impl<K, D: WordStep> Step<WordSlot<K>> for D {
-    #[inline(always)]
-    fn decide(
-        slot: &WordSlot<K>,
-        policy: &Policy,
-        now: Nanos,
-        cost: u64,
-        reserve: bool,
-    ) -> Decision {
-        D::decide(slot.cell(), policy, now, cost, reserve)
-    }
-}
-
 impl WordStep for TokenBucketStep {
     #[inline(always)]
     fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
@@ -173,12 +161,6 @@ impl Step<Mutex<SlidingLog>> for SlidingLogStep {
 struct Cells<K, C, S> {
     map: DashMap<K, C, S>,
     overflow: C,
-}
-
-/// A word algorithm's cells, and each thread's shortcuts to the hot ones.
-struct WordCells<K: Send + Sync, S> {
-    cells: Cells<K, WordSlot<K>, S>,
-    hot: HotKeys<K>,
 }
 
 /// The cells of one policy, by algorithm, so a decision dispatches with one jump.
@@ -261,10 +243,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
             }
         }
         fn words<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone>(hasher: S) -> WordCells<K, S> {
-            WordCells {
-                cells: cells(hasher),
-                hot: HotKeys::new(),
-            }
+            WordCells::new(cells(hasher.clone()), hasher)
         }
         let table = match policy.algorithm() {
             Algorithm::TokenBucket => Table::TokenBucket(words(hasher)),
@@ -382,7 +361,14 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
         Q: Hash + Eq + ?Sized,
     {
         let policy = &self.limits.policy;
-        with_cells!(&self.table, cells => cells.refund(policy, key, charge, charged_at, cost))
+        match &self.table {
+            Table::TokenBucket(words)
+            | Table::Gcra(words)
+            | Table::FixedWindow(words)
+            | Table::LeakyBucket(words) => words.refund(policy, key, charge, charged_at, cost),
+            Table::SlidingWindow(cells) => cells.refund(policy, key, charge, charged_at, cost),
+            Table::SlidingLog(cells) => cells.refund(policy, key, charge, charged_at, cost),
+        }
     }
 
     /// Remove every key that is idle at `now`; return how many were removed.
@@ -390,115 +376,15 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
     /// Takes each shard's write lock in turn, so call it from a background task, not per
     /// request. The store also sweeps by itself when a new key arrives at the cap.
     pub fn evict_idle(&self, now: Nanos) -> usize {
-        let limits = &self.limits;
-        with_cells!(&self.table, cells => cells.sweep(limits, now))
-    }
-}
-
-impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
-    /// [`WordCells::decide_inline`], out of line (see [`Cells::decide`]).
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn decide<D: WordStep, Q>(
-        &self,
-        limits: &Limits,
-        key: &Q,
-        now: Nanos,
-        cost: u64,
-        reserve: bool,
-        charge: &mut Charge,
-    ) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.decide_inline::<D, Q>(limits, key, now, cost, reserve, charge)
-    }
-
-    /// Decide through this thread's shortcut to the key's cell if it has one, else through
-    /// the map.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn decide_inline<D: WordStep, Q>(
-        &self,
-        limits: &Limits,
-        key: &Q,
-        now: Nanos,
-        cost: u64,
-        reserve: bool,
-        charge: &mut Charge,
-    ) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let policy = &limits.policy;
-        let hash = self.cells.map.hasher().hash_one(key);
-        let shortcut = self.hot.decide(hash, key, |cell| {
-            D::decide_live(cell, policy, now, cost, reserve)
-        });
-        if let Some(decision) = shortcut {
-            *charge = Charge::Key;
-            return decision;
+        let (limits, policy) = (&self.limits, &self.limits.policy);
+        match &self.table {
+            Table::TokenBucket(words)
+            | Table::Gcra(words)
+            | Table::FixedWindow(words)
+            | Table::LeakyBucket(words) => words.sweep(limits, now),
+            Table::SlidingWindow(cells) => cells.sweep(limits, now, |_, c| c.is_idle(policy, now)),
+            Table::SlidingLog(cells) => cells.sweep(limits, now, |_, c| c.is_idle(policy, now)),
         }
-        self.decide_through_map::<D, Q>(limits, hash, key, now, cost, reserve, charge)
-    }
-
-    /// The path of a key without a live shortcut on this thread: decide on its map slot,
-    /// then keep a shortcut to its cell if it is shared, or share it if the key turned hot.
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    fn decide_through_map<D: WordStep, Q>(
-        &self,
-        limits: &Limits,
-        hash: u64,
-        key: &Q,
-        now: Nanos,
-        cost: u64,
-        reserve: bool,
-        charge: &mut Charge,
-    ) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let policy = &limits.policy;
-        let decide = |slot: &WordSlot<K>| D::decide(slot.cell(), policy, now, cost, reserve);
-        if let Some(slot) = self.cells.map.get(key) {
-            *charge = Charge::Key;
-            let decision = decide(&slot);
-            let shared = slot.shared().cloned();
-            drop(slot);
-            match shared {
-                Some(shared) => self.hot.keep(hash, shared),
-                None if self.hot.seen_twice(hash) => self.share(limits, hash, key),
-                None => {}
-            }
-            return decision;
-        }
-        let (decision, taken_from) = self.cells.decide_new_key(limits, key, now, cost, decide);
-        *charge = taken_from;
-        decision
-    }
-
-    /// Move a hot key's cell into a shared one (once per key's life) and keep a shortcut.
-    #[cold]
-    #[inline(never)]
-    fn share<Q>(&self, limits: &Limits, hash: u64, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let shared = match self.cells.map.get_mut(key) {
-            Some(mut slot) => {
-                if slot.shared().is_none() {
-                    limits.shared_keys.fetch_add(1, Ordering::Relaxed);
-                }
-                slot.share(|| key.to_owned())
-            }
-            None => return,
-        };
-        self.hot.keep(hash, shared);
     }
 }
 
@@ -545,12 +431,14 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
             *charge = Charge::Key;
             return decide(&cell);
         }
-        let (decision, taken_from) = self.decide_new_key(limits, key, now, cost, decide);
+        let evict = |_: &K, cell: &C| cell.is_idle(policy, now);
+        let (decision, taken_from) = self.decide_new_key(limits, key, now, cost, decide, evict);
         *charge = taken_from;
         decision
     }
 
-    /// The slow path of [`Cells::decide_inline`]: the key is not in the map yet.
+    /// The slow path of a decision: the key is not in the map yet. `evict` tells whether a
+    /// sweep (if the store is full) may remove a key.
     #[cold]
     #[inline(never)]
     fn decide_new_key<Q>(
@@ -560,6 +448,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
         now: Nanos,
         cost: u64,
         decide: impl Fn(&C) -> Decision,
+        evict: impl FnMut(&K, &C) -> bool,
     ) -> (Decision, Charge)
     where
         K: Borrow<Q>,
@@ -569,7 +458,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
             // A peek at an unknown key: report a fresh key's state without storing one.
             return (decide(&C::default()), Charge::Key);
         }
-        if !self.reserve_slot(limits, now) {
+        if !self.reserve_slot(limits, now, evict) {
             limits.overflow_decisions.fetch_add(1, Ordering::Relaxed);
             return (decide(&self.overflow), Charge::Overflow);
         }
@@ -584,13 +473,18 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     }
 
     /// Reserve room for one more key, sweeping idle keys first if the store is full.
-    fn reserve_slot(&self, limits: &Limits, now: Nanos) -> bool {
+    fn reserve_slot(
+        &self,
+        limits: &Limits,
+        now: Nanos,
+        mut evict: impl FnMut(&K, &C) -> bool,
+    ) -> bool {
         for attempt in 0..2 {
             if limits.keys.fetch_add(1, Ordering::Relaxed) < limits.max_keys {
                 return true;
             }
             limits.keys.fetch_sub(1, Ordering::Relaxed);
-            if attempt == 0 && !self.sweep_if_due(limits, now) {
+            if attempt == 0 && !self.sweep_if_due(limits, now, &mut evict) {
                 return false;
             }
         }
@@ -598,7 +492,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     }
 
     /// Sweep if no sweep ran in the last interval; return whether this call swept.
-    fn sweep_if_due(&self, limits: &Limits, now: Nanos) -> bool {
+    fn sweep_if_due(&self, limits: &Limits, now: Nanos, evict: impl FnMut(&K, &C) -> bool) -> bool {
         let last = limits.last_sweep_ns.load(Ordering::Relaxed);
         let due = last == 0 || now >= (last - 1).saturating_add(limits.sweep_interval_ns);
         if !due
@@ -614,15 +508,15 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
         {
             return false;
         }
-        self.sweep(limits, now);
+        self.sweep(limits, now, evict);
         true
     }
 
-    fn sweep(&self, limits: &Limits, now: Nanos) -> usize {
-        let policy = &limits.policy;
+    /// Remove the keys that `evict` picks (idle keys); return how many were removed.
+    fn sweep(&self, limits: &Limits, now: Nanos, mut evict: impl FnMut(&K, &C) -> bool) -> usize {
         let mut removed = 0usize;
-        self.map.retain(|_, cell| {
-            let idle = cell.evict_if_idle(policy, now);
+        self.map.retain(|key, cell| {
+            let idle = evict(key, cell);
             removed += usize::from(idle);
             !idle
         });

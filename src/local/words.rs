@@ -1,0 +1,258 @@
+//! A word algorithm's table (token bucket, GCRA, leaky buckets, fixed window): the map of
+//! inline cells, the shared cells of hot keys, and each thread's shortcuts to those.
+//!
+//! # A key's cell, inline or shared
+//! A key's cell lives inline in the map (one `AtomicU64` next to the key) until a thread
+//! decides on it twice in a row through the map ([`HotKeys::seen_twice`]). Then, under the
+//! shard's write lock (no decision is running on the inline cell), its state moves into a
+//! [`SharedCell`] kept in a second map, `shared`, and the inline cell is set to
+//! [`RETIRED`], which here means *moved*. That move is the only allocation, once per key's
+//! life; the thread keeps a shortcut to the shared cell, and so does every other thread that
+//! later finds the key moved. Cold keys keep one word per key; only hot keys pay for the
+//! second entry.
+//!
+//! Under a shard's read lock an inline cell can neither move nor be evicted (both take the
+//! write lock), so a decision through the map that finds its cell moved decides on the
+//! shared cell while still holding that lock.
+//!
+//! # Eviction
+//! The sweep removes an idle inline cell as before. A moved key is removed only if its shared
+//! cell retires (a compare-and-swap from its idle state to [`RETIRED`], which on a shared
+//! cell means *evicted*), and then leaves both maps in the same step, under the shard's write
+//! lock. A thread whose shortcut finds the cell evicted drops the shortcut and decides
+//! through the map, where the key is fresh. The retiring swap fails if a decision changed the
+//! state after the sweep found it idle, so an evicted cell never admitted anything that the
+//! fresh key does not know about.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use dashmap::DashMap;
+
+use super::cell::{RETIRED, WordCell};
+use super::hot::{HotKeys, SharedCell};
+use super::{Cells, Charge, Limits, WordStep};
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::policy::Policy;
+
+/// A word algorithm's cells, the hot keys' shared cells, and threads' shortcuts to them.
+pub(super) struct WordCells<K: Send + Sync, S> {
+    /// Every key, with its cell inline (or [`RETIRED`]: moved to `shared`).
+    pub(super) cells: Cells<K, WordCell, S>,
+    /// The cells of hot keys (the keys whose inline cell is [`RETIRED`]).
+    shared: DashMap<K, Arc<SharedCell<K>>, S>,
+    hot: HotKeys<K>,
+}
+
+impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
+    /// Create an empty table around `cells`, with `hasher` for the shared cells.
+    pub(super) fn new(cells: Cells<K, WordCell, S>, hasher: S) -> Self {
+        WordCells {
+            cells,
+            shared: DashMap::with_hasher(hasher),
+            hot: HotKeys::new(),
+        }
+    }
+
+    /// [`WordCells::decide_inline`], out of line (see `Cells::decide`).
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decide<D: WordStep, Q>(
+        &self,
+        limits: &Limits,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+        charge: &mut Charge,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.decide_inline::<D, Q>(limits, key, now, cost, reserve, charge)
+    }
+
+    /// Decide through this thread's shortcut to the key's cell if it has a live one, else
+    /// through the map.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decide_inline<D: WordStep, Q>(
+        &self,
+        limits: &Limits,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+        charge: &mut Charge,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let policy = &limits.policy;
+        let hash = self.cells.map.hasher().hash_one(key);
+        let shortcut = self.hot.decide(hash, key, |cell| {
+            D::decide_live(cell, policy, now, cost, reserve)
+        });
+        if let Some(decision) = shortcut {
+            *charge = Charge::Key;
+            return decision;
+        }
+        self.decide_through_map::<D, Q>(limits, hash, key, now, cost, reserve, charge)
+    }
+
+    /// The path of a key without a live shortcut on this thread: decide on its map cell (or
+    /// the shared cell it moved to); then keep a shortcut to a shared cell, or move the cell
+    /// of a key seen twice in a row.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_through_map<D: WordStep, Q>(
+        &self,
+        limits: &Limits,
+        hash: u64,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+        charge: &mut Charge,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let policy = &limits.policy;
+        if let Some(cell) = self.cells.map.get(key) {
+            *charge = Charge::Key;
+            if let Some(decision) = D::decide_live(&cell, policy, now, cost, reserve) {
+                drop(cell);
+                if self.hot.seen_twice(hash) {
+                    self.share(limits, hash, key);
+                }
+                return decision;
+            }
+            // Moved: the read lock on `cell` keeps sweeps out while we decide.
+            let shared = self.shared.get(key).map(|shared| Arc::clone(&shared));
+            let decision = self.decide_moved::<D>(shared.as_deref(), policy, now, cost, reserve);
+            drop(cell);
+            if let Some(shared) = shared {
+                self.hot.keep(hash, shared);
+            }
+            return decision;
+        }
+        let decide = |cell: &WordCell| match D::decide_live(cell, policy, now, cost, reserve) {
+            Some(decision) => decision,
+            // Inserted and moved by other threads meanwhile (the entry's lock is held).
+            None => {
+                let shared = self.shared.get(key);
+                self.decide_moved::<D>(shared.as_deref().map(|s| &**s), policy, now, cost, reserve)
+            }
+        };
+        let evict = |key: &K, cell: &WordCell| self.evict_if_idle(key, cell, policy, now);
+        let (decision, taken_from) = self
+            .cells
+            .decide_new_key(limits, key, now, cost, decide, evict);
+        *charge = taken_from;
+        decision
+    }
+
+    /// Decide on the shared cell of a moved key; the caller holds the map shard's lock, so
+    /// the cell cannot be evicted meanwhile.
+    fn decide_moved<D: WordStep>(
+        &self,
+        shared: Option<&SharedCell<K>>,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+    ) -> Decision {
+        match shared {
+            Some(shared) => D::decide(shared.cell(), policy, now, cost, reserve),
+            // A moved key always has a shared cell (both change under the same lock); were
+            // it missing, the overflow cell would still limit the request.
+            None => D::decide(&self.cells.overflow, policy, now, cost, reserve),
+        }
+    }
+
+    /// Move a hot key's cell into a shared one (once per key's life) and keep a shortcut.
+    #[cold]
+    #[inline(never)]
+    fn share<Q>(&self, limits: &Limits, hash: u64, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let Some(cell) = self.cells.map.get_mut(key) else {
+            return;
+        };
+        let shared = if cell.load() == RETIRED {
+            // Another thread moved it first.
+            self.shared.get(key).map(|shared| Arc::clone(&shared))
+        } else {
+            let shared = Arc::new(SharedCell::new(cell.retire(), key.to_owned()));
+            self.shared.insert(key.to_owned(), Arc::clone(&shared));
+            limits.shared_keys.fetch_add(1, Ordering::Relaxed);
+            Some(shared)
+        };
+        drop(cell);
+        if let Some(shared) = shared {
+            self.hot.keep(hash, shared);
+        }
+    }
+
+    /// Tell whether the sweep may remove `key` now: its inline cell is idle, or its shared
+    /// cell is idle and now retired (then it also leaves `shared`). Called under the map
+    /// shard's write lock.
+    fn evict_if_idle(&self, key: &K, cell: &WordCell, policy: &Policy, now: Nanos) -> bool {
+        if cell.load() != RETIRED {
+            return cell.is_idle(policy, now);
+        }
+        let retired = match self.shared.get(key) {
+            Some(shared) => shared.cell().retire_if_idle(policy, now),
+            None => true,
+        };
+        if retired {
+            self.shared.remove(key);
+        }
+        retired
+    }
+
+    /// Remove every idle key; return how many were removed.
+    pub(super) fn sweep(&self, limits: &Limits, now: Nanos) -> usize {
+        let policy = &limits.policy;
+        self.cells.sweep(limits, now, |key, cell| {
+            self.evict_if_idle(key, cell, policy, now)
+        })
+    }
+
+    /// Give back `cost` tokens that a decision at `charged_at` took from `charge`.
+    pub(super) fn refund<Q>(
+        &self,
+        policy: &Policy,
+        key: &Q,
+        charge: Charge,
+        charged_at: Nanos,
+        cost: u64,
+    ) where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let cell = match charge {
+            Charge::Overflow => return self.cells.overflow.refund(policy, charged_at, cost),
+            // A key evicted since the charge was idle again: nothing left to give back.
+            Charge::Key => match self.cells.map.get(key) {
+                Some(cell) => cell,
+                None => return,
+            },
+        };
+        // Under the read lock the cell can neither move nor be evicted.
+        if cell.load() != RETIRED {
+            cell.refund(policy, charged_at, cost);
+        } else if let Some(shared) = self.shared.get(key) {
+            shared.cell().refund(policy, charged_at, cost);
+        }
+    }
+}
