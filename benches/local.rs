@@ -10,23 +10,10 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 mod common;
-use common::{BURST, KEYS, RATE_PER_S, governor, ratemesh, ratemesh_with};
+use common::{BURST, RATE_PER_S, governor, key_sequence, ratemesh, ratemesh_with};
 use dashmap::DashMap;
 use ratemesh::clock::Clock;
 use ratemesh::{Limiter, Policy, SystemClock};
-
-/// Keys in a fixed pseudo-random order (xorshift), the same for both limiters.
-fn key_sequence() -> Vec<u64> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    (0..KEYS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % KEYS
-        })
-        .collect()
-}
 
 /// Run `check` on two threads at once, `iters` times each; return the wall time.
 fn two_threads(iters: u64, check: &(dyn Fn() + Sync)) -> Duration {

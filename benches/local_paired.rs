@@ -1,17 +1,18 @@
-//! ratemesh against governor on one hot key, measured in alternating rounds.
+//! ratemesh against governor on one hot key and on a million keys, in alternating rounds.
 //!
 //! `cargo bench --bench local_paired` (`RATEMESH_BENCH_ROUNDS`, default 31). Criterion's
 //! `local/hot_key*` ids measure one limiter for seconds and then the other, and this VM's
 //! speed drifts by tens of percent between such runs; here the two take turns in short
 //! rounds (A B B A …), each round gives a ratio, and the median ratio is reported with its
-//! quartiles. Same quota, hasher (ahash), clock (quanta) and key as `benches/local.rs`.
+//! quartiles. Same quota, hasher (ahash), clock (quanta) and keys as `benches/local.rs`.
 
 use std::hint::black_box;
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 mod common;
-use common::{governor, ratemesh};
+use common::{governor, key_sequence, ratemesh};
 
 /// Checks per turn: about 0.1 s at 60 ns.
 const CHECKS: u64 = 1_500_000;
@@ -43,7 +44,8 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
-fn compare(name: &str, rounds: usize, threads: usize) {
+/// Compare on one hot key (`local/hot_key*`).
+fn compare_hot_key(name: &str, rounds: usize, threads: usize) {
     let ours = ratemesh();
     let theirs = governor();
     let ratemesh_check = || {
@@ -52,17 +54,51 @@ fn compare(name: &str, rounds: usize, threads: usize) {
     let governor_check = || {
         let _ = black_box(theirs.check_key(black_box(&42u64)));
     };
+    compare(name, rounds, threads, &ratemesh_check, &governor_check);
+}
+
+/// Compare on a million keys in random order, both limiters filled first (`local/1m_keys`).
+fn compare_1m_keys(name: &str, rounds: usize) {
+    let keys = key_sequence();
+    let (ours, theirs) = (ratemesh(), governor());
+    for &k in &keys {
+        ours.check(&k, 1);
+        let _ = theirs.check_key(&k);
+    }
+    // One thread: a plain load and store of the position (no read-modify-write).
+    let next = AtomicUsize::new(0);
+    let next_key = || {
+        let i = (next.load(Ordering::Relaxed) + 1) % keys.len();
+        next.store(i, Ordering::Relaxed);
+        &keys[i]
+    };
+    let ratemesh_check = || {
+        black_box(ours.check(next_key(), 1));
+    };
+    let governor_check = || {
+        let _ = black_box(theirs.check_key(next_key()));
+    };
+    compare(name, rounds, 1, &ratemesh_check, &governor_check);
+}
+
+fn compare(
+    name: &str,
+    rounds: usize,
+    threads: usize,
+    ratemesh_check: &(dyn Fn() + Sync),
+    governor_check: &(dyn Fn() + Sync),
+) {
     // Warm both up.
-    per_check_ns(threads, &ratemesh_check);
-    per_check_ns(threads, &governor_check);
+    per_check_ns(threads, ratemesh_check);
+    per_check_ns(threads, governor_check);
     let (mut ratios, mut ours_ns, mut theirs_ns) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         let (a, b) = if round % 2 == 0 {
-            let a = per_check_ns(threads, &ratemesh_check);
-            (a, per_check_ns(threads, &governor_check))
+            let a = per_check_ns(threads, ratemesh_check);
+            (a, per_check_ns(threads, governor_check))
         } else {
-            let b = per_check_ns(threads, &governor_check);
-            (per_check_ns(threads, &ratemesh_check), b)
+            let b = per_check_ns(threads, governor_check);
+            (per_check_ns(threads, ratemesh_check), b)
         };
         ratios.push(a / b);
         ours_ns.push(a);
@@ -83,18 +119,26 @@ fn compare(name: &str, rounds: usize, threads: usize) {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; any other argument is a filter meant for other benches.
-    if std::env::args()
+    // `cargo bench` passes `--bench`; other arguments filter by name (`-- 1m_keys`).
+    let filters: Vec<String> = std::env::args()
         .skip(1)
-        .any(|a| !a.starts_with("--") && !"local_paired".contains(a.as_str()))
-    {
-        return;
-    }
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |name: &str| filters.iter().all(|f| name.contains(f.as_str()));
     let rounds = std::env::var("RATEMESH_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(31)
         .max(1);
-    compare("local_paired/hot_key", rounds, 1);
-    compare("local_paired/hot_key_2threads", rounds, 2);
+    for (name, threads) in [
+        ("local_paired/hot_key", 1),
+        ("local_paired/hot_key_2threads", 2),
+    ] {
+        if wanted(name) {
+            compare_hot_key(name, rounds, threads);
+        }
+    }
+    if wanted("local_paired/1m_keys") {
+        compare_1m_keys("local_paired/1m_keys", rounds);
+    }
 }

@@ -48,3 +48,16 @@ pub fn ratemesh_with(policy: Policy) -> Limiter<u64> {
 pub fn ratemesh() -> Limiter<u64> {
     ratemesh_with(Policy::token_bucket(RATE_PER_S, Duration::from_secs(1), BURST).unwrap())
 }
+
+/// `KEYS` keys in a fixed pseudo-random order (xorshift), the same for both limiters.
+pub fn key_sequence() -> Vec<u64> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    (0..KEYS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % KEYS
+        })
+        .collect()
+}

@@ -62,14 +62,31 @@ impl WordCell {
         reserve: bool,
     ) -> Option<Decision> {
         if policy.algorithm() == Algorithm::TokenBucket {
-            return live_outcome(self.update_then(
-                live(|state| token_bucket::plan(policy, state, now, cost)),
-                |deficit_after_ns| token_bucket::admitted(policy, deficit_after_ns),
-            ));
+            return self.decide_token_bucket_live(policy, now, cost);
         }
+        self.update_live(|state| word_decide(policy, state, now, cost, reserve))
+    }
+
+    /// [`WordCell::decide_token_bucket`] on a cell that may have been retired (`None`).
+    #[inline(always)]
+    pub fn decide_token_bucket_live(
+        &self,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+    ) -> Option<Decision> {
+        live_outcome(self.update_then(
+            live(|state| token_bucket::plan(policy, state, now, cost)),
+            |deficit_after_ns| token_bucket::admitted(policy, deficit_after_ns),
+        ))
+    }
+
+    /// [`WordCell::update`] on a cell that may have been retired (`None`).
+    #[inline(always)]
+    pub fn update_live(&self, step: impl Fn(u64) -> (Decision, u64)) -> Option<Decision> {
         live_outcome(self.update_then(
             live(|state| {
-                let (decision, next) = word_decide(policy, state, now, cost, reserve);
+                let (decision, next) = step(state);
                 Ok((next, decision))
             }),
             |decision| decision,

@@ -74,6 +74,18 @@ impl<K> Shortcuts<K> {
     }
 }
 
+/// What a thread's shortcuts said about a key.
+pub(crate) enum Lookup {
+    /// Decided through a live shortcut.
+    Decided(Decision),
+    /// No live shortcut; `repeat` when the previous miss of its set was the same key (a key
+    /// decided twice in a row through the map turns hot).
+    Missed {
+        /// The key missed twice in a row.
+        repeat: bool,
+    },
+}
+
 #[inline(always)]
 fn set_of(hash: u64) -> usize {
     // The map picks shards with the high bits and buckets with the low ones; any bits do.
@@ -92,37 +104,41 @@ impl<K: Send + Sync> HotKeys<K> {
         }
     }
 
-    /// Decide through this thread's shortcut to `key`, if it has a live one; `None` sends the
-    /// request to the map.
+    /// Decide through this thread's shortcut to `key`, if it has a live one; otherwise note
+    /// the miss and send the request to the map.
     #[inline(always)]
     pub(crate) fn decide<Q>(
         &self,
         hash: u64,
         key: &Q,
         decide: impl FnOnce(&WordCell) -> Option<Decision>,
-    ) -> Option<Decision>
+    ) -> Lookup
     where
         K: Borrow<Q>,
         Q: Eq + ?Sized,
     {
         // A key's `Eq` that re-entered the store would find the table borrowed: map path.
-        let mut shortcuts = self.threads.get()?.try_borrow_mut().ok()?;
+        let Ok(mut shortcuts) = self.shortcuts().try_borrow_mut() else {
+            return Lookup::Missed { repeat: false };
+        };
         let set = set_of(hash);
-        let way = shortcuts.ways[set].iter().position(
+        let found = shortcuts.ways[set].iter().position(
             |way| matches!(way, Some(s) if s.hash == hash && s.shared.key.borrow() == key),
-        )?;
-        let shortcut = shortcuts.ways[set][way].as_ref()?;
-        match decide(&shortcut.shared.cell) {
-            Some(decision) => {
-                shortcuts.victim[set] = (way ^ 1) as u8;
-                Some(decision)
-            }
-            None => {
-                // Retired by a sweep: forget it; the map holds the key afresh.
-                shortcuts.ways[set][way] = None;
-                None
+        );
+        if let Some(way) = found
+            && let Some(shortcut) = &shortcuts.ways[set][way]
+        {
+            match decide(shortcut.shared.cell()) {
+                Some(decision) => {
+                    shortcuts.victim[set] = (way ^ 1) as u8;
+                    return Lookup::Decided(decision);
+                }
+                // Evicted by a sweep: forget it; the map holds the key afresh.
+                None => shortcuts.ways[set][way] = None,
             }
         }
+        let repeat = std::mem::replace(&mut shortcuts.last_miss[set], hash) == hash;
+        Lookup::Missed { repeat }
     }
 
     /// Keep a shortcut to `shared` (its key's hash is `hash`), in place of the way of its
@@ -139,17 +155,7 @@ impl<K: Send + Sync> HotKeys<K> {
         shortcuts.last_miss[set] = 0;
     }
 
-    /// Note that a key with hash `hash` was decided through the map on an inline cell; tell
-    /// whether it was also the previous such key of its set (then share its cell).
-    #[inline]
-    pub(crate) fn seen_twice(&self, hash: u64) -> bool {
-        let Ok(mut shortcuts) = self.shortcuts().try_borrow_mut() else {
-            return false;
-        };
-        let last = &mut shortcuts.last_miss[set_of(hash)];
-        std::mem::replace(last, hash) == hash
-    }
-
+    #[inline(always)]
     fn shortcuts(&self) -> &RefCell<Shortcuts<K>> {
         self.threads.get_or(|| RefCell::new(Shortcuts::new()))
     }

@@ -87,10 +87,80 @@ struct AnyWordStep;
 struct SlidingWindowStep;
 struct SlidingLogStep;
 
-/// A word algorithm's decision on one cell, through the map (the slot is read-locked) or
-/// through a thread's shortcut (the cell may have been retired meanwhile).
+/// A word algorithm's decision on one cell: `decide` where the cell cannot have been retired
+/// (the caller holds its map shard's lock), `decide_live` where it may have been (through a
+/// thread's shortcut, or an inline cell that may have moved): `None` then.
 trait WordStep {
     fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision;
+
+    fn decide_live(
+        cell: &WordCell,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+    ) -> Option<Decision>;
+}
+
+impl WordStep for TokenBucketStep {
+    #[inline(always)]
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
+        cell.decide_token_bucket(policy, now, cost)
+    }
+
+    #[inline(always)]
+    fn decide_live(
+        cell: &WordCell,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        _: bool,
+    ) -> Option<Decision> {
+        cell.decide_token_bucket_live(policy, now, cost)
+    }
+}
+
+impl WordStep for GcraStep {
+    #[inline(always)]
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
+        cell.update(|state| gcra::decide(policy, state, now, cost))
+    }
+
+    #[inline(always)]
+    fn decide_live(
+        cell: &WordCell,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        _: bool,
+    ) -> Option<Decision> {
+        cell.update_live(|state| gcra::decide(policy, state, now, cost))
+    }
+}
+
+impl WordStep for FixedWindowStep {
+    #[inline(always)]
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
+        cell.update(|state| fixed_window::decide(policy, state, now, cost))
+    }
+
+    #[inline(always)]
+    fn decide_live(
+        cell: &WordCell,
+        policy: &Policy,
+        now: Nanos,
+        cost: u64,
+        _: bool,
+    ) -> Option<Decision> {
+        cell.update_live(|state| fixed_window::decide(policy, state, now, cost))
+    }
+}
+
+impl WordStep for AnyWordStep {
+    #[inline(always)]
+    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
+        cell.decide(policy, now, cost, reserve)
+    }
 
     #[inline(always)]
     fn decide_live(
@@ -101,34 +171,6 @@ trait WordStep {
         reserve: bool,
     ) -> Option<Decision> {
         cell.decide_live(policy, now, cost, reserve)
-    }
-}
-
-impl WordStep for TokenBucketStep {
-    #[inline(always)]
-    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
-        cell.decide_token_bucket(policy, now, cost)
-    }
-}
-
-impl WordStep for GcraStep {
-    #[inline(always)]
-    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
-        cell.update(|state| gcra::decide(policy, state, now, cost))
-    }
-}
-
-impl WordStep for FixedWindowStep {
-    #[inline(always)]
-    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, _: bool) -> Decision {
-        cell.update(|state| fixed_window::decide(policy, state, now, cost))
-    }
-}
-
-impl WordStep for AnyWordStep {
-    #[inline(always)]
-    fn decide(cell: &WordCell, policy: &Policy, now: Nanos, cost: u64, reserve: bool) -> Decision {
-        cell.decide(policy, now, cost, reserve)
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! # A key's cell, inline or shared
 //! A key's cell lives inline in the map (one `AtomicU64` next to the key) until a thread
-//! decides on it twice in a row through the map ([`HotKeys::seen_twice`]). Then, under the
+//! misses its shortcut to it twice in a row (`Lookup::Missed { repeat }`). Then, under the
 //! shard's write lock (no decision is running on the inline cell), its state moves into a
 //! [`SharedCell`] kept in a second map, `shared`, and the inline cell is set to
 //! [`RETIRED`], which here means *moved*. That move is the only allocation, once per key's
@@ -32,11 +32,22 @@ use std::sync::atomic::Ordering;
 use dashmap::DashMap;
 
 use super::cell::{RETIRED, WordCell};
-use super::hot::{HotKeys, SharedCell};
+use super::hot::{HotKeys, Lookup, SharedCell};
 use super::{Cells, Charge, Limits, WordStep};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::Policy;
+
+/// A request on its way through the map (after its shortcut missed).
+#[derive(Clone, Copy)]
+struct MapCall {
+    hash: u64,
+    /// The key missed its shortcut twice in a row: move its cell.
+    repeat: bool,
+    now: Nanos,
+    cost: u64,
+    reserve: bool,
+}
 
 /// A word algorithm's cells, the hot keys' shared cells, and threads' shortcuts to them.
 pub(super) struct WordCells<K: Send + Sync, S> {
@@ -95,41 +106,54 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     {
         let policy = &limits.policy;
         let hash = self.cells.map.hasher().hash_one(key);
-        let shortcut = self.hot.decide(hash, key, |cell| {
+        let lookup = self.hot.decide(hash, key, |cell| {
             D::decide_live(cell, policy, now, cost, reserve)
         });
-        if let Some(decision) = shortcut {
-            *charge = Charge::Key;
-            return decision;
-        }
-        self.decide_through_map::<D, Q>(limits, hash, key, now, cost, reserve, charge)
+        let repeat = match lookup {
+            Lookup::Decided(decision) => {
+                *charge = Charge::Key;
+                return decision;
+            }
+            Lookup::Missed { repeat } => repeat,
+        };
+        let map = MapCall {
+            hash,
+            repeat,
+            now,
+            cost,
+            reserve,
+        };
+        self.decide_through_map::<D, Q>(limits, key, map, charge)
     }
 
     /// The path of a key without a live shortcut on this thread: decide on its map cell (or
     /// the shared cell it moved to); then keep a shortcut to a shared cell, or move the cell
-    /// of a key seen twice in a row.
-    #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
+    /// of a key that missed twice in a row.
+    #[inline(always)]
     fn decide_through_map<D: WordStep, Q>(
         &self,
         limits: &Limits,
-        hash: u64,
         key: &Q,
-        now: Nanos,
-        cost: u64,
-        reserve: bool,
+        call: MapCall,
         charge: &mut Charge,
     ) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let MapCall {
+            hash,
+            repeat,
+            now,
+            cost,
+            reserve,
+        } = call;
         let policy = &limits.policy;
         if let Some(cell) = self.cells.map.get(key) {
             *charge = Charge::Key;
             if let Some(decision) = D::decide_live(&cell, policy, now, cost, reserve) {
                 drop(cell);
-                if self.hot.seen_twice(hash) {
+                if repeat {
                     self.share(limits, hash, key);
                 }
                 return decision;
