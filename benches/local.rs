@@ -13,6 +13,7 @@ mod common;
 use common::{BURST, RATE_PER_S, governor, key_sequence, ratemesh, ratemesh_with};
 use dashmap::DashMap;
 use ratemesh::clock::Clock;
+use ratemesh::policy::MAX_WINDOW_LIMIT;
 use ratemesh::{Limiter, Policy, SystemClock};
 
 /// Run `check` on two threads at once, `iters` times each; return the wall time.
@@ -145,8 +146,8 @@ fn algorithms(c: &mut Criterion) {
         Policy::gcra(RATE_PER_S, s, BURST).unwrap(),
         Policy::leaky_bucket_police(RATE_PER_S, s, BURST).unwrap(),
         Policy::leaky_bucket_shape(RATE_PER_S, s, Duration::from_micros(10)).unwrap(),
-        Policy::fixed_window(u32::MAX as u64, s).unwrap(),
-        Policy::sliding_window(u32::MAX as u64, s).unwrap(),
+        Policy::fixed_window(MAX_WINDOW_LIMIT, s).unwrap(),
+        Policy::sliding_window(MAX_WINDOW_LIMIT, s).unwrap(),
         Policy::sliding_log(1000, Duration::from_micros(10)).unwrap(),
     ] {
         let limiter = ratemesh_with(policy);
@@ -156,7 +157,7 @@ fn algorithms(c: &mut Criterion) {
     }
     let layered = Limiter::builder()
         .policy(Policy::token_bucket(RATE_PER_S, s, BURST).unwrap())
-        .policy(Policy::fixed_window(u32::MAX as u64, Duration::from_secs(86_400)).unwrap())
+        .policy(Policy::fixed_window(MAX_WINDOW_LIMIT, Duration::from_secs(86_400)).unwrap())
         .build::<u64>()
         .unwrap();
     group.bench_function("hot_key/layered_bucket_and_daily_window", |b| {

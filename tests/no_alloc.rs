@@ -79,10 +79,10 @@ fn a_layered_denial_with_refunds_does_not_allocate() {
         .clock(clock)
         .build::<String>()
         .unwrap();
-    // A key's first checks allocate: its map entry (the key and the shard's table), the
-    // thread's shortcut table, then (on its third check on a thread, when it turns hot) the
-    // shared cell with a copy of the key, and its entry in the map of shared cells (another
-    // copy and that shard's table): seven per layer.
+    // A key's first checks allocate: the thread's shortcut table and the key's map entry
+    // (the key and the shard's table), then (on its second check on a thread, when it turns
+    // hot) the shared cell with a copy of the key, and its entry in the map of shared cells
+    // (another copy and that shard's table): seven per layer.
     let warm_up = allocations_during(|| {
         for _ in 0..3 {
             limiter.check("client", 1);
@@ -122,5 +122,5 @@ fn many_interleaved_hot_keys_do_not_allocate() {
         }
     });
     assert_eq!(count, 0);
-    assert_eq!(limiter.stats()[0].shared_keys, 100);
+    assert_eq!(limiter.stats()[0].hot_keys, 100);
 }

@@ -123,20 +123,129 @@ fn shortcuts_to_evicted_hot_keys_never_admit() {
                 let count = count.swap(0, Ordering::Relaxed);
                 assert_eq!(count, CAPACITY, "{name}: key {k} in round {round}");
             }
+            assert_eq!(limiter.stats()[0].hot_keys, KEYS, "{name}: round {round}");
+            // Busy keys stay.
+            assert_eq!(limiter.evict_idle(), 0, "{name}: round {round}");
             // Every key is idle 200 hours later (a full bucket, a new window); the sweep
-            // removes (and retires) all of them.
+            // removes (and retires) all of them, shared cells included.
             clock.advance(Duration::from_secs(200 * 3600));
             assert_eq!(limiter.evict_idle(), KEYS, "{name}: round {round}");
+            assert_eq!(limiter.stats()[0].hot_keys, 0, "{name}: round {round}");
         }
         for thread in threads {
             thread.join().unwrap();
         }
-        let shared = limiter.stats()[0].shared_keys;
-        assert!(
-            shared >= KEYS as u64 * ROUNDS,
-            "{name}: {shared} keys shared"
-        );
+        let moved = limiter.stats()[0].hot_keys_moved;
+        assert!(moved >= KEYS as u64 * ROUNDS, "{name}: {moved} keys moved");
     }
+}
+
+/// The race itself: a sweeper evicts idle hot keys while four threads start spending them
+/// through their shortcuts (the clock stands still within a round). Whichever comes first on
+/// each key, that key admits exactly its capacity in the round: a decision that loses to the
+/// sweep goes to a fresh key, and a sweep that loses to a decision leaves the key alone.
+#[test]
+fn a_sweep_racing_decisions_on_hot_keys_loses_and_duplicates_nothing() {
+    const KEYS: usize = 4;
+    const ROUNDS: u64 = 200;
+    const CAPACITY: u64 = 20;
+    let hour = Duration::from_secs(3600);
+    for policy in [
+        Policy::token_bucket(1, hour, CAPACITY).unwrap(),
+        Policy::fixed_window(CAPACITY, hour).unwrap(),
+    ] {
+        let clock = ManualClock::new(SECOND);
+        let limiter = Arc::new(
+            Limiter::builder()
+                .policy(policy)
+                .clock(clock.clone())
+                .build::<u64>()
+                .unwrap(),
+        );
+        let admitted: Arc<Vec<AtomicU64>> =
+            Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+        let barrier = Arc::new(std::sync::Barrier::new(6));
+        let running = Arc::new(AtomicU64::new(0));
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let (limiter, admitted, barrier, running) = (
+                    Arc::clone(&limiter),
+                    Arc::clone(&admitted),
+                    Arc::clone(&barrier),
+                    Arc::clone(&running),
+                );
+                std::thread::spawn(move || {
+                    for _ in 0..ROUNDS {
+                        barrier.wait();
+                        for i in 0..2 * CAPACITY as usize {
+                            let k = (i + t) % KEYS;
+                            if limiter.check(&(k as u64), 1).is_allowed() {
+                                admitted[k].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        running.fetch_sub(1, Ordering::AcqRel);
+                        barrier.wait();
+                    }
+                })
+            })
+            .collect();
+        let sweeper = {
+            let (limiter, barrier, running) = (
+                Arc::clone(&limiter),
+                Arc::clone(&barrier),
+                Arc::clone(&running),
+            );
+            std::thread::spawn(move || {
+                let mut evicted = 0;
+                for _ in 0..ROUNDS {
+                    barrier.wait();
+                    while running.load(Ordering::Acquire) > 0 {
+                        evicted += limiter.evict_idle();
+                    }
+                    barrier.wait();
+                }
+                evicted
+            })
+        };
+        let name = policy.algorithm().name();
+        for round in 0..ROUNDS {
+            running.store(4, Ordering::Release);
+            barrier.wait();
+            barrier.wait();
+            for (k, count) in admitted.iter().enumerate() {
+                let count = count.swap(0, Ordering::Relaxed);
+                assert_eq!(count, CAPACITY, "{name}: key {k} in round {round}");
+            }
+            // Idle again for the next round's race.
+            clock.advance(Duration::from_secs(200 * 3600));
+        }
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        let evicted = sweeper.join().unwrap();
+        let stats = limiter.stats()[0];
+        // Both sides won some races (keys evicted before a round's first decision, keys moved
+        // again after an eviction).
+        assert!(evicted > 0, "{name}: {stats:?}");
+        assert!(stats.hot_keys_moved > KEYS as u64, "{name}: {stats:?}");
+    }
+}
+
+/// At most one key in 16 of `max_keys` holds a shared cell, however many keys arrive in
+/// runs; the others keep deciding (exactly) through the map.
+#[test]
+fn hot_keys_are_capped_at_one_in_16() {
+    let policy = Policy::token_bucket(1, Duration::from_secs(3600), 5).unwrap();
+    let store: Store<u64> = Store::new(policy, 1600);
+    for key in 0..1000u64 {
+        for _ in 0..5 {
+            assert!(store.decide(&key, SECOND, 1).is_allowed());
+        }
+        assert!(!store.decide(&key, SECOND, 1).is_allowed());
+    }
+    let stats = store.stats();
+    assert_eq!((stats.keys, stats.hot_keys), (1000, 100), "{stats:?}");
+    assert_eq!(stats.hot_keys_moved, 100);
 }
 
 #[test]

@@ -99,7 +99,10 @@ impl WordCell {
     #[inline(always)]
     pub fn decide_token_bucket(&self, policy: &Policy, now: Nanos, cost: u64) -> Decision {
         outcome(self.update_then(
-            |state| token_bucket::plan(policy, state, now, cost),
+            |state| {
+                debug_assert_ne!(state, RETIRED, "a decision on a retired cell");
+                token_bucket::plan(policy, state, now, cost)
+            },
             |deficit_after_ns| token_bucket::admitted(policy, deficit_after_ns),
         ))
     }
@@ -137,6 +140,7 @@ impl WordCell {
     pub fn update(&self, step: impl Fn(u64) -> (Decision, u64)) -> Decision {
         outcome(self.update_then(
             |state| {
+                debug_assert_ne!(state, RETIRED, "a decision on a retired cell");
                 let (decision, next) = step(state);
                 Ok::<_, Decision>((next, decision))
             },
@@ -167,6 +171,7 @@ impl WordCell {
     pub fn refund(&self, policy: &Policy, charged_at: Nanos, cost: u64) {
         let mut current = self.state.load(Ordering::Acquire);
         loop {
+            debug_assert_ne!(current, RETIRED, "a refund on a retired cell");
             let next = word_refund(policy, current, charged_at, cost);
             match self.state.compare_exchange_weak(
                 current,

@@ -160,3 +160,72 @@ impl<K: Send + Sync> HotKeys<K> {
         self.threads.get_or(|| RefCell::new(Shortcuts::new()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Policy;
+    use std::time::Duration;
+
+    fn policy() -> Policy {
+        Policy::token_bucket(1, Duration::from_secs(3600), 10).unwrap()
+    }
+
+    fn decide(hot: &HotKeys<String>, hash: u64, key: &str) -> Lookup {
+        hot.decide(hash, key, |cell| cell.decide_live(&policy(), 1, 1, true))
+    }
+
+    #[test]
+    fn a_kept_shortcut_decides_for_its_key_only() {
+        let hot = HotKeys::<String>::new();
+        assert!(matches!(
+            decide(&hot, 7, "a"),
+            Lookup::Missed { repeat: false }
+        ));
+        assert!(matches!(
+            decide(&hot, 7, "a"),
+            Lookup::Missed { repeat: true }
+        ));
+        let shared = Arc::new(SharedCell::new(0, "a".to_string()));
+        hot.keep(7, Arc::clone(&shared));
+        let Lookup::Decided(decision) = decide(&hot, 7, "a") else {
+            panic!("the shortcut was not used");
+        };
+        assert!(decision.is_allowed());
+        assert_eq!(shared.cell().decide(&policy(), 1, 0, true).remaining, 9);
+        // Same hash, another key: the key comparison sends it to the map.
+        assert!(matches!(decide(&hot, 7, "b"), Lookup::Missed { .. }));
+        // Another thread has no shortcut.
+        std::thread::scope(|scope| {
+            scope.spawn(|| assert!(matches!(decide(&hot, 7, "a"), Lookup::Missed { .. })));
+        });
+    }
+
+    #[test]
+    fn a_shortcut_to_an_evicted_cell_is_dropped() {
+        let hot = HotKeys::<String>::new();
+        let shared = Arc::new(SharedCell::new(0, "a".to_string()));
+        hot.keep(7, Arc::clone(&shared));
+        assert!(shared.cell().retire_if_idle(&policy(), 1));
+        assert!(matches!(decide(&hot, 7, "a"), Lookup::Missed { .. }));
+        // Dropped: this thread no longer holds the cell.
+        assert_eq!(Arc::strong_count(&shared), 1);
+    }
+
+    #[test]
+    fn two_hot_keys_of_one_set_both_keep_their_shortcut() {
+        let hot = HotKeys::<String>::new();
+        let (a, b) = (
+            Arc::new(SharedCell::new(0, "a".to_string())),
+            Arc::new(SharedCell::new(0, "b".to_string())),
+        );
+        // Same set (bits 32.. of the hash), different hashes.
+        let (hash_a, hash_b) = (1 << 32, (1 << 32) | 1);
+        hot.keep(hash_a, a);
+        hot.keep(hash_b, b);
+        for _ in 0..3 {
+            assert!(matches!(decide(&hot, hash_a, "a"), Lookup::Decided(_)));
+            assert!(matches!(decide(&hot, hash_b, "b"), Lookup::Decided(_)));
+        }
+    }
+}

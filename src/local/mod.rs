@@ -68,9 +68,12 @@ pub struct StoreStats {
     pub evicted: u64,
     /// Decisions made on the overflow cell because the store was full.
     pub overflow_decisions: u64,
-    /// Hot keys whose cell moved into one shared with threads' shortcuts, since the start
-    /// (a key counts again if it turns hot again after an eviction).
-    pub shared_keys: u64,
+    /// Keys held now whose cell is shared with threads' shortcuts (hot keys; at most one
+    /// in 16 of `max_keys`).
+    pub hot_keys: usize,
+    /// Keys whose cell moved into a shared one, since the start (a key counts again if it
+    /// turns hot again after an eviction).
+    pub hot_keys_moved: u64,
 }
 
 /// One algorithm's decision on one kind of cell, as a type: the store compiles one lookup and
@@ -243,7 +246,7 @@ struct Limits {
     last_sweep_ns: AtomicU64,
     evicted: AtomicU64,
     overflow_decisions: AtomicU64,
-    shared_keys: AtomicU64,
+    hot_keys_moved: AtomicU64,
 }
 
 /// One policy's state for every key: a `DashMap` of cells with a hard cap on keys.
@@ -284,9 +287,9 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
                 overflow: C::default(),
             }
         }
-        fn words<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone>(hasher: S) -> WordCells<K, S> {
-            WordCells::new(cells(hasher.clone()), hasher)
-        }
+        let words = |hasher: S| {
+            WordCells::new(cells(hasher.clone()), hasher, words::max_hot_keys(max_keys))
+        };
         let table = match policy.algorithm() {
             Algorithm::TokenBucket => Table::TokenBucket(words(hasher)),
             Algorithm::Gcra => Table::Gcra(words(hasher)),
@@ -307,7 +310,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
                 last_sweep_ns: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
                 overflow_decisions: AtomicU64::new(0),
-                shared_keys: AtomicU64::new(0),
+                hot_keys_moved: AtomicU64::new(0),
             },
         }
     }
@@ -344,7 +347,14 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
             keys: self.len(),
             evicted: self.limits.evicted.load(Ordering::Relaxed),
             overflow_decisions: self.limits.overflow_decisions.load(Ordering::Relaxed),
-            shared_keys: self.limits.shared_keys.load(Ordering::Relaxed),
+            hot_keys: match &self.table {
+                Table::TokenBucket(words)
+                | Table::Gcra(words)
+                | Table::FixedWindow(words)
+                | Table::LeakyBucket(words) => words.hot_keys(),
+                Table::SlidingWindow(_) | Table::SlidingLog(_) => 0,
+            },
+            hot_keys_moved: self.limits.hot_keys_moved.load(Ordering::Relaxed),
         }
     }
 

@@ -9,7 +9,7 @@
 //! [`RETIRED`], which here means *moved*. That move is the only allocation, once per key's
 //! life; the thread keeps a shortcut to the shared cell, and so does every other thread that
 //! later finds the key moved. Cold keys keep one word per key; only hot keys pay for the
-//! second entry.
+//! second entry, and at most [`max_hot_keys`] keys are hot at once.
 //!
 //! Under a shard's read lock an inline cell can neither move nor be evicted (both take the
 //! write lock), so a decision through the map that finds its cell moved decides on the
@@ -27,7 +27,7 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 
@@ -55,17 +55,38 @@ pub(super) struct WordCells<K: Send + Sync, S> {
     pub(super) cells: Cells<K, WordCell, S>,
     /// The cells of hot keys (the keys whose inline cell is [`RETIRED`]).
     shared: DashMap<K, Arc<SharedCell<K>>, S>,
+    /// Entries in `shared` (kept by the code that inserts and removes them).
+    hot_keys: AtomicUsize,
+    /// The cap on `hot_keys` (see [`max_hot_keys`]).
+    max_hot_keys: usize,
     hot: HotKeys<K>,
 }
 
+/// Return the cap on hot keys for a store of `max_keys`: one key in 16 (at least 64, or
+/// every key of a smaller store). Keys that send requests in runs could otherwise all turn
+/// hot; with the cap, memory stays within `max_keys` inline cells plus this many shared ones,
+/// and a key that finds the cap reached keeps deciding through the map.
+pub(super) fn max_hot_keys(max_keys: usize) -> usize {
+    (max_keys / 16).max(max_keys.min(64))
+}
+
 impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
-    /// Create an empty table around `cells`, with `hasher` for the shared cells.
-    pub(super) fn new(cells: Cells<K, WordCell, S>, hasher: S) -> Self {
+    /// Create an empty table around `cells`, with `hasher` for the shared cells and room
+    /// for `max_hot_keys` of them.
+    pub(super) fn new(cells: Cells<K, WordCell, S>, hasher: S, max_hot_keys: usize) -> Self {
         WordCells {
             cells,
             shared: DashMap::with_hasher(hasher),
+            hot_keys: AtomicUsize::new(0),
+            max_hot_keys,
             hot: HotKeys::new(),
         }
+    }
+
+    /// Return the number of keys with a shared cell (counts every shard: not for the
+    /// request path).
+    pub(super) fn hot_keys(&self) -> usize {
+        self.shared.len()
     }
 
     /// [`WordCells::decide_inline`], out of line (see `Cells::decide`).
@@ -153,7 +174,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
             *charge = Charge::Key;
             if let Some(decision) = D::decide_live(&cell, policy, now, cost, reserve) {
                 drop(cell);
-                if repeat {
+                if repeat && self.hot_keys.load(Ordering::Relaxed) < self.max_hot_keys {
                     self.share(limits, hash, key);
                 }
                 return decision;
@@ -215,10 +236,17 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
         let shared = if cell.load() == RETIRED {
             // Another thread moved it first.
             self.shared.get(key).map(|shared| Arc::clone(&shared))
+        } else if self.hot_keys.fetch_add(1, Ordering::Relaxed) >= self.max_hot_keys {
+            self.hot_keys.fetch_sub(1, Ordering::Relaxed);
+            None
         } else {
-            let shared = Arc::new(SharedCell::new(cell.retire(), key.to_owned()));
-            self.shared.insert(key.to_owned(), Arc::clone(&shared));
-            limits.shared_keys.fetch_add(1, Ordering::Relaxed);
+            // Build and insert first, retire last: were `to_owned` or `hash` to panic, the
+            // inline cell would still hold the state.
+            let shared = Arc::new(SharedCell::new(cell.load(), key.to_owned()));
+            let before = self.shared.insert(key.to_owned(), Arc::clone(&shared));
+            debug_assert!(before.is_none(), "a key moved twice");
+            cell.retire();
+            limits.hot_keys_moved.fetch_add(1, Ordering::Relaxed);
             Some(shared)
         };
         drop(cell);
@@ -238,8 +266,8 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
             Some(shared) => shared.cell().retire_if_idle(policy, now),
             None => true,
         };
-        if retired {
-            self.shared.remove(key);
+        if retired && self.shared.remove(key).is_some() {
+            self.hot_keys.fetch_sub(1, Ordering::Relaxed);
         }
         retired
     }
@@ -278,5 +306,56 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
         } else if let Some(shared) = self.shared.get(key) {
             shared.cell().refund(policy, charged_at, cost);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::local::{Store, Table};
+
+    const SECOND: Nanos = 1_000_000_000;
+
+    /// Decide for `key` through this thread's shortcut only.
+    fn through_shortcut(store: &Store<u64>, key: u64) -> Option<Decision> {
+        let Table::TokenBucket(words) = &store.table else {
+            panic!("not a token bucket");
+        };
+        let hash = words.cells.map.hasher().hash_one(key);
+        let policy = store.policy();
+        match words
+            .hot
+            .decide(hash, &key, |cell| cell.decide_live(policy, SECOND, 1, true))
+        {
+            Lookup::Decided(decision) => Some(decision),
+            Lookup::Missed { .. } => None,
+        }
+    }
+
+    #[test]
+    fn a_key_checked_twice_in_a_row_is_decided_through_a_shortcut_after() {
+        let policy = Policy::token_bucket(1, Duration::from_secs(3600), 10).unwrap();
+        let store: Store<u64> = Store::new(policy, 100);
+        assert!(store.decide(&5, SECOND, 1).is_allowed());
+        assert!(through_shortcut(&store, 5).is_none());
+        assert!(store.decide(&5, SECOND, 1).is_allowed());
+        // Moved on its second check: the third goes through the shortcut, on the same state.
+        let decision = through_shortcut(&store, 5).expect("no shortcut after two checks");
+        assert_eq!(decision.remaining, 7);
+        assert_eq!(store.decide(&5, SECOND, 1).remaining, 6);
+        assert_eq!(store.stats().hot_keys, 1);
+        // Another thread finds the key moved in the map, and keeps a shortcut of its own.
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                assert!(through_shortcut(&store, 5).is_none());
+                assert_eq!(store.decide(&5, SECOND, 1).remaining, 5);
+                assert_eq!(through_shortcut(&store, 5).map(|d| d.remaining), Some(4));
+            });
+        });
+        // A refund through the map reaches the shared cell.
+        store.refund(&5, Charge::Key, SECOND, 2);
+        assert_eq!(store.decide(&5, SECOND, 0).remaining, 6);
     }
 }
