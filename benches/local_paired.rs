@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 mod common;
-use common::{governor, key_sequence, ratemesh};
+use common::{Governor, governor, key_sequence, ratemesh};
+use ratemesh::Limiter;
 
 /// Checks per turn: about 0.1 s at 60 ns.
 const CHECKS: u64 = 1_500_000;
@@ -57,28 +58,98 @@ fn compare_hot_key(name: &str, rounds: usize, threads: usize) {
     compare(name, rounds, threads, &ratemesh_check, &governor_check);
 }
 
-/// Compare on a million keys in random order, both limiters filled first (`local/1m_keys`).
+/// Compare on a million keys in random order (`local/1m_keys`). Where a map's memory lands
+/// (which pages, which cache sets) moves a random-access benchmark by several percent, so
+/// each round builds and fills both limiters anew (in alternating order) and measures them.
 fn compare_1m_keys(name: &str, rounds: usize) {
     let keys = key_sequence();
-    let (ours, theirs) = (ratemesh(), governor());
-    for &k in &keys {
-        ours.check(&k, 1);
-        let _ = theirs.check_key(&k);
-    }
-    // One thread: a plain load and store of the position (no read-modify-write).
     let next = AtomicUsize::new(0);
+    // One thread: a plain load and store of the position (no read-modify-write).
     let next_key = || {
         let i = (next.load(Ordering::Relaxed) + 1) % keys.len();
         next.store(i, Ordering::Relaxed);
         &keys[i]
     };
-    let ratemesh_check = || {
-        black_box(ours.check(next_key(), 1));
-    };
-    let governor_check = || {
-        let _ = black_box(theirs.check_key(next_key()));
-    };
-    compare(name, rounds, 1, &ratemesh_check, &governor_check);
+    let mut measures = Measures::default();
+    for round in 0..rounds {
+        let (ours, theirs) = if round.is_multiple_of(2) {
+            let ours = filled_ratemesh(&keys);
+            (ours, filled_governor(&keys))
+        } else {
+            let theirs = filled_governor(&keys);
+            (filled_ratemesh(&keys), theirs)
+        };
+        let ratemesh_check = || {
+            black_box(ours.check(next_key(), 1));
+        };
+        let governor_check = || {
+            let _ = black_box(theirs.check_key(next_key()));
+        };
+        measures.round(round, 1, &ratemesh_check, &governor_check);
+    }
+    measures.report(name);
+}
+
+fn filled_ratemesh(keys: &[u64]) -> Limiter<u64> {
+    let limiter = ratemesh();
+    for k in keys {
+        limiter.check(k, 1);
+    }
+    limiter
+}
+
+fn filled_governor(keys: &[u64]) -> Governor {
+    let limiter = governor();
+    for k in keys {
+        let _ = limiter.check_key(k);
+    }
+    limiter
+}
+
+/// Per-round times and ratios of the two limiters.
+#[derive(Default)]
+struct Measures {
+    ratios: Vec<f64>,
+    ours_ns: Vec<f64>,
+    theirs_ns: Vec<f64>,
+}
+
+impl Measures {
+    /// Measure one round, in the order A B on even rounds and B A on odd ones.
+    fn round(
+        &mut self,
+        round: usize,
+        threads: usize,
+        ratemesh_check: &(dyn Fn() + Sync),
+        governor_check: &(dyn Fn() + Sync),
+    ) {
+        let (a, b) = if round.is_multiple_of(2) {
+            let a = per_check_ns(threads, ratemesh_check);
+            (a, per_check_ns(threads, governor_check))
+        } else {
+            let b = per_check_ns(threads, governor_check);
+            (per_check_ns(threads, ratemesh_check), b)
+        };
+        self.ratios.push(a / b);
+        self.ours_ns.push(a);
+        self.theirs_ns.push(b);
+    }
+
+    fn report(mut self, name: &str) {
+        for values in [&mut self.ratios, &mut self.ours_ns, &mut self.theirs_ns] {
+            values.sort_by(f64::total_cmp);
+        }
+        println!(
+            "{name}: ratemesh / governor, median of {} rounds {:.3} (quartiles {:.3}–{:.3}); \
+             medians {:.1} / {:.1} ns per check",
+            self.ratios.len(),
+            quantile(&self.ratios, 0.5),
+            quantile(&self.ratios, 0.25),
+            quantile(&self.ratios, 0.75),
+            quantile(&self.ours_ns, 0.5),
+            quantile(&self.theirs_ns, 0.5),
+        );
+    }
 }
 
 fn compare(
@@ -91,31 +162,11 @@ fn compare(
     // Warm both up.
     per_check_ns(threads, ratemesh_check);
     per_check_ns(threads, governor_check);
-    let (mut ratios, mut ours_ns, mut theirs_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let mut measures = Measures::default();
     for round in 0..rounds {
-        let (a, b) = if round % 2 == 0 {
-            let a = per_check_ns(threads, ratemesh_check);
-            (a, per_check_ns(threads, governor_check))
-        } else {
-            let b = per_check_ns(threads, governor_check);
-            (per_check_ns(threads, ratemesh_check), b)
-        };
-        ratios.push(a / b);
-        ours_ns.push(a);
-        theirs_ns.push(b);
+        measures.round(round, threads, ratemesh_check, governor_check);
     }
-    for values in [&mut ratios, &mut ours_ns, &mut theirs_ns] {
-        values.sort_by(f64::total_cmp);
-    }
-    println!(
-        "{name}: ratemesh / governor, median of {rounds} rounds {:.3} (quartiles {:.3}–{:.3}); \
-         medians {:.1} / {:.1} ns per check",
-        quantile(&ratios, 0.5),
-        quantile(&ratios, 0.25),
-        quantile(&ratios, 0.75),
-        quantile(&ours_ns, 0.5),
-        quantile(&theirs_ns, 0.5),
-    );
+    measures.report(name);
 }
 
 fn main() {

@@ -5,7 +5,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::Duration;
 
-use ratemesh::{Limiter, ManualClock, Policy};
+use ratemesh::{Algorithm, Limiter, ManualClock, Policy};
 
 struct Counting;
 
@@ -51,7 +51,19 @@ fn checks_on_a_known_key_do_not_allocate() {
             .clock(clock.clone())
             .build::<String>()
             .unwrap();
-        // Warm up: create the key and let a sliding log reach its largest size.
+        // Warm up: create the key, let it turn hot (its cell moves into one shared with
+        // this thread's shortcut, after about 32 checks), and let a sliding log reach its
+        // largest size.
+        let word = !matches!(
+            policy.algorithm(),
+            Algorithm::SlidingLog | Algorithm::SlidingWindow
+        );
+        let mut checks = 0;
+        while word && limiter.stats()[0].hot_keys == 0 {
+            limiter.check("client", 1);
+            checks += 1;
+            assert!(checks < 2000, "not hot after {checks} checks");
+        }
         for _ in 0..3 {
             for _ in 0..20 {
                 limiter.check("client", 1);
@@ -79,15 +91,17 @@ fn a_layered_denial_with_refunds_does_not_allocate() {
         .clock(clock)
         .build::<String>()
         .unwrap();
-    // A key's first checks allocate: the thread's shortcut table and the key's map entry
-    // (the key and the shard's table), then (on its second check on a thread, when it turns
-    // hot) the shared cell with a copy of the key, and its entry in the map of shared cells
+    // A key's first checks allocate: its map entry (the key and the shard's table), then,
+    // when it turns hot (after about 32 checks on a thread), this thread's shortcut table,
+    // the shared cell with a copy of the key, and its entry in the map of shared cells
     // (another copy and that shard's table): seven per layer.
     let warm_up = allocations_during(|| {
-        for _ in 0..3 {
+        for _ in 0..1000 {
             limiter.check("client", 1);
         }
     });
+    let hot: Vec<usize> = limiter.stats().iter().map(|layer| layer.hot_keys).collect();
+    assert_eq!(hot, vec![1, 1, 1], "1000 checks made every layer's key hot");
     assert!(warm_up <= 3 * 7, "{warm_up} allocations to warm up");
     let count = allocations_during(|| {
         for _ in 0..1000 {
@@ -109,7 +123,7 @@ fn many_interleaved_hot_keys_do_not_allocate() {
         .unwrap();
     let keys: Vec<String> = (0..100).map(|k| format!("tenant-{k}")).collect();
     for key in &keys {
-        for _ in 0..3 {
+        for _ in 0..1000 {
             limiter.check(key.as_str(), 1);
         }
     }
