@@ -96,8 +96,8 @@ struct Shortcut<K> {
 #[repr(align(64))]
 struct ShortcutSet<K> {
     ways: [Option<Shortcut<K>>; WAYS],
-    /// The hash of the last key of this set looked up through the map: a key seen twice in
-    /// a row turns hot.
+    /// The hash of the last key of this set noted on its way to the map: a key noted twice
+    /// in a row turns hot.
     last_miss: u64,
     /// The way to replace next (the one not used last).
     victim: u8,
@@ -124,10 +124,10 @@ impl<K> Shortcuts<K> {
 pub(crate) enum Lookup {
     /// Decided through a live shortcut.
     Decided(Decision),
-    /// No live shortcut; `repeat` when the previous miss of its set was the same key (a key
-    /// decided twice in a row through the map turns hot).
+    /// No live shortcut; `repeat` when this lookup was noted and the previous noted one of
+    /// its set was the same key (the key turns hot).
     Missed {
-        /// The key missed twice in a row.
+        /// The key was noted twice in a row.
         repeat: bool,
     },
 }

@@ -3,11 +3,11 @@
 //! # The request path
 //! A decision hashes the key (ahash with a per-process random seed, which resists hash
 //! flooding by clients). For a word algorithm (token bucket, GCRA, leaky buckets, fixed
-//! window) the thread first looks among its own shortcuts to hot keys' cells ([`hot`]): on a
-//! hit it compares the key and runs the cell's compare-and-swap loop, and takes no lock at
-//! all. Otherwise it takes the read lock of one of the map's shards and runs the cell's
-//! compare-and-swap loop (word algorithms) or its per-key mutex (sliding window, sliding
-//! log). No global lock; for a known key, no allocation (a key that turns hot moves its cell
+//! window) the thread first looks among its own shortcuts to hot keys' cells (`local::hot`,
+//! skipped for keys that a filter shows cannot be hot): on a hit it compares the key and runs
+//! the cell's compare-and-swap loop, and takes no lock at all. Otherwise it takes the read
+//! lock of one of the map's shards and runs the cell's compare-and-swap loop (word
+//! algorithms) or its per-key mutex (sliding window, sliding log). No global lock; for a known key, no allocation (a key that turns hot moves its cell
 //! into a shared one once). A new key is inserted under that shard's write lock.
 //!
 //! # The cap on keys and eviction
@@ -15,7 +15,7 @@
 //! that are over, a log with no entry left in the window). Forgetting an idle key changes
 //! no future decision, so eviction is exact: only idle keys are ever removed. A hot key's
 //! shared cell is retired as it is removed, so that threads' shortcuts to it can never admit
-//! again (see [`hot`]).
+//! again (see `local::hot` and `local::words`).
 //!
 //! The store never holds more than `max_keys` keys. When a new key arrives at the cap, the
 //! store first sweeps out idle keys (at most once per `sweep_interval`); if the map is still

@@ -3,8 +3,9 @@
 //!
 //! # A key's cell, inline or shared
 //! A key's cell lives inline in the map (one `AtomicU64` next to the key) until a thread
-//! misses its shortcut to it twice in a row (`Lookup::Missed { repeat }`). Then, under the
-//! shard's write lock (no decision is running on the inline cell), its state moves into a
+//! notes it twice in a row among its sampled lookups of that shortcut set
+//! (`Lookup::Missed { repeat }`, about 32 checks in a row; see [`hot`](super::hot)). Then,
+//! under the shard's write lock (no decision is running on the inline cell), its state moves into a
 //! [`SharedCell`] kept in a second map, `shared`, and the inline cell is set to
 //! [`RETIRED`], which here means *moved*. That move is the only allocation, once per key's
 //! life; the thread keeps a shortcut to the shared cell, and so does every other thread that
@@ -42,7 +43,7 @@ use crate::policy::Policy;
 #[derive(Clone, Copy)]
 struct MapCall {
     hash: u64,
-    /// The key missed its shortcut twice in a row: move its cell.
+    /// The thread noted this key twice in a row: move its cell.
     repeat: bool,
     now: Nanos,
     cost: u64,
@@ -152,7 +153,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
 
     /// The path of a key without a live shortcut on this thread: decide on its map cell (or
     /// the shared cell it moved to); then keep a shortcut to a shared cell, or move the cell
-    /// of a key that missed twice in a row.
+    /// of a key that the thread noted twice in a row.
     #[inline(always)]
     fn decide_through_map<D: WordStep, Q>(
         &self,
