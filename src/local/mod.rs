@@ -7,8 +7,9 @@
 //! skipped for keys that a filter shows cannot be hot): on a hit it compares the key and runs
 //! the cell's compare-and-swap loop, and takes no lock at all. Otherwise it takes the read
 //! lock of one of the map's shards and runs the cell's compare-and-swap loop (word
-//! algorithms) or its per-key mutex (sliding window, sliding log). No global lock; for a known key, no allocation (a key that turns hot moves its cell
-//! into a shared one once). A new key is inserted under that shard's write lock.
+//! algorithms) or its per-key mutex (sliding window, sliding log). No global lock; for a
+//! known key, no allocation (a key that turns hot moves its cell into a shared one once). A
+//! new key is inserted under that shard's write lock.
 //!
 //! # The cap on keys and eviction
 //! A key is *idle* when its state is equivalent to a fresh key's (a full bucket, windows
