@@ -145,6 +145,8 @@ fn shortcuts_to_evicted_hot_keys_never_admit() {
 /// through their shortcuts (the clock stands still within a round). Whichever comes first on
 /// each key, that key admits exactly its capacity in the round: a decision that loses to the
 /// sweep goes to a fresh key, and a sweep that loses to a decision leaves the key alone.
+/// Which side wins is up to the scheduler, so every other round the keys are also evicted
+/// before the workers start (their shortcuts are then all stale).
 #[test]
 fn a_sweep_racing_decisions_on_hot_keys_loses_and_duplicates_nothing() {
     const KEYS: usize = 4;
@@ -178,10 +180,14 @@ fn a_sweep_racing_decisions_on_hot_keys_loses_and_duplicates_nothing() {
                 std::thread::spawn(move || {
                     for _ in 0..ROUNDS {
                         barrier.wait();
-                        for i in 0..2 * CAPACITY as usize {
-                            let k = (i + t) % KEYS;
-                            if limiter.check(&(k as u64), 1).is_allowed() {
-                                admitted[k].fetch_add(1, Ordering::Relaxed);
+                        // Runs of one key (so that it turns hot), each thread starting
+                        // on another key.
+                        for j in 0..KEYS {
+                            let k = (j + t) % KEYS;
+                            for _ in 0..2 * CAPACITY {
+                                if limiter.check(&(k as u64), 1).is_allowed() {
+                                    admitted[k].fetch_add(1, Ordering::Relaxed);
+                                }
                             }
                         }
                         running.fetch_sub(1, Ordering::AcqRel);
@@ -209,8 +215,12 @@ fn a_sweep_racing_decisions_on_hot_keys_loses_and_duplicates_nothing() {
             })
         };
         let name = policy.algorithm().name();
+        let mut evicted_first = 0;
         for round in 0..ROUNDS {
             running.store(4, Ordering::Release);
+            if round % 2 == 1 {
+                evicted_first += limiter.evict_idle();
+            }
             barrier.wait();
             barrier.wait();
             for (k, count) in admitted.iter().enumerate() {
@@ -223,12 +233,21 @@ fn a_sweep_racing_decisions_on_hot_keys_loses_and_duplicates_nothing() {
         for worker in workers {
             worker.join().unwrap();
         }
-        let evicted = sweeper.join().unwrap();
+        let raced = sweeper.join().unwrap();
         let stats = limiter.stats()[0];
-        // Both sides won some races (keys evicted before a round's first decision, keys moved
-        // again after an eviction).
-        assert!(evicted > 0, "{name}: {stats:?}");
-        assert!(stats.hot_keys_moved > KEYS as u64, "{name}: {stats:?}");
+        // The sweeps before odd rounds found every key idle (what the sweeper had left), and
+        // the keys turned hot again after each eviction.
+        assert_eq!(
+            evicted_first + raced,
+            stats.evicted as usize,
+            "{name}: {stats:?}"
+        );
+        assert_eq!(
+            evicted_first,
+            KEYS * ROUNDS as usize / 2,
+            "{name}: {stats:?}"
+        );
+        assert!(stats.hot_keys_moved > ROUNDS / 2, "{name}: {stats:?}");
     }
 }
 
