@@ -760,9 +760,12 @@ fn build_policy(
         }
         let limit = required("limit", raw.limit)?;
         let window = duration("window", &raw.window)?;
+        let global = raw.backend == Backend::Mesh;
         match raw.algorithm {
+            AlgorithmName::FixedWindow if global => Policy::global_fixed_window(limit, window),
             AlgorithmName::FixedWindow => Policy::fixed_window(limit, window),
             AlgorithmName::SlidingLog => Policy::sliding_log(limit, window),
+            _ if global => Policy::global_sliding_window(limit, window),
             _ => Policy::sliding_window(limit, window),
         }
     }
@@ -800,22 +803,11 @@ fn build_policy(
                     "a shadow policy cannot use the `mesh` backend".into(),
                 ));
             }
-            let Some(kind) = crate::mesh::cell::MeshKind::of(&policy) else {
+            if crate::mesh::MeshKind::of(&policy).is_none() {
                 return Err(fail(
                     "algorithm",
                     "the mesh shares token-bucket, gcra, fixed-window and sliding-window policies"
                         .into(),
-                ));
-            };
-            if kind != crate::mesh::cell::MeshKind::Bucket
-                && policy.capacity() > crate::mesh::cell::MAX_MESH_WINDOW_LIMIT
-            {
-                return Err(fail(
-                    "limit",
-                    format!(
-                        "a mesh window limit is at most {}",
-                        crate::mesh::cell::MAX_MESH_WINDOW_LIMIT
-                    ),
                 ));
             }
             if raw.time_zone.is_some() {

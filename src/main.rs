@@ -50,7 +50,7 @@ enum Command {
         config: std::path::PathBuf,
     },
     /// Simulate a cluster and print the overshoot, utilization and gossip cost to expect.
-    Simulate(simulate::SimulateArgs),
+    Simulate(Box<simulate::SimulateArgs>),
     /// Generate a cluster CA and one certificate per node (for mutual TLS between nodes).
     Certs {
         /// The directory to write `ca.pem`, `ca.key`, `node-<id>.pem` and `node-<id>.key` to.

@@ -18,6 +18,10 @@ pub const MAX_SLIDING_LOG_LIMIT: u64 = 1 << 20;
 /// fixed window's all-ones word is reserved for a retired cell).
 pub const MAX_WINDOW_LIMIT: u64 = u32::MAX as u64 - 1;
 
+/// The largest `limit` of a global (mesh) window: counts live in 48-bit leases
+/// (`mesh::lease`), not in a local cell's 32 bits.
+pub const MAX_GLOBAL_WINDOW_LIMIT: u64 = (1 << 48) - 1;
+
 /// The largest bucket depth in nanoseconds (`burst` × interval); keeps arithmetic in `u64`.
 pub const MAX_BUCKET_DEPTH_NS: Nanos = 1 << 62;
 
@@ -315,6 +319,28 @@ impl Policy {
             limit,
             window_len,
             MAX_WINDOW_LIMIT,
+        )
+    }
+
+    /// Build a fixed window for the mesh, whose limit may exceed a local cell's
+    /// ([`MAX_GLOBAL_WINDOW_LIMIT`]). Only the mesh may decide it: a local store cannot.
+    pub fn global_fixed_window(limit: u64, window_len: Duration) -> Result<Self, PolicyError> {
+        window(
+            Algorithm::FixedWindow,
+            limit,
+            window_len,
+            MAX_GLOBAL_WINDOW_LIMIT,
+        )
+    }
+
+    /// Build a sliding-window counter for the mesh, whose limit may exceed a local cell's
+    /// ([`MAX_GLOBAL_WINDOW_LIMIT`]). Only the mesh may decide it: a local store cannot.
+    pub fn global_sliding_window(limit: u64, window_len: Duration) -> Result<Self, PolicyError> {
+        window(
+            Algorithm::SlidingWindow,
+            limit,
+            window_len,
+            MAX_GLOBAL_WINDOW_LIMIT,
         )
     }
 

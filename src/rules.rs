@@ -17,7 +17,7 @@ use jiff::Timestamp;
 use siphasher::sip::SipHasher13;
 use siphasher::sip128::SipHasher13 as SipHasher13x128;
 
-use crate::backend::mesh::GlobalLimits;
+use crate::backend::mesh::{GlobalLimits, MeshDecision};
 use crate::backend::redis::{
     BackendError, RedisConnection, RedisLimiter, record_failover, redis_key,
 };
@@ -682,24 +682,79 @@ impl Rules {
         (decision, reports, charges)
     }
 
-    /// Run the local layers, then the request's `mesh` policy if they admit; a mesh denial
-    /// gives the local charges back.
-    fn decide_local_then_mesh(
+    /// Run the local layers, then the request's `mesh` policy if they admit, waiting for the
+    /// key's owner when the node's lease is short; a mesh denial gives the local charges back.
+    async fn decide_local_then_mesh(
         &self,
         plan: &Plan<'_>,
         layers: &[(usize, u64)],
         now: Nanos,
     ) -> (Decision, Vec<PolicyReport>, Vec<Charge>) {
-        let (local, mut reports, charges) = self.decide_local(layers, plan.cost, now);
+        let (local, reports, charges, pending) = self.start_mesh(plan, layers, now);
+        match pending {
+            None => (local, reports, charges),
+            Some((p, global)) => {
+                let global = global.await;
+                self.finish_mesh(plan, layers, now, (local, reports, charges), p, global)
+            }
+        }
+    }
+
+    /// As [`Rules::decide_local_then_mesh`], without waiting: a request the node's lease
+    /// cannot decide at once is denied for one millisecond.
+    fn decide_local_then_mesh_now(
+        &self,
+        plan: &Plan<'_>,
+        layers: &[(usize, u64)],
+        now: Nanos,
+    ) -> (Decision, Vec<PolicyReport>, Vec<Charge>) {
+        let (local, reports, charges, pending) = self.start_mesh(plan, layers, now);
+        match pending {
+            None => (local, reports, charges),
+            Some((p, global)) => {
+                let fallback = Decision::denied(local.limit, 0, 0, 1_000_000);
+                let global = global.now_or(fallback);
+                self.finish_mesh(plan, layers, now, (local, reports, charges), p, global)
+            }
+        }
+    }
+
+    /// Run the local layers and, if they admit and a mesh policy applies, ask the mesh.
+    #[allow(clippy::type_complexity)]
+    fn start_mesh(
+        &self,
+        plan: &Plan<'_>,
+        layers: &[(usize, u64)],
+        now: Nanos,
+    ) -> (
+        Decision,
+        Vec<PolicyReport>,
+        Vec<Charge>,
+        Option<(usize, MeshDecision)>,
+    ) {
+        let (local, reports, charges) = self.decide_local(layers, plan.cost, now);
         let (Verdict::Allowed, Some((p, key)), Some(mesh)) =
             (local.verdict, plan.global, &self.mesh)
         else {
-            return (local, reports, charges);
+            return (local, reports, charges, None);
         };
-        let policy = &self.policies[p];
-        let number = policy.mesh.expect("a mesh layer names a mesh policy");
+        let number = self.policies[p]
+            .mesh
+            .expect("a mesh layer names a mesh policy");
         let global = mesh.decide(number, key, plan.cost);
-        reports.push(policy.report(global));
+        (local, reports, charges, Some((p, global)))
+    }
+
+    fn finish_mesh(
+        &self,
+        plan: &Plan<'_>,
+        layers: &[(usize, u64)],
+        now: Nanos,
+        (local, mut reports, charges): (Decision, Vec<PolicyReport>, Vec<Charge>),
+        p: usize,
+        global: Decision,
+    ) -> (Decision, Vec<PolicyReport>, Vec<Charge>) {
+        reports.push(self.policies[p].report(global));
         if global.verdict != Verdict::Allowed {
             self.refund_local(layers, &charges, plan.cost, now);
             return (global, reports, charges);
@@ -751,14 +806,15 @@ impl Rules {
 
     /// Decide one request at `now` (nanoseconds on the limiter's clock), without IO.
     ///
-    /// A `mesh` policy is decided by the mesh node (one compare-and-swap, on the node's
-    /// clock). A `redis` policy is answered here by its local store, as when it fails open;
-    /// use [`Rules::decide_exact`] to ask Redis.
+    /// A `mesh` policy is decided by the node's lease of the key (one compare-and-swap, on
+    /// the node's clock) without waiting: when the lease is short, the request is denied
+    /// for a millisecond. A `redis` policy is answered here by its local store, as when it
+    /// fails open. Use [`Rules::decide_exact`] to wait for the mesh and to ask Redis.
     pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
         let plan = self.plan(facts);
         let mut layers = plan.enforced.clone();
         layers.extend(plan.exact);
-        let (decision, reports, _) = self.decide_local_then_mesh(&plan, &layers, now);
+        let (decision, reports, _) = self.decide_local_then_mesh_now(&plan, &layers, now);
         self.outcome(
             &plan,
             decision.verdict == Verdict::Allowed,
@@ -768,9 +824,11 @@ impl Rules {
         )
     }
 
-    /// Decide one request, asking Redis for its `redis` policy (at most one per request,
-    /// decided after the local and mesh ones pass; a denial there gives the local charges
-    /// back, while a mesh charge stays counted: the cluster then admits less, never more).
+    /// Decide one request with the IO it may need: a `mesh` policy waits for the key's owner
+    /// when the node's lease is short, and a `redis` policy asks Redis (at most one per
+    /// request, decided after the local and mesh ones pass; a denial there gives the local
+    /// charges back, while a mesh charge stays counted: the cluster then admits less, never
+    /// more).
     pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
         let plan = self.plan(facts);
         // `plan.exact` only ever names a policy with a Redis limiter; resolve it before any
@@ -779,9 +837,20 @@ impl Rules {
             let policy = &self.policies[p];
             policy.redis.as_ref().map(|redis| (p, key, policy, redis))
         }) else {
-            return self.decide(facts, now);
+            let mut layers = plan.enforced.clone();
+            layers.extend(plan.exact);
+            let (decision, reports, _) = self.decide_local_then_mesh(&plan, &layers, now).await;
+            return self.outcome(
+                &plan,
+                decision.verdict == Verdict::Allowed,
+                decision.delay_ns,
+                reports,
+                now,
+            );
         };
-        let (local, mut reports, charges) = self.decide_local_then_mesh(&plan, &plan.enforced, now);
+        let (local, mut reports, charges) = self
+            .decide_local_then_mesh(&plan, &plan.enforced, now)
+            .await;
         if local.verdict != Verdict::Allowed {
             return self.outcome(&plan, false, 0, reports, now);
         }
@@ -816,6 +885,13 @@ impl Rules {
             return self.outcome(&plan, false, 0, reports, now);
         }
         self.outcome(&plan, true, local.delay_ns, reports, now)
+    }
+
+    /// Tell whether a request may have to wait for IO: a `redis` policy, or a `mesh` policy
+    /// whose key's owner the node may have to ask. Such rules are decided with
+    /// [`Rules::decide_exact`].
+    pub fn needs_io(&self) -> bool {
+        self.has_exact_policies() || self.mesh.is_some()
     }
 
     /// Tell whether any policy uses the `redis` backend.

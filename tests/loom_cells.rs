@@ -160,109 +160,92 @@ fn retiring_an_idle_cell_races_decisions_through_shortcuts() {
 }
 
 mod mesh {
-    //! The mesh cell: two threads admit on one key while a third applies the gossip's share
-    //! change (a round lowering a window's share, a claim raising a bucket's).
+    //! The mesh's lease cell: two threads admit on one key's lease while the node's gossip
+    //! side installs a new lease (a new window), adds to it, or withdraws from it (a recall).
 
     use super::*;
-    use ratemesh::mesh::cell::{MeshCell, MeshKind};
-    use ratemesh::mesh::share::{ONE, share_for, tokens_of};
+    use ratemesh::mesh::lease::LeaseCell;
 
-    /// Lowering a window's share races two admissions: nothing admitted is lost from the
-    /// counts the gossip reads, the total never exceeds the old allowance, and the share the
-    /// round announces always covers what the node has used.
-    #[test]
-    fn window_share_lowered_while_admitting() {
-        loom::model(|| {
-            let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
-            let cell = Arc::new(MeshCell::new(
-                MeshKind::FixedWindow,
-                &policy,
-                share_for(6, 10),
-            ));
-            let admitted = Arc::new(AtomicU64::new(0));
-            let requests: Vec<_> = [2u64, 3]
-                .into_iter()
-                .map(|cost| {
-                    let cell = Arc::clone(&cell);
-                    let admitted = Arc::clone(&admitted);
-                    thread::spawn(move || {
-                        if cell
-                            .decide(MeshKind::FixedWindow, &policy, NOW, cost)
-                            .is_allowed()
-                        {
-                            admitted.fetch_add(cost, Ordering::Relaxed);
-                        }
-                    })
-                })
-                .collect();
-            let round = {
+    /// Two admissions of `costs` race `gossip` on a lease of `tokens`; return what the
+    /// admissions took and what `gossip` returned.
+    fn race(
+        tokens: u64,
+        costs: [u64; 2],
+        gossip: fn(&LeaseCell) -> u64,
+    ) -> (u64, u64, Arc<LeaseCell>) {
+        let cell = Arc::new(LeaseCell::new());
+        cell.renew(tokens, Some(NOW + 1_000_000_000));
+        let taken = Arc::new(AtomicU64::new(0));
+        let requests: Vec<_> = costs
+            .into_iter()
+            .map(|cost| {
                 let cell = Arc::clone(&cell);
+                let taken = Arc::clone(&taken);
                 thread::spawn(move || {
-                    cell.set_share(MeshKind::FixedWindow, &policy, NOW, share_for(2, 10))
+                    if cell.take(NOW, cost).is_ok() {
+                        taken.fetch_add(cost, Ordering::Relaxed);
+                    }
                 })
-            };
-            for r in requests {
-                r.join().unwrap();
-            }
-            let announced = round.join().unwrap();
-            let total = admitted.load(Ordering::Relaxed);
-            let word = cell.window(&policy, NOW);
-            assert_eq!(word.current, total, "an admission was lost from the counts");
-            assert!(total <= 6, "admitted {total} with an allowance of 6");
-            assert_eq!(word.allowance, tokens_of(share_for(2, 10), 10));
-            assert!(
-                tokens_of(announced, 10) >= total,
-                "announced {announced} while {total} is in use"
+            })
+            .collect();
+        let side = {
+            let cell = Arc::clone(&cell);
+            thread::spawn(move || gossip(&cell))
+        };
+        for r in requests {
+            r.join().unwrap();
+        }
+        let returned = side.join().unwrap();
+        (taken.load(Ordering::Relaxed), returned, cell)
+    }
+
+    /// A new lease (the next window) replaces the old one while two requests take from the
+    /// old: each token of the old lease is either taken or reported left over, never both,
+    /// never lost; the new lease is whole.
+    #[test]
+    fn a_new_lease_races_admissions() {
+        loom::model(|| {
+            let (taken, left, cell) = race(6, [2, 3], |c| c.renew(4, Some(NOW + 2_000_000_000)));
+            // Requests that came after the renewal took from the new lease.
+            let from_new = 4 - cell.remaining();
+            assert_eq!(
+                taken - from_new + left,
+                6,
+                "old lease: {taken} taken, {left} left"
             );
+            assert!(from_new <= 4);
         });
     }
 
-    /// Raising a bucket's share (a claim) races two admissions: the raise brings no
-    /// tokens, so the two never get more than the bucket held before.
+    /// A recall withdraws what a lease holds while two requests take from it: what is
+    /// withdrawn and what is taken add up to at most the lease, and nothing is lost.
     #[test]
-    fn bucket_share_raised_while_admitting() {
+    fn a_recall_races_admissions() {
         loom::model(|| {
-            let policy = Policy::token_bucket(1, hour(), 10).unwrap();
-            let cell = Arc::new(MeshCell::new(MeshKind::Bucket, &policy, ONE / 2));
-            let before = cell.bucket_tokens(&policy, NOW);
-            let admitted = Arc::new(AtomicU64::new(0));
-            let requests: Vec<_> = [2u64, 3]
-                .into_iter()
-                .map(|cost| {
-                    let cell = Arc::clone(&cell);
-                    let admitted = Arc::clone(&admitted);
-                    thread::spawn(move || {
-                        if cell
-                            .decide(MeshKind::Bucket, &policy, NOW, cost)
-                            .is_allowed()
-                        {
-                            admitted.fetch_add(cost, Ordering::Relaxed);
-                        }
-                    })
-                })
-                .collect();
-            let claim = {
-                let cell = Arc::clone(&cell);
-                thread::spawn(move || cell.set_share(MeshKind::Bucket, &policy, NOW, ONE))
-            };
-            for r in requests {
-                r.join().unwrap();
-            }
-            claim.join().unwrap();
-            let total = admitted.load(Ordering::Relaxed);
-            assert!(
-                total <= before,
-                "admitted {total} from a bucket of {before}"
-            );
-            assert!(
-                total + cell.bucket_tokens(&policy, NOW) <= before,
-                "the claim created tokens"
-            );
-            assert_eq!(
-                cell.admitted(),
-                total,
-                "an admission was lost from the counts"
-            );
+            let (taken, withdrawn, cell) = race(6, [2, 3], |c| c.withdraw(u64::MAX));
+            assert_eq!(taken + withdrawn + cell.remaining(), 6);
+        });
+    }
+
+    /// Closing a lease at its window's end races two requests: after `close` returns, no
+    /// request can take anything, and the tokens it reports left were not taken.
+    #[test]
+    fn closing_a_lease_races_admissions() {
+        loom::model(|| {
+            let (taken, left, cell) = race(4, [2, 3], |c| c.close());
+            assert_eq!(taken + left, 4, "{taken} taken, {left} left");
+            assert!(cell.take(NOW, 1).is_err(), "a closed lease admitted");
+        });
+    }
+
+    /// A lease that expired admits nothing, whatever it holds.
+    #[test]
+    fn an_expired_lease_admits_nothing() {
+        loom::model(|| {
+            let cell = LeaseCell::new();
+            cell.renew(5, Some(NOW));
+            assert!(cell.take(NOW + 1_000_000, 1).is_err());
+            assert_eq!(cell.remaining(), 5);
         });
     }
 }

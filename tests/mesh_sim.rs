@@ -1,5 +1,5 @@
 //! The mesh under the deterministic simulator: random schedules never overshoot the declared
-//! bound, counters never decrease and converge after a heal, and the README scenarios meet
+//! bound and never deny a request the oracle had room for, and the README scenarios meet
 //! their targets. All runs are simulated time (seeded), so nothing here depends on the
 //! machine's speed.
 
@@ -22,7 +22,7 @@ fn policy(algorithm: u8, limit: u64, window_ms: u64) -> Policy {
 }
 
 fn traffic(index: u8) -> Traffic {
-    match index % 6 {
+    match index % 7 {
         0 => Traffic::Uniform,
         1 => Traffic::OneNode,
         2 => Traffic::MovingHotspot {
@@ -31,50 +31,62 @@ fn traffic(index: u8) -> Traffic {
         },
         3 => Traffic::SynchronizedBurst,
         4 => Traffic::Poisson,
-        _ => Traffic::Bursty,
+        5 => Traffic::Bursty,
+        _ => Traffic::Zipf {
+            exponent_milli: 1000,
+        },
     }
 }
 
 /// What every run must satisfy, whatever the schedule.
 fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCaseError> {
     let bound = report.declared_bound;
-    // With a partition, the tighter state-dependent bound (the cut-off side's share) holds.
-    let partition = match report.partition_share_at_split {
-        Some(share) => share.min(bound.partition),
-        None => 0.0,
-    };
-    let allowed = bound.steady + bound.skew + partition + 1e-9;
+    let allowed = bound.total() + 1e-9;
     prop_assert!(
         report.policy_overshoot <= allowed,
-        "policy overshoot {} above the declared {} (bound {:?}, split share {:?}) in {:?}",
+        "policy overshoot {} above the declared {} ({:?}) in {:?}",
         report.policy_overshoot,
         allowed,
         bound,
-        report.partition_share_at_split,
         config
     );
     prop_assert!(
-        !report.counter_decreased,
-        "a gossiped count went down in {:?}",
+        !report.double_authority,
+        "two nodes could grant from one key at once in {:?}",
         config
     );
-    // Outside partitions, the allowances in effect never sum above the budget.
-    if config.partition.is_none() {
-        prop_assert!(
-            report.max_share_sum <= 1.0 + 1e-9,
-            "allowances summed to {} in {:?}",
-            report.max_share_sum,
-            config
-        );
-    }
     prop_assert_eq!(
         report.frames_dropped,
         0,
         "honest peers' frames were refused"
     );
     prop_assert!(report.admitted <= report.requests * config.max_cost);
-    // After a heal with a second to spare, every node holds every other node's counts (a
-    // node that crashes loses what it had not sent, so runs with a crash are left out).
+    // Without loss or faults, the mesh never denies what the oracle had room for, with a
+    // round's worth of arrivals to spare (docs/overshoot.md, "the promise below the limit").
+    // The busiest key's share of the load: a Zipf law puts more than 1/keys on the first.
+    let top_share = match config.traffic {
+        Traffic::Zipf { exponent_milli } => {
+            let s = f64::from(exponent_milli) / 1000.0;
+            1.0 / (1..=config.keys)
+                .map(|k| 1.0 / (k as f64).powf(s))
+                .sum::<f64>()
+        }
+        _ => 1.0 / config.keys as f64,
+    };
+    if config.loss == 0.0
+        && config.partition.is_none()
+        && config.crashes.is_empty()
+        && config.demand * top_share * (config.keys as f64) <= 1.0
+    {
+        prop_assert_eq!(
+            report.false_denials_with_room,
+            0,
+            "denied with room in {:?}: {:?}",
+            config,
+            report
+        );
+    }
+    // After a heal with a second to spare, the nodes agree on every key's owner.
     if let Some(p) = config.partition
         && p.heal_ns + 1_000_000_000 < config.duration_ns
         && config.crashes.is_empty()
@@ -89,7 +101,7 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
 }
 
 proptest! {
-    // 48 schedules in CI (about a second); `RATEMESH_SIM_CASES=5000` for a longer hunt.
+    // 48 schedules in CI; `RATEMESH_SIM_CASES=5000` for a longer hunt.
     #![proptest_config(ProptestConfig {
         cases: std::env::var("RATEMESH_SIM_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
         failure_persistence: None,
@@ -97,25 +109,27 @@ proptest! {
     })]
 
     /// Random clusters, links, faults and traffic: the measured overshoot (in the policy's own
-    /// terms) never exceeds the declared bound.
+    /// terms) never exceeds the declared bound, and without faults nothing the oracle had
+    /// room for is denied.
     #[test]
     fn overshoot_never_exceeds_the_declared_bound(
-        nodes in 2usize..=5,
+        nodes in 2usize..=6,
         gossip_ms in 5u64..=40,
         latency_ms in 0u64..=15,
         jitter_ms in 0u64..=10,
+        lossy in prop::bool::weighted(0.5),
         loss in 0.0f64..0.3,
         duplication in 0.0f64..0.2,
-        skewed in prop::bool::weighted(0.15),
+        skew_ms in prop::sample::select(vec![0u64, 0, 7, 300, 1000]),
         algorithm in 0u8..4,
-        traffic_index in 0u8..6,
+        traffic_index in 0u8..7,
         demand in 0.3f64..4.0,
-        max_cost in 1u64..=4,
-        keys in 1u64..=2,
+        max_cost in 1u64..=20,
+        keys in 1u64..=3,
         limit in 20u64..=400,
         window_ms in 200u64..=1000,
-        partition in prop::option::of((0.3f64..1.5, 0.2f64..1.5, 1usize..=2)),
-        crash in prop::option::of((0.2f64..2.0, 0.05f64..1.5)),
+        partition in prop::option::weighted(0.2, (0.3f64..1.5, 0.2f64..1.5, 1usize..=2)),
+        crash in prop::option::weighted(0.2, (0.2f64..2.0, prop::option::of(0.05f64..1.5))),
         seed in any::<u64>(),
     ) {
         let mut c = SimConfig::new(policy(algorithm, limit, window_ms));
@@ -123,12 +137,12 @@ proptest! {
         c.gossip_interval_ns = gossip_ms * 1_000_000;
         c.latency_ns = latency_ms * 1_000_000;
         c.jitter_ns = jitter_ms * 1_000_000;
-        c.loss = loss;
+        c.loss = if lossy { loss } else { 0.0 };
         c.duplication = duplication;
-        c.skew_ns = if skewed { 7_000_000 } else { 0 };
+        c.skew_ns = skew_ms * 1_000_000;
         c.traffic = traffic(traffic_index);
         c.demand = demand;
-        c.max_cost = max_cost.min(limit);
+        c.max_cost = max_cost.min(limit / 2).max(1);
         c.keys = keys;
         c.duration_ns = 3_000_000_000;
         c.seed = seed;
@@ -143,7 +157,7 @@ proptest! {
             c.crashes.push(Crash {
                 node: (seed % nodes as u64) as usize,
                 at_ns: (at * 1e9) as u64,
-                restart_ns: ((at + down) * 1e9) as u64,
+                restart_ns: down.map(|d| ((at + d) * 1e9) as u64),
             });
         }
         let report = sim::run(&c);
@@ -151,137 +165,306 @@ proptest! {
     }
 }
 
-fn scenario(policy: Policy, traffic: Traffic) -> SimConfig {
+fn window(limit: u64, window_ms: u64) -> Policy {
+    Policy::sliding_window(limit, Duration::from_millis(window_ms)).unwrap()
+}
+
+fn config(policy: Policy, nodes: usize, traffic: Traffic, demand: f64) -> SimConfig {
     let mut c = SimConfig::new(policy);
+    c.nodes = nodes;
     c.traffic = traffic;
+    c.demand = demand;
     c
 }
 
-fn sliding() -> Policy {
-    Policy::sliding_window(1000, Duration::from_secs(1)).unwrap()
-}
-
-fn bucket() -> Policy {
-    Policy::token_bucket(1000, Duration::from_secs(1), 1000).unwrap()
-}
-
-const HOTSPOT: Traffic = Traffic::MovingHotspot {
-    every_ns: 2_000_000_000,
-    permille: 800,
-};
-
-/// The README's targets: 5 nodes, 20 ms gossip, 1 ms latency, 2x demand, 20 s.
+/// Below the limit nobody is denied: 3 to 64 nodes, 0.5x and 0.8x, with and without loss.
 #[test]
-fn readme_scenarios_meet_their_targets() {
-    for policy in [sliding(), bucket()] {
-        let name = policy.algorithm().name();
-        for (traffic, max_overshoot, min_utilization) in [
-            (Traffic::Uniform, 0.01, 0.97),
-            (Traffic::OneNode, 0.01, 0.97),
-            (Traffic::SynchronizedBurst, 0.02, 0.0),
-            (HOTSPOT, 0.02, 0.90),
-        ] {
-            let r = sim::run(&scenario(policy, traffic));
+fn under_the_limit_nothing_is_denied() {
+    for nodes in [3, 10, 32, 64] {
+        for (demand, traffic, loss) in [(0.5, Traffic::Uniform, 0.0), (0.8, Traffic::Poisson, 0.01)]
+        {
+            let mut c = config(window(100, 1000), nodes, traffic, demand);
+            c.loss = loss;
+            let r = sim::run(&c);
             assert!(
-                r.overshoot <= max_overshoot && r.utilization >= min_utilization,
-                "{name} {}: overshoot {} utilization {}",
+                r.false_denial_rate <= 0.001,
+                "{nodes} nodes, {demand}x {}: {} false denials",
                 traffic.name(),
-                r.overshoot,
-                r.utilization
+                r.false_denial_rate
             );
-            assert_eq!(r.policy_overshoot, 0.0, "{name} {}", traffic.name());
         }
-        let mut lossy = scenario(policy, Traffic::Uniform);
-        lossy.loss = 0.05;
-        lossy.latency_ns = 10_000_000;
-        let r = sim::run(&lossy);
-        assert!(r.overshoot <= 0.02, "{name} lossy: {}", r.overshoot);
-
-        let mut split = scenario(policy, Traffic::Uniform);
-        split.partition = Some(Partition {
-            at_ns: 5_000_000_000,
-            heal_ns: 10_000_000_000,
-            minority: 2,
-        });
-        let r = sim::run(&split);
-        let share = r
-            .partition_share_at_split
-            .expect("a partition was asked for");
-        assert!(
-            r.policy_overshoot <= share + 1e-9 && share <= r.declared_bound.partition,
-            "{name} partition: {} over a bound of {share}",
-            r.policy_overshoot
-        );
-        let converged = r
-            .convergence_ms_after_heal
-            .expect("converged after the heal");
-        assert!(
-            converged <= 3.0 * 20.0,
-            "{name}: converged after {converged} ms"
-        );
     }
 }
 
+/// Long windows: a minute and an hour, below the limit.
+#[test]
+fn long_windows_deny_nothing_below_the_limit() {
+    for (window_ms, duration_s, nodes) in [(60_000u64, 180u64, 10usize), (3_600_000, 5400, 3)] {
+        let mut c = config(window(100, window_ms), nodes, Traffic::Poisson, 0.8);
+        c.duration_ns = duration_s * 1_000_000_000;
+        let r = sim::run(&c);
+        assert_eq!(r.false_denial_rate, 0.0, "{window_ms} ms window");
+        assert!(r.requests > 100, "{}", r.requests);
+    }
+}
+
+/// Large limits (above 2^32 per window) and long windows share like small ones.
+#[test]
+fn large_limits_and_month_long_windows_work() {
+    let limit = (1u64 << 32) + 7;
+    let month = 31 * 24 * 3600 * 1000;
+    // A month-long window: thousands of requests in 5 s, far below the month's limit.
+    let mut c = config(
+        Policy::global_fixed_window(limit, Duration::from_millis(month)).unwrap(),
+        3,
+        Traffic::Poisson,
+        100_000.0,
+    );
+    c.max_cost = 1000;
+    c.duration_ns = 5_000_000_000;
+    let r = sim::run(&c);
+    assert!(r.requests > 100, "{}", r.requests);
+    assert_eq!(r.false_denial_rate, 0.0);
+    assert_eq!(r.policy_overshoot, 0.0);
+    // A second-long window of more than 2^32 tokens, overloaded with costs of up to half of
+    // it: the cluster admits its limit.
+    let mut c = config(
+        Policy::global_sliding_window(limit, Duration::from_millis(1000)).unwrap(),
+        3,
+        Traffic::Poisson,
+        2.0,
+    );
+    c.max_cost = limit / 2;
+    c.duration_ns = 60_000_000_000;
+    let r = sim::run(&c);
+    assert!(r.requests > 100, "{}", r.requests);
+    assert_eq!(r.policy_overshoot, 0.0);
+    assert!(r.utilization >= 0.9, "{}", r.utilization);
+}
+
+/// Above the limit the cluster admits about the limit, never more: every traffic model, 3 to
+/// 64 nodes, 2x and 5x, with loss.
+#[test]
+fn over_the_limit_the_cluster_gets_its_limit() {
+    let hotspot = Traffic::MovingHotspot {
+        every_ns: 2_000_000_000,
+        permille: 800,
+    };
+    for (nodes, demand, loss) in [(3, 2.0, 0.0), (16, 5.0, 0.02), (64, 2.0, 0.01)] {
+        for traffic in [
+            Traffic::Uniform,
+            Traffic::SynchronizedBurst,
+            hotspot,
+            Traffic::Poisson,
+        ] {
+            for policy in [
+                window(1000, 1000),
+                Policy::token_bucket(1000, Duration::from_secs(1), 1000).unwrap(),
+            ] {
+                let mut c = config(policy, nodes, traffic, demand);
+                c.loss = loss;
+                c.duration_ns = 10_000_000_000;
+                let r = sim::run(&c);
+                let name = policy.algorithm().name();
+                assert_eq!(r.policy_overshoot, 0.0, "{name} {nodes} {}", traffic.name());
+                assert!(
+                    r.utilization >= 0.97,
+                    "{name} {nodes} nodes {demand}x {}: utilization {}",
+                    traffic.name(),
+                    r.utilization
+                );
+            }
+        }
+    }
+}
+
+/// Clocks off by up to a second: windows follow the key's owner, nothing overshoots and the
+/// cluster still gets its limit.
+#[test]
+fn clocks_a_second_apart_change_nothing() {
+    for algorithm in 0..4 {
+        for traffic in [
+            Traffic::Uniform,
+            Traffic::SynchronizedBurst,
+            Traffic::Poisson,
+        ] {
+            let mut c = config(policy(algorithm, 1000, 1000), 7, traffic, 2.0);
+            c.gossip_interval_ns = 25_000_000;
+            c.skew_ns = 1_000_000_000;
+            c.duration_ns = 10_000_000_000;
+            let r = sim::run(&c);
+            let name = c.policy.algorithm().name();
+            assert_eq!(r.policy_overshoot, 0.0, "{name} {}", traffic.name());
+            // A bucket hit by every node's burst at once: what other nodes hold in their
+            // leases comes back by recall, and requests that wait longer than `max_wait`
+            // for it are denied. Measured 81-101% by seed (which node owns the key);
+            // 103% with a 300 ms `max_wait`.
+            let bucket_burst = algorithm >= 2 && traffic == Traffic::SynchronizedBurst;
+            let floor = if bucket_burst { 0.80 } else { 0.95 };
+            assert!(
+                r.utilization >= floor,
+                "{name} {}: {}",
+                traffic.name(),
+                r.utilization
+            );
+        }
+    }
+}
+
+/// Costs up to half the limit: the budget moves to the node that needs it.
+#[test]
+fn large_costs_move_the_budget_to_the_node_that_needs_it() {
+    // The median of three seeds: with two requests a second, one denial moves a run's rate.
+    let median = |c: &SimConfig, f: fn(&SimReport) -> f64| {
+        let mut v: Vec<f64> = (1..=3)
+            .map(|seed| {
+                let mut c = c.clone();
+                c.seed = seed;
+                f(&sim::run(&c))
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[1]
+    };
+    for nodes in [3, 16] {
+        let mut c = config(window(100, 1000), nodes, Traffic::Poisson, 0.5);
+        c.max_cost = 50;
+        c.duration_ns = 200_000_000_000;
+        // Measured: 1.2-1.5% at 3 nodes (a request of up to half the limit waits for
+        // leases to come back and for the previous window's final counts), 0-0.6% at 16.
+        let denied = median(&c, |r| r.false_denial_rate);
+        assert!(denied <= 0.02, "{nodes} nodes: {denied}");
+        c.demand = 2.0;
+        let utilization = median(&c, |r| r.utilization);
+        assert!(utilization >= 0.90, "{nodes} nodes: {utilization}");
+    }
+}
+
+/// A node crashes for good: the key's owner (which keeps its budget), or the node taking
+/// 90% of the traffic. The survivors are back at 95% of what one central limiter admits
+/// within a second of detecting the crash, for short and long windows alike.
+#[test]
+fn the_survivors_recover_within_a_second_of_detecting_a_crash() {
+    // The owner of key 1 (the simulator's first key) in a 3-node cluster.
+    let owner = (0..3u64)
+        .max_by_key(|&id| ratemesh::mesh::membership::weight(1, id))
+        .unwrap() as usize;
+    let hot = Traffic::MovingHotspot {
+        every_ns: 1_000_000_000_000,
+        permille: 900,
+    };
+    for (window_ms, demand) in [(1000u64, 2.0), (3_600_000, 1.0)] {
+        for (crashed, traffic) in [(owner, Traffic::Uniform), (0, hot)] {
+            let mut c = config(window(1000, window_ms), 3, traffic, demand);
+            c.duration_ns = 8_000_000_000;
+            c.crashes.push(Crash {
+                node: crashed,
+                at_ns: 3_000_000_000,
+                restart_ns: None,
+            });
+            let r = sim::run(&c);
+            let what = format!("{window_ms} ms window, node {crashed} ({})", traffic.name());
+            let detection = r.detection_ms.expect("detected");
+            let recovery = r.recovery_ms_after_detection.expect("measured");
+            assert!(detection <= 400.0, "{what}: detected after {detection} ms");
+            assert!(
+                recovery <= 1000.0,
+                "{what}: back at 95% {recovery} ms after detection"
+            );
+            assert!(
+                r.policy_overshoot <= r.declared_bound.total() + 1e-9,
+                "{what}"
+            );
+        }
+    }
+}
+
+/// Ten thousand keys, a few over their limit: the keys under it are not denied.
+#[test]
+fn zipf_keys_under_their_limit_are_not_denied() {
+    let mut c = config(
+        window(100, 1000),
+        10,
+        Traffic::Zipf {
+            exponent_milli: 1000,
+        },
+        0.02,
+    );
+    c.keys = 10_000;
+    c.duration_ns = 5_000_000_000;
+    let r = sim::run(&c);
+    assert!(
+        r.false_denial_rate_under_limit_keys <= 0.001,
+        "{}",
+        r.false_denial_rate_under_limit_keys
+    );
+    assert!(
+        r.oracle_admitted < r.requests,
+        "some keys are over their limit"
+    );
+}
+
 /// The baselines show why: local-only overshoots up to (N-1)x when demand allows, a static
-/// split wastes skewed traffic's budget.
+/// split denies skewed traffic, stale sums overshoot under synchronized bursts.
 #[test]
 fn baselines_fail_where_expected() {
-    let mut c = scenario(sliding(), Traffic::Uniform);
-    c.demand = 6.0;
-    let baselines = sim::run_baselines(&c);
-    let local = &baselines[0].1;
-    assert!(
-        local.overshoot > 3.5,
-        "local_only overshoot {}",
-        local.overshoot
-    );
-    let skewed = sim::run_baselines(&scenario(sliding(), Traffic::OneNode));
-    let split = &skewed[1].1;
+    let mut c = config(window(1000, 1000), 5, Traffic::Uniform, 6.0);
+    let local = &sim::run_baselines(&c)[0].1;
+    assert!(local.overshoot > 3.5, "local_only {}", local.overshoot);
+    c.traffic = Traffic::OneNode;
+    c.demand = 2.0;
+    let split = &sim::run_baselines(&c)[1].1;
     assert!(
         split.utilization < 0.3,
-        "static_split utilization {}",
+        "static_split {}",
         split.utilization
     );
-    let mut burst = scenario(sliding(), Traffic::SynchronizedBurst);
-    burst.demand = 5.0;
-    let stale = &sim::run_baselines(&burst)[2].1;
-    assert!(
-        stale.overshoot > 1.0,
-        "stale_sum overshoot {}",
-        stale.overshoot
-    );
-    let ours = sim::run(&burst);
-    assert!(
-        ours.overshoot <= 0.02,
-        "ratemesh overshoot {}",
-        ours.overshoot
-    );
+    c.traffic = Traffic::SynchronizedBurst;
+    c.demand = 5.0;
+    let stale = &sim::run_baselines(&c)[2].1;
+    assert!(stale.overshoot > 1.0, "stale_sum {}", stale.overshoot);
+    let ours = sim::run(&c);
+    assert_eq!(ours.policy_overshoot, 0.0);
 }
 
 /// The same seed gives the same run.
 #[test]
 fn runs_are_deterministic() {
-    let mut c = scenario(bucket(), Traffic::Poisson);
+    let mut c = config(
+        Policy::token_bucket(1000, Duration::from_secs(1), 1000).unwrap(),
+        5,
+        Traffic::Poisson,
+        2.0,
+    );
     c.loss = 0.1;
     c.jitter_ns = 5_000_000;
     c.duration_ns = 3_000_000_000;
     assert_eq!(sim::run(&c), sim::run(&c));
 }
 
-/// A node that crashes and restarts within a window gets its counts back and the cluster
-/// stays within the bound.
+/// A node that crashes and restarts gets its keys back and the bound holds.
 #[test]
-fn a_restarted_node_recovers_and_the_bound_holds() {
-    for policy in [sliding(), bucket()] {
-        let mut c = scenario(policy, Traffic::Uniform);
-        c.duration_ns = 6_000_000_000;
-        c.crashes.push(Crash {
-            node: 2,
-            at_ns: 2_500_000_000,
-            restart_ns: 2_800_000_000,
-        });
-        let r = sim::run(&c);
-        assert!(r.policy_overshoot <= 1e-9, "{}", r.policy_overshoot);
-        assert!(r.utilization > 0.9, "{}", r.utilization);
+fn a_restarted_node_takes_its_keys_back_and_the_bound_holds() {
+    for policy in [
+        window(1000, 1000),
+        Policy::token_bucket(1000, Duration::from_secs(1), 1000).unwrap(),
+    ] {
+        for node in 0..3 {
+            let mut c = config(policy, 3, Traffic::Uniform, 2.0);
+            c.duration_ns = 6_000_000_000;
+            c.crashes.push(Crash {
+                node,
+                at_ns: 2_500_000_000,
+                restart_ns: Some(2_800_000_000),
+            });
+            let r = sim::run(&c);
+            assert!(
+                r.policy_overshoot <= r.declared_bound.total() + 1e-9,
+                "{} over {:?}",
+                r.policy_overshoot,
+                r.declared_bound
+            );
+            assert!(r.utilization > 0.9, "node {node}: {}", r.utilization);
+        }
     }
 }

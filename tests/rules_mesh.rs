@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use http::Method;
-use ratemesh::backend::mesh::GlobalLimits;
+use ratemesh::backend::mesh::{GlobalLimits, MeshDecision};
 use ratemesh::config::{GatewayConfig, IdentitySource};
 use ratemesh::rules::{Identity, RequestFacts, Rules, RulesError};
 use ratemesh::{Decision, Limiter, Policy, Verdict};
@@ -19,19 +19,19 @@ struct FakeMesh {
 }
 
 impl GlobalLimits for FakeMesh {
-    fn decide(&self, policy: u32, key: u64, cost: u64) -> Decision {
+    fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
         let call = self.calls.fetch_add(1, Ordering::Relaxed);
         let decision = self.limiter.check(&(policy, key), cost);
         if call < self.deny_first {
-            // Deny as a mesh that is still recovering would.
-            return Decision {
+            // Deny as an owner that has no room left would.
+            return MeshDecision::Ready(Some(Decision {
                 remaining: 0,
                 retry_after_ns: 20_000_000,
                 verdict: Verdict::Denied,
                 ..decision
-            };
+            }));
         }
-        decision
+        MeshDecision::Ready(Some(decision))
     }
 }
 
@@ -157,8 +157,15 @@ fn a_mesh_policy_is_validated_where_it_is_written() {
         "algorithm = \"sliding-log\"",
     ));
     assert_eq!(e.field, "policies.global.algorithm", "{e}");
-    let e = error(&FILE.replace("limit = 100", "limit = 1000000"));
+    let e = error(&FILE.replace("limit = 100", "limit = 300000000000000"));
     assert_eq!(e.field, "policies.global.limit", "{e}");
+    // Large limits and month-long windows are fine.
+    for (limit, window) in [("1000000", "24h"), ("4294967295", "744h")] {
+        let text = FILE
+            .replace("limit = 100", &format!("limit = {limit}"))
+            .replace("window = \"1s\"", &format!("window = \"{window}\""));
+        GatewayConfig::from_toml_str(&text, "test.toml").unwrap();
+    }
     let e = error(&FILE.replace(
         "backend = \"mesh\"",
         "backend = \"mesh\"\ntime_zone = \"Europe/Paris\"",

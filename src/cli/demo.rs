@@ -196,10 +196,10 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.duration_s < 8 {
         return Err("--duration-s: at least 8 (four phases of at least 2 s)".into());
     }
-    if args.limit == 0 || args.limit > ratemesh::mesh::cell::MAX_MESH_WINDOW_LIMIT {
+    if args.limit == 0 || args.limit > ratemesh::policy::MAX_GLOBAL_WINDOW_LIMIT {
         return Err(format!(
             "--limit: between 1 and {}",
-            ratemesh::mesh::cell::MAX_MESH_WINDOW_LIMIT
+            ratemesh::policy::MAX_GLOBAL_WINDOW_LIMIT
         )
         .into());
     }
@@ -285,8 +285,9 @@ async fn drive(
         if p == 2 {
             cluster.kill(killed).await;
             say(format!(
-                "  node {nodes} killed (SIGKILL); its share stays reserved for two windows (it may \
-                 have admitted requests the others have not heard of), then the others take it over"
+                "  node {nodes} killed (SIGKILL); once the others declare it dead (10 gossip rounds), \
+                 the successor of each key it owned carries on from its backup; only what it had \
+                 leased and not spent is lost until the window ends"
             ));
         }
         let mut restart = None;

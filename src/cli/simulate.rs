@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use ratemesh::Policy;
-use ratemesh::sim::{self, Partition, SimConfig, SimReport, Traffic};
+use ratemesh::sim::{self, Crash, Partition, SimConfig, SimReport, Traffic};
 
 /// The algorithms a global policy can use.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -35,6 +35,8 @@ pub enum TrafficArg {
     Poisson,
     /// Poisson bursts (a twentieth of the limit each) on random nodes.
     Bursty,
+    /// Poisson arrivals on random nodes, keys drawn by a Zipf law over `--keys`.
+    Zipf,
 }
 
 /// Flags of `ratemesh simulate`.
@@ -85,7 +87,10 @@ pub struct SimulateArgs {
     /// The fraction of the traffic on the moving hot spot (the rest is spread over the others).
     #[arg(long, default_value_t = 0.8)]
     hotspot_fraction: f64,
-    /// Offered load as a multiple of the limit.
+    /// The Zipf law's exponent (`--traffic zipf`).
+    #[arg(long, default_value_t = 1.0)]
+    zipf_exponent: f64,
+    /// Offered load as a multiple of the limit, per key.
     #[arg(long, default_value_t = 2.0)]
     demand: f64,
     /// Requests cost 1..=max-cost tokens.
@@ -100,6 +105,12 @@ pub struct SimulateArgs {
     /// RNG seed (the same seed gives the same run).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Run this many seeds (seed, seed + 1, ...) and print the median of each figure.
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
+    /// The longest a request waits for its key's owner, ms.
+    #[arg(long, default_value_t = 100.0)]
+    max_wait_ms: f64,
     /// Cut the first `--minority` nodes off at this second.
     #[arg(long, requires = "heal_at_s")]
     partition_at_s: Option<f64>,
@@ -109,6 +120,18 @@ pub struct SimulateArgs {
     /// How many nodes the partition cuts off (default: the smaller half).
     #[arg(long)]
     minority: Option<usize>,
+    /// Crash this node (0-based; it loses all state).
+    #[arg(long, requires = "crash_at_s")]
+    crash_node: Option<usize>,
+    /// When the node crashes, s.
+    #[arg(long, requires = "crash_node")]
+    crash_at_s: Option<f64>,
+    /// Restart the crashed node at this second (default: it stays down).
+    #[arg(long, requires = "crash_node")]
+    restart_at_s: Option<f64>,
+    /// Skip the baselines (faster for large runs).
+    #[arg(long)]
+    no_baselines: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -119,8 +142,8 @@ fn ms(value: f64) -> u64 {
 }
 
 fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
-    if args.nodes == 0 || args.nodes > 64 {
-        return Err("--nodes: between 1 and 64".into());
+    if args.nodes == 0 || args.nodes > sim::MAX_NODES {
+        return Err(format!("--nodes: between 1 and {}", sim::MAX_NODES));
     }
     if !(0.0..=1.0).contains(&args.loss) || !(0.0..=1.0).contains(&args.duplication) {
         return Err("--loss and --duplication: within 0..1".into());
@@ -128,14 +151,20 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
     if args.gossip_ms <= 0.0 || args.duration_s <= 0.0 || args.demand < 0.0 {
         return Err("--gossip-ms and --duration-s must be positive, --demand not negative".into());
     }
+    if args.seeds == 0 || args.seeds > 1000 {
+        return Err("--seeds: between 1 and 1000".into());
+    }
+    if args.max_wait_ms <= 0.0 {
+        return Err("--max-wait-ms must be positive".into());
+    }
     let window = Duration::from_millis(args.window_ms);
     let bucket_rate = args
         .rate
         .unwrap_or_else(|| (args.limit * 1000).div_ceil(args.window_ms.max(1)));
     let burst = args.burst.unwrap_or(args.limit);
     let policy = match args.algorithm {
-        MeshAlgorithm::SlidingWindow => Policy::sliding_window(args.limit, window),
-        MeshAlgorithm::FixedWindow => Policy::fixed_window(args.limit, window),
+        MeshAlgorithm::SlidingWindow => Policy::global_sliding_window(args.limit, window),
+        MeshAlgorithm::FixedWindow => Policy::global_fixed_window(args.limit, window),
         MeshAlgorithm::TokenBucket => {
             Policy::token_bucket(bucket_rate, Duration::from_secs(1), burst)
         }
@@ -150,6 +179,7 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
     c.loss = args.loss;
     c.duplication = args.duplication;
     c.skew_ns = ms(args.skew_ms);
+    c.max_wait_ns = ms(args.max_wait_ms);
     c.traffic = match args.traffic {
         TrafficArg::Uniform => Traffic::Uniform,
         TrafficArg::OneNode => Traffic::OneNode,
@@ -160,6 +190,9 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
         TrafficArg::SynchronizedBurst => Traffic::SynchronizedBurst,
         TrafficArg::Poisson => Traffic::Poisson,
         TrafficArg::Bursty => Traffic::Bursty,
+        TrafficArg::Zipf => Traffic::Zipf {
+            exponent_milli: (args.zipf_exponent.clamp(0.0, 10.0) * 1000.0).round() as u32,
+        },
     };
     c.demand = args.demand;
     c.max_cost = args.max_cost.max(1);
@@ -180,6 +213,19 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
             minority,
         });
     }
+    if let (Some(node), Some(at)) = (args.crash_node, args.crash_at_s) {
+        if node >= args.nodes {
+            return Err("--crash-node: a node index below --nodes".into());
+        }
+        if args.restart_at_s.is_some_and(|r| r <= at) {
+            return Err("--restart-at-s must be after --crash-at-s".into());
+        }
+        c.crashes.push(Crash {
+            node,
+            at_ns: ms(at * 1000.0),
+            restart_ns: args.restart_at_s.map(|r| ms(r * 1000.0)),
+        });
+    }
     Ok(c)
 }
 
@@ -189,30 +235,102 @@ fn fields(r: &SimReport) -> serde_json::Value {
         "policy_overshoot": r.policy_overshoot,
         "oracle_overshoot": r.oracle_overshoot,
         "utilization": r.utilization,
+        "false_denial_rate": r.false_denial_rate,
+        "false_admit_rate": r.false_admit_rate,
+        "false_denial_rate_under_limit_keys": r.false_denial_rate_under_limit_keys,
         "wrong_decision_rate": r.wrong_decision_rate,
+        "waited_fraction": r.waited_fraction,
+        "wait_p50_ms": r.wait_p50_ms,
+        "wait_p99_ms": r.wait_p99_ms,
         "declared_bound": r.declared_bound.total(),
+        "declared_bound_terms": {
+            "steady": r.declared_bound.steady,
+            "crash": r.declared_bound.crash,
+            "partition": r.declared_bound.partition,
+        },
         "gossip_bytes_per_node_per_s": r.gossip_bytes_per_node_per_s,
         "convergence_ms_after_heal": r.convergence_ms_after_heal,
+        "capacity_after_crash": r.capacity_after_crash,
+        "detection_ms": r.detection_ms,
+        "recovery_ms_after_detection": r.recovery_ms_after_detection,
         "admitted": r.admitted,
         "oracle_admitted": r.oracle_admitted,
         "requests": r.requests,
     })
 }
 
+/// The median of each figure over several runs (the runs of one rule, several seeds).
+fn median(runs: &[SimReport]) -> SimReport {
+    fn mid(mut values: Vec<f64>) -> f64 {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    }
+    fn mid_opt(values: Vec<Option<f64>>) -> Option<f64> {
+        let some: Vec<f64> = values.into_iter().flatten().collect();
+        (!some.is_empty()).then(|| mid(some))
+    }
+    let f = |get: fn(&SimReport) -> f64| mid(runs.iter().map(get).collect());
+    let o = |get: fn(&SimReport) -> Option<f64>| mid_opt(runs.iter().map(get).collect());
+    let u = |get: fn(&SimReport) -> u64| mid(runs.iter().map(|r| get(r) as f64).collect()) as u64;
+    let mut out = runs[runs.len() / 2].clone();
+    out.overshoot = f(|r| r.overshoot);
+    out.policy_overshoot = f(|r| r.policy_overshoot);
+    out.oracle_overshoot = f(|r| r.oracle_overshoot);
+    out.utilization = f(|r| r.utilization);
+    out.false_denial_rate = f(|r| r.false_denial_rate);
+    out.false_admit_rate = f(|r| r.false_admit_rate);
+    out.false_denial_rate_under_limit_keys = f(|r| r.false_denial_rate_under_limit_keys);
+    out.wrong_decision_rate = f(|r| r.wrong_decision_rate);
+    out.waited_fraction = f(|r| r.waited_fraction);
+    out.wait_p50_ms = f(|r| r.wait_p50_ms);
+    out.wait_p99_ms = f(|r| r.wait_p99_ms);
+    out.declared_bound.crash = f(|r| r.declared_bound.crash);
+    out.gossip_bytes_per_node_per_s = f(|r| r.gossip_bytes_per_node_per_s);
+    out.convergence_ms_after_heal = o(|r| r.convergence_ms_after_heal);
+    out.capacity_after_crash = o(|r| r.capacity_after_crash);
+    out.detection_ms = o(|r| r.detection_ms);
+    out.recovery_ms_after_detection = o(|r| r.recovery_ms_after_detection);
+    out.admitted = u(|r| r.admitted);
+    out.oracle_admitted = u(|r| r.oracle_admitted);
+    out.requests = u(|r| r.requests);
+    out
+}
+
+/// Run `config` over `seeds` seeds; return the median of each rule's figures.
+fn run_seeds(
+    config: &SimConfig,
+    seeds: u64,
+    baselines: bool,
+) -> (SimReport, Vec<(&'static str, SimReport)>) {
+    let mut mesh = Vec::new();
+    let mut others: Vec<(&'static str, Vec<SimReport>)> = Vec::new();
+    for i in 0..seeds {
+        let mut c = config.clone();
+        c.seed = config.seed.wrapping_add(i);
+        mesh.push(sim::run(&c));
+        if baselines {
+            for (k, (name, r)) in sim::run_baselines(&c).into_iter().enumerate() {
+                if others.len() <= k {
+                    others.push((name, Vec::new()));
+                }
+                others[k].1.push(r);
+            }
+        }
+    }
+    let others = others
+        .into_iter()
+        .map(|(name, runs)| (name, median(&runs)))
+        .collect();
+    (median(&mesh), others)
+}
+
 /// Run `ratemesh simulate`.
 pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = config(args)?;
-    let mesh = sim::run(&config);
-    let baselines = sim::run_baselines(&config);
+    let (mesh, baselines) = run_seeds(&config, args.seeds, !args.no_baselines);
     if args.json {
         let mut out = fields(&mesh);
-        let bound = mesh.declared_bound;
-        out["declared_bound_terms"] = serde_json::json!({
-            "steady": bound.steady,
-            "skew": bound.skew,
-            "partition": bound.partition,
-            "partition_share_at_split": mesh.partition_share_at_split,
-        });
+        out["seeds"] = args.seeds.into();
         out["baselines"] = baselines
             .iter()
             .map(|(name, r)| ((*name).to_string(), fields(r)))
@@ -223,7 +341,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "ratemesh simulate: {} nodes, gossip {} ms, latency {} ms, loss {}, skew {} ms, {:?} \
-         (capacity {}), traffic {}, demand {}x, {} s, seed {}",
+         (capacity {}), traffic {}, demand {}x, {} key(s), {} s, seed {}{}",
         config.nodes,
         args.gossip_ms,
         args.latency_ms,
@@ -233,8 +351,14 @@ pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         config.policy.capacity(),
         config.traffic.name(),
         args.demand,
+        config.keys,
         args.duration_s,
-        args.seed
+        args.seed,
+        if args.seeds > 1 {
+            format!(" (median of {} seeds)", args.seeds)
+        } else {
+            String::new()
+        }
     );
     if let Some(p) = config.partition {
         println!(
@@ -245,24 +369,30 @@ pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!(
-        "\n{:<14} {:>10} {:>12} {:>12} {:>12} {:>10} {:>14}",
+        "\n{:<13} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9} {:>8} {:>9} {:>12}",
         "rule",
+        "false-den",
+        "false-adm",
+        "utiliz.",
         "overshoot",
-        "policy-over",
-        "utilization",
-        "wrong-dec",
+        "policy-ov",
         "declared",
-        "gossip B/s/node"
+        "waited",
+        "p99 wait",
+        "gossip B/s"
     );
     let row = |name: &str, r: &SimReport| {
         println!(
-            "{:<14} {:>9.2}% {:>11.2}% {:>11.1}% {:>11.3}% {:>9.1}% {:>14.0}",
+            "{:<13} {:>8.3}% {:>8.3}% {:>8.1}% {:>9.2}% {:>9.2}% {:>8.1}% {:>7.1}% {:>6.1} ms {:>12.0}",
             name,
+            r.false_denial_rate * 100.0,
+            r.false_admit_rate * 100.0,
+            r.utilization * 100.0,
             r.overshoot * 100.0,
             r.policy_overshoot * 100.0,
-            r.utilization * 100.0,
-            r.wrong_decision_rate * 100.0,
             r.declared_bound.total() * 100.0,
+            r.waited_fraction * 100.0,
+            r.wait_p99_ms,
             r.gossip_bytes_per_node_per_s
         )
     };
@@ -271,23 +401,40 @@ pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         row(name, r);
     }
     println!(
-        "\noracle (one central limiter, same stream): overshoot {:.2}%, admitted {} of {} requests",
+        "\noracle (one central limiter, same stream): overshoot {:.2}%, admitted {} tokens; \
+         {} requests",
         mesh.oracle_overshoot * 100.0,
         mesh.oracle_admitted,
         mesh.requests
     );
-    if let Some(share) = mesh.partition_share_at_split {
+    if config.keys > 1 {
         println!(
-            "partition: the side without a majority held {:.1}% of the budget at the split \
-             (the bound while cut off); counters converged {} after the heal",
-            share * 100.0,
+            "false denials on the keys the oracle never denied: {:.3}%",
+            mesh.false_denial_rate_under_limit_keys * 100.0
+        );
+    }
+    if let Some(capacity) = mesh.capacity_after_crash {
+        println!(
+            "crash: detected after {}; mesh admitted {:.1}% of the oracle's in the two windows \
+             after it; back at >= 95% {} after detection",
+            mesh.detection_ms
+                .map_or("never".to_string(), |ms| format!("{ms:.0} ms")),
+            capacity * 100.0,
+            mesh.recovery_ms_after_detection
+                .map_or("never".to_string(), |ms| format!("{ms:.0} ms"))
+        );
+    }
+    if config.partition.is_some() {
+        println!(
+            "partition: the nodes agreed on every key's owner {} after the heal",
             mesh.convergence_ms_after_heal
                 .map_or("never".to_string(), |ms| format!("{ms:.1} ms"))
         );
     }
     println!(
-        "\novershoot: exact timestamps (DESIGN.md); policy-over: in the policy's own terms, what \
-         `declared` bounds (docs/overshoot.md)."
+        "\nfalse-den: denied where one central limiter admitted (over its admissions); waited: \
+         requests that waited for their key's owner; overshoot: exact timestamps; policy-ov: \
+         in the policy's own terms, what `declared` bounds (docs/overshoot.md)."
     );
     Ok(())
 }

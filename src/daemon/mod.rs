@@ -5,7 +5,8 @@
 //! Every path other than `/metrics` and `/health` is the gateway: it answers 200 when the
 //! policies admit the request and 429 (with `Retry-After` and the `RateLimit` fields) when
 //! they do not. On SIGTERM (or Ctrl-C) the node reports itself draining on `/health`, stops
-//! accepting connections, finishes the requests in flight for at most `drain`, and closes
+//! accepting connections, finishes the requests in flight for at most `drain`, hands its mesh
+//! keys over to their next owners, and closes
 //! its QUIC endpoint so its peers notice at once.
 
 pub mod config;
@@ -162,7 +163,9 @@ impl RunningNode {
                 tracing::warn!(drain = ?self.drain, "requests still in flight after the drain time; closing");
             }
         }
-        state.mesh.close().await;
+        // Give the leases back and hand this node's keys to their next owners, so the
+        // others carry on at once instead of waiting to declare this node dead.
+        state.mesh.leave().await;
         tracing::info!("stopped");
     }
 }

@@ -24,10 +24,16 @@ impl Exporter {
 
     /// Read the node's figures and render every metric.
     pub(crate) fn render(&self, id: u64, mesh: &MeshNet) -> String {
-        let (members, node_stats, keys, running) =
-            mesh.with_node(|n| (n.members(), n.stats(), n.key_count(), n.is_running()));
-        let size = mesh.with_node(|n| n.config().cluster_size).max(1);
-        let alive = members.iter().filter(|(_, up)| *up).count();
+        let (members, node_stats, keys, authorities, running, majority) = mesh.with_node(|n| {
+            (
+                n.members(),
+                n.stats(),
+                n.key_count(),
+                n.authority_count(),
+                n.is_running(),
+                n.membership().has_majority(),
+            )
+        });
         let peers_up = members
             .iter()
             .filter(|(member, up)| *up && *member != id)
@@ -37,12 +43,18 @@ impl Exporter {
         metrics::gauge!("ratemesh_node_running").set(if running { 1.0 } else { 0.0 });
         metrics::gauge!("ratemesh_members").set(members.len() as f64);
         metrics::gauge!("ratemesh_peers_up").set(peers_up as f64);
+        metrics::gauge!("ratemesh_majority").set(if majority { 1.0 } else { 0.0 });
         metrics::gauge!("ratemesh_mesh_keys").set(keys as f64);
-        metrics::gauge!("ratemesh_overshoot_bound_estimate")
-            .set(overshoot_bound_estimate(alive, size));
+        metrics::gauge!("ratemesh_mesh_authorities").set(authorities as f64);
         metrics::counter!("ratemesh_gossip_rounds_total").absolute(node_stats.rounds);
-        metrics::counter!("ratemesh_gossip_consistent_rounds_total")
-            .absolute(node_stats.consistent_rounds);
+        metrics::counter!("ratemesh_mesh_waits_total").absolute(node_stats.waits);
+        metrics::counter!("ratemesh_mesh_wait_timeouts_total").absolute(node_stats.timeouts);
+        metrics::counter!("ratemesh_mesh_grants_total").absolute(node_stats.grants);
+        metrics::counter!("ratemesh_mesh_takeovers_total").absolute(node_stats.promotions);
+        metrics::counter!("ratemesh_mesh_handoffs_total", "direction" => "sent")
+            .absolute(node_stats.handoffs_sent);
+        metrics::counter!("ratemesh_mesh_handoffs_total", "direction" => "received")
+            .absolute(node_stats.handoffs_received);
         metrics::counter!("ratemesh_gossip_messages_sent_total", "kind" => "datagram")
             .absolute(load(&net.datagrams_sent));
         metrics::counter!("ratemesh_gossip_messages_sent_total", "kind" => "stream")
@@ -60,16 +72,6 @@ impl Exporter {
     }
 }
 
-/// The declared worst-case overshoot right now, as a fraction of each mesh limit, with
-/// every member holding the even share: 0 while every member is heard; otherwise the
-/// shares of the smaller side of a possible partition (the members this node cannot hear,
-/// or this node's side when it is the smaller one). A crashed member admits nothing, so
-/// the real overshoot is then lower.
-pub(crate) fn overshoot_bound_estimate(alive: usize, cluster_size: usize) -> f64 {
-    let dead = cluster_size.saturating_sub(alive);
-    dead.min(alive) as f64 / cluster_size.max(1) as f64
-}
-
 fn describe() {
     use metrics::{describe_counter, describe_gauge};
     describe_counter!(
@@ -78,7 +80,7 @@ fn describe() {
     );
     describe_gauge!(
         "ratemesh_node_running",
-        "1 once the node recovered its state from a majority and admits"
+        "1 once every peer answered this node's start (or was declared dead)"
     );
     describe_gauge!(
         "ratemesh_members",
@@ -87,13 +89,33 @@ fn describe() {
     describe_gauge!("ratemesh_peers_up", "Peers this node hears");
     describe_gauge!("ratemesh_mesh_keys", "Keys the mesh node holds state for");
     describe_gauge!(
-        "ratemesh_overshoot_bound_estimate",
-        "Declared worst-case overshoot now, as a fraction of each mesh limit (even shares)"
+        "ratemesh_majority",
+        "1 while this node sees a majority of the members alive (it may take over keys)"
+    );
+    describe_gauge!(
+        "ratemesh_mesh_authorities",
+        "Keys whose budget this node keeps (it owns them)"
     );
     describe_counter!("ratemesh_gossip_rounds_total", "Gossip rounds run");
     describe_counter!(
-        "ratemesh_gossip_consistent_rounds_total",
-        "Rounds with a complete, consistent view (claims allowed)"
+        "ratemesh_mesh_waits_total",
+        "Requests that waited for their key's owner (their node's lease was short)"
+    );
+    describe_counter!(
+        "ratemesh_mesh_wait_timeouts_total",
+        "Waiting requests denied because the owner did not answer within max_wait"
+    );
+    describe_counter!(
+        "ratemesh_mesh_grants_total",
+        "Leases granted by this node's authorities"
+    );
+    describe_counter!(
+        "ratemesh_mesh_takeovers_total",
+        "Keys taken over from a dead owner's backup"
+    );
+    describe_counter!(
+        "ratemesh_mesh_handoffs_total",
+        "Keys whose budget moved to or from this node (membership changes)"
     );
     describe_counter!(
         "ratemesh_gossip_messages_sent_total",
@@ -112,17 +134,4 @@ fn describe() {
         "ratemesh_peer_connections_refused_total",
         "Peer connections refused (certificate from another CA, none, or not a member)"
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::overshoot_bound_estimate;
-
-    #[test]
-    fn bound_is_the_smaller_side() {
-        assert_eq!(overshoot_bound_estimate(3, 3), 0.0);
-        assert!((overshoot_bound_estimate(2, 3) - 1.0 / 3.0).abs() < 1e-9);
-        assert!((overshoot_bound_estimate(1, 3) - 1.0 / 3.0).abs() < 1e-9);
-        assert!((overshoot_bound_estimate(3, 5) - 2.0 / 5.0).abs() < 1e-9);
-    }
 }

@@ -213,7 +213,7 @@ impl RateLimitLayer {
             method: &method,
             path: &path,
         };
-        let outcome = if rules.has_exact_policies() {
+        let outcome = if rules.needs_io() {
             rules.decide_exact(&facts, now).await
         } else {
             rules.decide(&facts, now)

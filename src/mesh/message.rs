@@ -1,110 +1,197 @@
 //! The messages nodes exchange, encoded by [`crate::mesh::wire`] (the only decoder of peer
 //! bytes). Keys travel as 64-bit hashes that are stable across processes.
+//!
+//! Every frame starts with a [`Header`] that carries the sender's clock and echoes the last
+//! frame it received from the receiver, so every exchange doubles as a clock-offset sample
+//! (`mesh::timing`) and as proof that the sender still hears the receiver (the authority
+//! lease of `mesh::node`). Counts are cumulative (granted, returned, used), so a duplicated,
+//! reordered or lost item is harmless: the receiver keeps the largest value it saw.
 
 use bincode::{Decode, Encode};
 
 use crate::mesh::NodeId;
-use crate::mesh::share::Share;
 
 /// One frame from a peer.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub enum Frame {
-    /// What changed on the sender since the receiver last confirmed (a datagram).
-    Delta(Delta),
-    /// "Send me everything you know": from a node that starts, restarts or heals.
-    SnapshotRequest {
-        /// The requester's round.
-        round: u64,
+pub struct Frame {
+    /// Who sends, when, and what it heard of the receiver.
+    pub header: Header,
+    /// What the frame carries (none: a heartbeat).
+    pub items: Vec<Item>,
+}
+
+/// The sender's identity and clock, and what it last heard from the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Encode, Decode)]
+pub struct Header {
+    /// The sender's incarnation (chosen at start): a new value means it restarted and lost
+    /// its state.
+    pub incarnation: u64,
+    /// The sender's clock when it sent this frame, in ns.
+    pub sent_at: u64,
+    /// The `sent_at` of the newest frame the sender received from the receiver (0: none).
+    pub echo: u64,
+    /// Nanoseconds the sender held that frame before sending this one.
+    pub held: u64,
+    /// How many times the sender declared the receiver dead (the receiver learns from it that
+    /// its authorities may have been taken over).
+    pub your_deaths: u32,
+    /// The sender is starting and asks for everything the receiver holds that it should hold
+    /// itself (authorities it owns, backups it keeps).
+    pub syncing: bool,
+    /// The sender is leaving the cluster for good (a drain): drop it from the membership now.
+    pub leaving: bool,
+}
+
+/// One thing a frame carries, about one key of one mesh policy.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum Item {
+    /// From a node that uses the key to the key's authority: its lease and what it needs.
+    Want(Want),
+    /// From the authority: the lease granted to the receiver (or a denial).
+    Grant(Grant),
+    /// From the authority: please give back what your lease holds beyond `keep` tokens
+    /// (requests wait for them), and report.
+    Recall {
+        /// The key.
+        key: KeyRef,
+        /// Tokens the holder may keep.
+        keep: u64,
     },
-    /// One part of a full state (a stream).
-    Snapshot(Snapshot),
+    /// From the authority to its successor: the key's whole state, to take over if it dies.
+    Backup(AuthorityState),
+    /// The key's authority moves to the receiver (it owns the key now).
+    Handoff(AuthorityState),
+    /// To a node that restarted: the backup of an authority it kept before (its times are on
+    /// the receiver's own clock).
+    Restore(AuthorityState),
+    /// The receiver asked the sender about a key the sender is not the authority for.
+    NotOwner(KeyRef),
+    /// The sender finished answering a `syncing` header: everything it held for the receiver
+    /// was in this frame or an earlier one.
+    SyncDone,
+    /// The sender's own counts of a key (the `stale_sum` baseline's gossip).
+    Count(Count),
 }
 
-/// The sender's round header: its membership view and how much of the receiver's state it
-/// holds.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub struct RoundHeader {
-    /// The sender's round (`floor(its clock / gossip interval)`).
-    pub round: u64,
-    /// The digest of the sender's membership view in this round.
-    pub digest: u64,
-    /// The digest in the round before.
-    pub previous_digest: u64,
-    /// The members the sender knows (itself included).
-    pub members: Vec<NodeId>,
-    /// The highest round of the receiver whose changes the sender holds completely (0: none).
-    pub ack: u64,
-}
-
-/// The sender's changes in rounds `since + 1 ..= header.round`, split into parts that each
-/// fit a datagram.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub struct Delta {
-    /// Round and membership.
-    pub header: RoundHeader,
-    /// The receiver's `ack` this delta starts after.
-    pub since: u64,
-    /// This part's index.
-    pub part: u16,
-    /// How many parts the round's delta has.
-    pub parts: u16,
-    /// The changed keys.
-    pub keys: Vec<KeyUpdate>,
-}
-
-/// The sender's own state for one key.
+/// A node's own counts of a key, for the `stale_sum` baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
-pub struct KeyUpdate {
+pub struct Count {
+    /// The key.
+    pub key: KeyRef,
+    /// The window of `current` (windows).
+    pub window: u64,
+    /// The sender's count in `window`.
+    pub current: u64,
+    /// The sender's count in `window − 1`.
+    pub previous: u64,
+    /// The sender's admissions ever (buckets).
+    pub total: u64,
+}
+
+/// A key of a mesh policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Encode, Decode)]
+pub struct KeyRef {
     /// The policy's index in the cluster's policy list.
     pub policy: u32,
     /// The key's stable 64-bit hash.
     pub key: u64,
-    /// The window the counts are for (a bucket counts per bucket-refill time).
+}
+
+/// A holder's lease as it stands, with what it asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub struct Want {
+    /// The key.
+    pub key: KeyRef,
+    /// The window the counts are for (windows; 0 for buckets and before any grant).
     pub window: u64,
-    /// The sender's count in `window`.
-    pub current: u64,
-    /// The sender's count in `window - 1`.
-    pub previous: u64,
-    /// The round in which the announced values last changed.
-    pub changed: u64,
-    /// The announced share and demand since `changed`.
-    pub now: Announce,
-    /// The values before `changed`.
-    pub before: Announce,
-}
-
-/// A member's announced share and demand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Encode, Decode)]
-pub struct Announce {
-    /// The share of the key's budget.
-    pub share: Share,
-    /// Offered cost per round averaged over about 16 rounds, in sixteenths (it decays by
-    /// 1/16 per round until announced again).
+    /// Tokens granted to the sender for `window` so far (cumulative).
+    pub granted: u64,
+    /// Tokens the sender gave back for `window` so far (cumulative).
+    pub returned: u64,
+    /// Tokens the sender admitted for `window` so far (cumulative).
+    pub used: u64,
+    /// The lease of `window` ended: `used` is the sender's final count of that window.
+    pub closed: bool,
+    /// Tokens the sender needs now for requests that wait.
+    pub need: u64,
+    /// The cost of the cheapest request that waits (what a denial's retry time is for).
+    pub smallest: u64,
+    /// Numbers the sender's wants; a grant says which one it answers.
+    pub seq: u32,
+    /// The sender would like a longer lease (its lease runs low); with `need` 0 and this
+    /// false, the item is a report only.
+    pub refill: bool,
+    /// The sender's demand: cost offered per gossip round, in sixteenths.
     pub demand: u32,
-    /// Bucket tokens this member gave up with its share in that round, for the claimers of
-    /// the round to take over (so a release moves tokens instead of destroying them).
-    pub released: u32,
+    /// The sender's final count of the window before `window` (windows), until the
+    /// authority has it.
+    pub previous_used: Option<u64>,
 }
 
-/// One part of a full state: the sender's own keys and, for recovery, the counts and share
-/// it holds for the receiver.
+/// The authority's answer to a holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub struct Grant {
+    /// The key.
+    pub key: KeyRef,
+    /// The window the lease is for (windows; 0 for buckets).
+    pub window: u64,
+    /// Tokens granted to the receiver for `window` so far (cumulative).
+    pub granted: u64,
+    /// When `window` ends on the authority's clock, in ns (windows; 0 for buckets).
+    pub ends_at: u64,
+    /// Not 0: what the receiver needs cannot be had now; requests that do not fit are denied
+    /// and may be retried after this many ns.
+    pub retry_after: u64,
+    /// Tokens the authority is recalling from other holders for the receiver: waiting
+    /// requests that fit in them keep waiting (the others are denied when `retry_after` is
+    /// set).
+    pub more_coming: u64,
+    /// The newest want of the receiver's the authority had seen (a denial answering an
+    /// older one, duplicated or delayed, is ignored).
+    pub answers: u32,
+}
+
+/// The per-holder record of an authority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub struct HolderRecord {
+    /// The holder.
+    pub node: NodeId,
+    /// The holder's incarnation when the record was made.
+    pub incarnation: u64,
+    /// Granted in the current window (cumulative).
+    pub granted: u64,
+    /// Returned in the current window (cumulative).
+    pub returned: u64,
+    /// Reported used in the current window (cumulative).
+    pub used: u64,
+    /// Demand in sixteenths of a token per round.
+    pub demand: u32,
+    /// What the holder held in the previous window (granted − returned), for the sliding
+    /// window's previous count.
+    pub previous_held: u64,
+    /// Whether `previous_held` is the holder's final count (reported) or only an upper bound.
+    pub previous_final: bool,
+    /// Whether `used` is the holder's final count of the current window (its lease ended).
+    pub closed: bool,
+}
+
+/// Everything an authority knows about one key: enough for another node to carry on.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub struct Snapshot {
-    /// Round and membership.
-    pub header: RoundHeader,
-    /// This part's index.
-    pub part: u16,
-    /// How many parts.
-    pub parts: u16,
-    /// The sender's keys.
-    pub keys: Vec<KeyUpdate>,
-    /// What the sender knows of the receiver's own state (its counts and its announced
-    /// share), so a restarted receiver gets them back.
-    pub yours: Vec<KeyUpdate>,
-    /// The sender released the receiver's share while it was away (declared dead for
-    /// longer than the hold): the receiver must start from a zero share.
-    pub you_were_released: bool,
-    /// The sender runs (a recovering sender's snapshot does not carry its own state, so it
-    /// does not count as one of its rounds).
-    pub sender_running: bool,
+pub struct AuthorityState {
+    /// The key.
+    pub key: KeyRef,
+    /// Increases with every change: a receiver ignores an older state than it has.
+    pub version: u64,
+    /// The current window's index (windows).
+    pub window: u64,
+    /// When the current window ends, on the sender's clock (windows).
+    pub ends_at: u64,
+    /// The previous window's count (windows; sliding window), an upper bound.
+    pub previous: u64,
+    /// The bucket's free tokens, in ns of refill (buckets).
+    pub level_ns: u64,
+    /// When `level_ns` was measured, on the sender's clock (buckets).
+    pub level_at: u64,
+    /// The holders' records.
+    pub holders: Vec<HolderRecord>,
 }

@@ -8,8 +8,10 @@
 //! with backoff. A peer's node id comes from its certificate; a peer whose certificate the
 //! cluster CA did not sign, or that names no member, is refused and counted.
 //!
-//! The request path ([`MeshNet::decide`]) takes no lock for a known key: one map read and
-//! the cell's compare-and-swap. Only a key's first request, and the driver, lock the node.
+//! The request path ([`MeshNet::decide`]) takes no lock while the node's lease of the key
+//! covers the request: one map read and the lease's compare-and-swap ([`Cells::decide`]).
+//! Otherwise it locks the node, which asks the key's owner, and the request waits (without
+//! holding the lock) for the answer the driver delivers.
 
 pub mod certs;
 pub mod tls;
@@ -21,18 +23,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use dashmap::DashMap;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::backend::mesh::MeshDecision;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
-use crate::mesh::cell::{MeshCell, MeshKind};
-use crate::mesh::node::{Event, MeshError, Node, NodeConfig};
+use crate::mesh::node::{Admit, Event, MeshError, Node, NodeConfig};
 use crate::mesh::wire::MAX_FRAME_BYTES;
-use crate::mesh::{NodeId, Transmit};
+use crate::mesh::{Cells, NodeId, Transmit};
 use crate::net::tls::{NodeTls, peer_node_id};
-use crate::policy::Policy;
 
 /// Why the transport could not start.
 #[derive(Debug, thiserror::Error)]
@@ -92,11 +92,18 @@ pub struct NetStats {
     pub unroutable: AtomicU64,
 }
 
+struct Inner {
+    node: Node,
+    /// Requests waiting for their key's owner, by the id the node gave them.
+    waiters: HashMap<u64, tokio::sync::oneshot::Sender<Decision>>,
+}
+
 struct Shared {
-    node: Mutex<Node>,
-    /// The policies and their cell kinds (fixed for the node's life).
-    policies: Vec<(Policy, MeshKind)>,
-    cells: DashMap<(u32, u64), Arc<MeshCell>>,
+    inner: Mutex<Inner>,
+    /// The lease cells (the request path's read handle).
+    cells: Arc<Cells>,
+    /// Wakes the driver when the request path gave the node something to send.
+    wake: tokio::sync::Notify,
     running: AtomicBool,
     closed: AtomicBool,
     clock: SystemClock,
@@ -129,17 +136,13 @@ impl MeshNet {
                 source,
             })?;
         endpoint.set_default_client_config(config.tls.client.clone());
-        let policies = config
-            .node
-            .policies
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| Some((*p, node.kind(i as u32)?)))
-            .collect();
         let shared = Arc::new(Shared {
-            node: Mutex::new(node),
-            policies,
-            cells: DashMap::new(),
+            cells: node.cells(),
+            inner: Mutex::new(Inner {
+                node,
+                waiters: HashMap::new(),
+            }),
+            wake: tokio::sync::Notify::new(),
             running: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             clock,
@@ -192,35 +195,56 @@ impl MeshNet {
 
     /// Run `f` on the node (for metrics and tests; holds the node's lock).
     pub fn with_node<T>(&self, f: impl FnOnce(&Node) -> T) -> T {
-        f(&self.shared.node.lock().expect("node lock"))
+        f(&self.shared.inner.lock().expect("node lock").node)
     }
 
     /// Decide a request of `cost` for `key` (its stable hash, see [`crate::mesh::key_hash`])
-    /// under global policy `policy`.
-    pub fn decide(&self, policy: u32, key: u64, cost: u64) -> Decision {
+    /// under global policy `policy`: at once from the node's lease of the key, or after the
+    /// key's owner answered (await the result; at most the node's `max_wait`).
+    pub fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
         let now = self.shared.clock.now_ns();
-        if !self.is_running() {
-            return self
-                .shared
-                .node
-                .lock()
-                .expect("node lock")
-                .decide(policy, key, cost, now);
+        if let Some(d) = self.shared.cells.decide(policy, key, cost, now) {
+            return MeshDecision::Ready(Some(d));
         }
-        let Some(&(p, kind)) = self.shared.policies.get(policy as usize) else {
-            return Decision::cannot_fit(0);
+        let mut inner = self.shared.inner.lock().expect("node lock");
+        let admit = inner.node.decide(policy, key, cost, now);
+        let decision = match admit {
+            Admit::Now(d) => MeshDecision::Ready(Some(d)),
+            Admit::Wait(id) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                inner.waiters.insert(id, tx);
+                let limit = inner
+                    .node
+                    .config()
+                    .policies
+                    .get(policy as usize)
+                    .map_or(0, |p| p.capacity());
+                MeshDecision::Waiting {
+                    answer: rx,
+                    fallback: Decision::denied(limit, 0, 0, 1_000_000_000),
+                }
+            }
         };
-        if let Some(cell) = self.shared.cells.get(&(policy, key)) {
-            return cell.decide(kind, &p, now, cost);
-        }
-        // A key's first request: the node creates its cell (under the node's lock).
-        let mut node = self.shared.node.lock().expect("node lock");
-        let decision = node.decide(policy, key, cost, now);
-        if node.is_running() && node.key_count() < node.config().max_keys {
-            let cell = node.cell(policy, key);
-            self.shared.cells.insert((policy, key), cell);
-        }
+        drop(inner);
+        // The node may have frames to send (the want) and a nearer deadline.
+        self.shared.wake.notify_one();
         decision
+    }
+
+    /// Leave the cluster for good: give every lease back, hand every key this node owns to
+    /// its next owner, and tell the peers (they drop this node at once instead of waiting
+    /// to declare it dead). Then close.
+    pub async fn leave(&self) {
+        {
+            let mut inner = self.shared.inner.lock().expect("node lock");
+            let now = self.shared.clock.now_ns();
+            inner.node.leave(now);
+        }
+        self.shared.wake.notify_one();
+        // Let the driver send the handoffs (streams) and the leaving frames.
+        let round = self.with_node(|n| n.config().gossip_interval_ns);
+        tokio::time::sleep(Duration::from_nanos((3 * round).max(200_000_000))).await;
+        self.close().await;
     }
 
     /// Stop the driver and close the endpoint (the peers hear the close at once); the node
@@ -241,7 +265,7 @@ impl MeshNet {
 }
 
 impl crate::backend::mesh::GlobalLimits for MeshNet {
-    fn decide(&self, policy: u32, key: u64, cost: u64) -> Decision {
+    fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
         MeshNet::decide(self, policy, key, cost)
     }
 }
@@ -260,15 +284,16 @@ impl Driver {
     async fn run(mut self, mut receiver: mpsc::UnboundedReceiver<Input>) {
         loop {
             let next = {
-                let node = self.shared.node.lock().expect("node lock");
-                node.poll_timeout()
+                let inner = self.shared.inner.lock().expect("node lock");
+                inner.node.poll_timeout()
             };
             let wait = next.saturating_sub(self.shared.clock.now_ns());
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_nanos(wait)) => {
                     let now = self.shared.clock.now_ns();
-                    self.shared.node.lock().expect("node lock").handle_timeout(now);
+                    self.shared.inner.lock().expect("node lock").node.handle_timeout(now);
                 }
+                _ = self.shared.wake.notified() => {}
                 incoming = self.endpoint.accept() => {
                     let Some(incoming) = incoming else { return };
                     self.accept(incoming);
@@ -288,9 +313,10 @@ impl Driver {
                 let now = self.shared.clock.now_ns();
                 let result = self
                     .shared
-                    .node
+                    .inner
                     .lock()
                     .expect("node lock")
+                    .node
                     .handle_frame(now, from, &bytes);
                 let counter = if result.is_ok() {
                     &self.shared.stats.frames_received
@@ -393,27 +419,32 @@ impl Driver {
 
     fn flush(&mut self) {
         let (transmits, events, running) = {
-            let mut node = self.shared.node.lock().expect("node lock");
+            let mut inner = self.shared.inner.lock().expect("node lock");
             let mut transmits = Vec::new();
-            while let Some(t) = node.poll_transmit() {
+            while let Some(t) = inner.node.poll_transmit() {
                 transmits.push(t);
             }
             let mut events = Vec::new();
-            while let Some(e) = node.poll_event() {
-                events.push(e);
+            while let Some(e) = inner.node.poll_event() {
+                if let Event::Decided { id, decision } = e {
+                    if let Some(waiter) = inner.waiters.remove(&id) {
+                        let _ = waiter.send(decision);
+                    }
+                } else {
+                    events.push(e);
+                }
             }
-            (transmits, events, node.is_running())
+            (transmits, events, inner.node.is_running())
         };
         self.shared.running.store(running, Ordering::Release);
         for event in events {
             match event {
-                Event::KeyForgotten { policy, key } => {
-                    self.shared.cells.remove(&(policy, key));
-                }
                 Event::PeerDown(peer) => tracing::warn!(peer, "peer declared dead"),
-                Event::PeerUp(peer) => tracing::info!(peer, "peer is back"),
-                Event::Discovered(peer) => tracing::info!(peer, "learned of a member"),
-                Event::Recovered => tracing::info!("state recovered from a majority; admitting"),
+                Event::PeerUp(peer) => tracing::info!(peer, "peer is up"),
+                Event::PeerRestarted(peer) => tracing::info!(peer, "peer restarted"),
+                Event::PeerLeft(peer) => tracing::info!(peer, "peer left the cluster"),
+                Event::Recovered => tracing::info!("every peer answered; serving owned keys"),
+                Event::Decided { .. } | Event::Window { .. } => {}
             }
         }
         for t in transmits {

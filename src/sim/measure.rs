@@ -1,138 +1,372 @@
 //! The measures of a run (definitions in `docs/overshoot.md` and DESIGN.md section 3).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use crate::clock::Nanos;
-use crate::mesh::cell::MeshKind;
+use crate::mesh::MeshKind;
 use crate::policy::Policy;
-use crate::sim::{SimConfig, SimNode, SimReport};
+use crate::sim::traffic::Arrival;
+use crate::sim::{START_NS, SimConfig, SimNode, SimReport, declared_bound};
 
-/// Admissions `(true time, cost)` in time order.
+/// Admissions `(true time, cost)`.
 type Admissions = Vec<(Nanos, u64)>;
+
+/// The first keys the per-tick checks look at (a run with many keys stays fast).
+const CHECKED_KEYS: u64 = 16;
+
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    key: u64,
+    cost: u64,
+    at: Nanos,
+    /// Its arrival on the oracle's clock (the key owner's).
+    oracle_at: Nanos,
+    oracle: bool,
+    /// The oracle's room for this key just before this request, in tokens.
+    room: u64,
+    mesh: Option<bool>,
+}
 
 /// Collects decisions while a run goes on.
 pub(crate) struct Recorder {
     mesh: Vec<Admissions>,
     oracle: Vec<Admissions>,
-    requests: u64,
-    wrong: u64,
-    pub(crate) partition_share: Option<f64>,
-    seen: HashMap<(usize, u64, u64, u64, u64), u64>,
-    decreased: bool,
-    max_share_sum: f64,
+    requests: Vec<Request>,
+    waits: Vec<Nanos>,
+    /// Per key: window index → its start in true time, as the key's authorities set them.
+    windows: Vec<BTreeMap<u64, Nanos>>,
+    crash_at: Option<(Nanos, usize)>,
+    detected_at: Option<Nanos>,
+    crash_term: f64,
+    heal_at: Option<Nanos>,
+    converged_at: Option<Nanos>,
+    double_authority: bool,
 }
 
 impl Recorder {
-    pub(crate) fn new(config: &SimConfig) -> Self {
+    pub(crate) fn new(config: &SimConfig, arrivals: usize) -> Self {
         let keys = config.keys.max(1) as usize;
         Recorder {
             mesh: vec![Vec::new(); keys],
             oracle: vec![Vec::new(); keys],
-            requests: 0,
-            wrong: 0,
-            partition_share: None,
-            seen: HashMap::new(),
-            decreased: false,
-            max_share_sum: 0.0,
+            requests: Vec::with_capacity(arrivals),
+            waits: Vec::new(),
+            windows: vec![BTreeMap::new(); keys],
+            crash_at: None,
+            detected_at: None,
+            crash_term: 0.0,
+            heal_at: None,
+            converged_at: None,
+            double_authority: false,
         }
     }
 
-    pub(crate) fn request(&mut self, now: Nanos, key: u64, cost: u64, mesh: bool, oracle: bool) {
-        self.requests += 1;
-        if mesh != oracle {
-            self.wrong += 1;
-        }
-        if mesh {
-            self.mesh[key as usize].push((now, cost));
-        }
+    /// A request arrived (arrival `index`, in order) and the oracle decided it.
+    pub(crate) fn offered(
+        &mut self,
+        index: usize,
+        key: u64,
+        cost: u64,
+        oracle: &crate::decision::Decision,
+        now: Nanos,
+        oracle_at: Nanos,
+    ) {
+        debug_assert_eq!(index, self.requests.len());
+        let allowed = oracle.is_allowed();
+        let room = if allowed {
+            oracle.remaining + cost
+        } else {
+            oracle.remaining
+        };
+        self.requests.push(Request {
+            key,
+            cost,
+            at: now,
+            oracle_at,
+            oracle: allowed,
+            room,
+            mesh: None,
+        });
+        let oracle = allowed;
         if oracle {
             self.oracle[key as usize].push((now, cost));
         }
     }
 
-    /// Check that no node's view of any gossiped count went down since the last check (on
-    /// the first 16 keys, so a run with many keys stays fast).
-    pub(crate) fn check_counters(&mut self, now: Nanos, nodes: &[SimNode], config: &SimConfig) {
-        for (i, n) in nodes.iter().enumerate() {
-            let Some(node) = &n.node else { continue };
-            for key in 0..config.keys.clamp(1, 16) {
-                for window in candidate_windows(config, n, now) {
-                    let Some(counter) = node.counts(0, key + 1, window) else {
-                        continue;
-                    };
-                    for &(entry, value) in counter.entries() {
-                        let slot = self
-                            .seen
-                            .entry((i, n.incarnation, key, window, entry))
-                            .or_insert(0);
-                        if value < *slot {
-                            self.decreased = true;
-                        }
-                        *slot = value;
-                    }
-                }
+    /// The mesh decided request `index` at `now`, after waiting `waited` ns.
+    pub(crate) fn decided(&mut self, index: usize, now: Nanos, allowed: bool, waited: Nanos) {
+        let r = &mut self.requests[index];
+        if r.mesh.is_some() {
+            return;
+        }
+        r.mesh = Some(allowed);
+        if allowed {
+            self.mesh[r.key as usize].push((now, r.cost));
+        }
+        if waited > 0 {
+            self.waits.push(waited);
+        }
+    }
+
+    /// An authority of `key` began `window` at true time `start`.
+    pub(crate) fn window(&mut self, key: u64, window: u64, start: Nanos) {
+        if let Some(frames) = self.windows.get_mut(key as usize) {
+            let slot = frames.entry(window).or_insert(start);
+            *slot = (*slot).min(start);
+        }
+    }
+
+    /// Node `i` crashes at `now`: measure what its authorities granted that their
+    /// successors' backups do not show (the crash term of the bound).
+    pub(crate) fn crashed(&mut self, now: Nanos, i: usize, nodes: &[SimNode]) {
+        self.crash_at.get_or_insert((now, i));
+        let Some(node) = &nodes[i].node else { return };
+        let limit = node.config().policies[0].capacity() as f64;
+        for key in 0..self.mesh.len() as u64 {
+            let Some(a) = node.authority(0, key + 1) else {
+                continue;
+            };
+            let (_, successor) = node.membership().owner_and_successor(key + 1);
+            let backup = successor
+                .and_then(|s| nodes.get(s as usize))
+                .and_then(|s| s.node.as_ref())
+                .and_then(|s| s.backup(0, key + 1));
+            let same_window = |w: u64| backup.is_some_and(|b| b.window == w);
+            let unbacked: u64 = a
+                .holders()
+                .iter()
+                .map(|h| {
+                    let backed = backup
+                        .filter(|_| same_window(a.frame().0))
+                        .and_then(|b| b.holders.iter().find(|r| r.node == h.node))
+                        .map_or(0, |r| r.granted.saturating_sub(r.returned));
+                    h.granted.saturating_sub(h.returned).saturating_sub(backed)
+                })
+                .sum();
+            self.crash_term = self.crash_term.max(unbacked as f64 / limit);
+        }
+    }
+
+    /// Some node declared `peer` dead at `now`.
+    pub(crate) fn peer_down(&mut self, now: Nanos, peer: usize) {
+        if self.detected_at.is_none() && self.crash_at.is_some_and(|(_, i)| i == peer) {
+            self.detected_at = Some(now);
+        }
+    }
+
+    pub(crate) fn split(&mut self, _now: Nanos, _nodes: &[SimNode]) {}
+
+    pub(crate) fn heal(&mut self, now: Nanos) {
+        self.heal_at = Some(now);
+        self.converged_at = None;
+    }
+
+    /// At most one live node may grant from a key at any instant.
+    pub(crate) fn check_authorities(&mut self, now: Nanos, nodes: &[SimNode], _partitioned: bool) {
+        for key in 0..(self.mesh.len() as u64).min(CHECKED_KEYS) {
+            let granting = nodes
+                .iter()
+                .filter(|n| {
+                    n.node
+                        .as_ref()
+                        .is_some_and(|node| node.can_grant(0, key + 1, n.local(now)))
+                })
+                .count();
+            if granting > 1 {
+                self.double_authority = true;
             }
         }
     }
 
-    /// Record the sum of the running nodes' allowances (the first 16 keys).
-    pub(crate) fn check_shares(&mut self, nodes: &[SimNode], config: &SimConfig) {
-        for key in 0..config.keys.clamp(1, 16) {
-            let sum: f64 = nodes
+    /// After a heal: the live nodes agree on every key's owner.
+    pub(crate) fn check_convergence(&mut self, now: Nanos, nodes: &[SimNode]) {
+        if self.converged_at.is_some() || self.heal_at.is_none() {
+            return;
+        }
+        let agreed = (0..(self.mesh.len() as u64).min(CHECKED_KEYS)).all(|key| {
+            let mut owners = nodes
                 .iter()
-                .filter_map(|n| n.node.as_ref()?.allowance_share(0, key + 1))
-                .map(crate::mesh::share::to_fraction)
-                .sum();
-            self.max_share_sum = self.max_share_sum.max(sum);
+                .filter_map(|n| n.node.as_ref())
+                .map(|node| node.owner_of(key + 1));
+            let first = owners.next();
+            owners.all(|o| Some(o) == first)
+        });
+        let all_alive = nodes.iter().filter_map(|n| n.node.as_ref()).all(|node| {
+            node.members().iter().all(|&(_, alive)| alive) || nodes.iter().any(|n| n.node.is_none())
+        });
+        if agreed && all_alive {
+            self.converged_at = Some(now);
         }
     }
 
-    pub(crate) fn finish(self, config: &SimConfig) -> SimReport {
+    pub(crate) fn finish(mut self, config: &SimConfig, _arrivals: &[Arrival]) -> SimReport {
         let p = &config.policy;
         let kind = MeshKind::of(p).unwrap_or(MeshKind::SlidingWindow);
-        let worst = |sets: &[Admissions], f: &dyn Fn(&Admissions) -> f64| {
-            sets.iter().map(f).fold(0.0f64, f64::max)
-        };
-        let exact = |a: &Admissions| exact_overshoot(kind, p, a);
-        let own = |a: &Admissions| policy_overshoot(kind, p, a);
+        for a in &mut self.mesh {
+            a.sort_unstable();
+        }
+        let mut overshoot = 0.0f64;
+        let mut policy_over = 0.0f64;
+        let mut oracle_over = 0.0f64;
+        for (k, a) in self.mesh.iter().enumerate() {
+            overshoot = overshoot.max(exact_overshoot(kind, p, a));
+            policy_over = policy_over.max(framed_overshoot(kind, p, a, &self.windows[k]));
+        }
+        for a in &self.oracle {
+            oracle_over = oracle_over.max(exact_overshoot(kind, p, a));
+        }
         let total = |sets: &[Admissions]| -> u64 {
             sets.iter().flat_map(|a| a.iter().map(|&(_, c)| c)).sum()
         };
         let admitted = total(&self.mesh);
         let oracle_admitted = total(&self.oracle);
-        SimReport {
-            overshoot: worst(&self.mesh, &exact),
-            policy_overshoot: worst(&self.mesh, &own),
-            oracle_overshoot: worst(&self.oracle, &exact),
+        let mut denied_by_oracle = vec![false; self.mesh.len()];
+        for r in &self.requests {
+            if !r.oracle {
+                denied_by_oracle[r.key as usize] = true;
+            }
+        }
+        let (mut decided, mut wrong, mut false_denials, mut false_admits, mut oracle_yes) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut under_denials, mut under_yes) = (0u64, 0u64);
+        for r in &self.requests {
+            let Some(mesh) = r.mesh else { continue };
+            decided += 1;
+            if mesh != r.oracle {
+                wrong += 1;
+            }
+            if r.oracle {
+                oracle_yes += 1;
+                if !denied_by_oracle[r.key as usize] {
+                    under_yes += 1;
+                }
+                if !mesh {
+                    false_denials += 1;
+                    if !denied_by_oracle[r.key as usize] {
+                        under_denials += 1;
+                    }
+                }
+            } else if mesh {
+                false_admits += 1;
+            }
+        }
+        // Denials although the oracle had room for the request, for everything offered for its
+        // key within one round and two trips of it either side, and for what the policy's
+        // rate adds in one round.
+        let margin = config.gossip_interval_ns + 2 * (config.latency_ns + config.jitter_ns);
+        let round_tokens = match kind {
+            MeshKind::Bucket => config.gossip_interval_ns.div_ceil(p.interval_ns()),
+            _ => (u128::from(p.capacity()) * u128::from(config.gossip_interval_ns))
+                .div_ceil(u128::from(p.window_ns())) as u64,
+        };
+        let mut by_key: Vec<Vec<usize>> = vec![Vec::new(); self.mesh.len()];
+        for (i, r) in self.requests.iter().enumerate() {
+            by_key[r.key as usize].push(i);
+        }
+        let mut with_room = 0u64;
+        for indices in &by_key {
+            let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
+            for &i in indices {
+                let r = self.requests[i];
+                while hi < indices.len() && self.requests[indices[hi]].at <= r.at + margin {
+                    sum += self.requests[indices[hi]].cost;
+                    hi += 1;
+                }
+                while self.requests[indices[lo]].at + margin < r.at {
+                    sum -= self.requests[indices[lo]].cost;
+                    lo += 1;
+                }
+                // A window's last round trip: the request may be decided in the next window
+                // (a holder's lease ends early by its clock error; the owner may answer after
+                // the window ended). Not counted.
+                let w = p.window_ns();
+                let at_edge = kind != MeshKind::Bucket && r.oracle_at % w + margin >= w;
+                // `sum` includes this request's own cost.
+                if r.mesh == Some(false) && r.room >= sum + round_tokens && !at_edge {
+                    with_room += 1;
+                }
+            }
+        }
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        self.waits.sort_unstable();
+        let percentile = |q: f64| -> f64 {
+            if self.waits.is_empty() {
+                return 0.0;
+            }
+            let i = ((self.waits.len() - 1) as f64 * q).round() as usize;
+            self.waits[i] as f64 / 1e6
+        };
+        let mut report = SimReport {
+            overshoot,
+            policy_overshoot: policy_over,
+            oracle_overshoot: oracle_over,
             utilization: if oracle_admitted == 0 {
                 1.0
             } else {
                 admitted as f64 / oracle_admitted as f64
             },
-            wrong_decision_rate: if self.requests == 0 {
-                0.0
-            } else {
-                self.wrong as f64 / self.requests as f64
-            },
-            partition_share_at_split: self.partition_share,
-            requests: self.requests,
+            wrong_decision_rate: ratio(wrong, decided),
+            false_denial_rate: ratio(false_denials, oracle_yes),
+            false_admit_rate: ratio(false_admits, decided),
+            false_denial_rate_under_limit_keys: ratio(under_denials, under_yes),
+            waited_fraction: ratio(self.waits.len() as u64, decided),
+            wait_p50_ms: percentile(0.5),
+            wait_p99_ms: percentile(0.99),
+            requests: self.requests.len() as u64,
             admitted,
             oracle_admitted,
-            counter_decreased: self.decreased,
-            max_share_sum: self.max_share_sum,
+            double_authority: self.double_authority,
+            false_denials_with_room: with_room,
+            convergence_ms_after_heal: match (self.heal_at, self.converged_at) {
+                (Some(h), Some(c)) => Some((c - h) as f64 / 1e6),
+                _ => None,
+            },
             ..SimReport::default()
+        };
+        report.declared_bound = declared_bound(config);
+        report.declared_bound.crash = self.crash_term;
+        if config.partition.is_some() {
+            report.declared_bound.partition = 1.0;
         }
+        if let Some((crash, _)) = self.crash_at {
+            let end = START_NS + config.duration_ns;
+            let span = (2 * p.window_ns()).max(2_000_000_000);
+            let until = (crash + span).min(end);
+            let sum = |sets: &[Admissions], from: Nanos, to: Nanos| -> u64 {
+                sets.iter()
+                    .flat_map(|a| a.iter())
+                    .filter(|&&(t, _)| t >= from && t < to)
+                    .map(|&(_, c)| c)
+                    .sum()
+            };
+            let oracle_after = sum(&self.oracle, crash, until);
+            report.capacity_after_crash = Some(if oracle_after == 0 {
+                1.0
+            } else {
+                sum(&self.mesh, crash, until) as f64 / oracle_after as f64
+            });
+            report.detection_ms = self.detected_at.map(|d| (d - crash) as f64 / 1e6);
+            let detected = self.detected_at.unwrap_or(crash);
+            let step = 50_000_000;
+            let mut last_short = None;
+            let mut t = crash + step;
+            while t <= until {
+                let o = sum(&self.oracle, crash, t);
+                let m = sum(&self.mesh, crash, t);
+                if o > 0 && (m as f64) < 0.95 * o as f64 {
+                    last_short = Some(t);
+                }
+                t += step;
+            }
+            report.recovery_ms_after_detection =
+                Some(last_short.map_or(0.0, |t| t.saturating_sub(detected) as f64 / 1e6));
+        }
+        report
     }
 }
 
-/// The windows whose counts a node gossips at true time `now`.
-fn candidate_windows(config: &SimConfig, n: &SimNode, now: Nanos) -> Vec<u64> {
-    let index = config.policy.window_of(n.local(now));
-    vec![index.saturating_sub(1), index]
-}
-
 /// Overshoot with exact timestamps: `max A([t, t+W)) / L - 1` for windows,
-/// `max A(I) / (b + r|I|) - 1` for buckets, floored at 0.
+/// `max A(I) / (b + r|I|) - 1` for buckets, floored at 0. `admissions` sorted by time.
 pub fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
     match kind {
         MeshKind::Bucket => bucket_overshoot(policy, admissions),
@@ -155,49 +389,58 @@ pub fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u6
     }
 }
 
-/// Overshoot in the policy's own terms, in true time: per aligned window (fixed window), the
-/// weighted estimate after each admission (sliding-window counter), the bucket bound.
-pub fn policy_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
-    let limit = policy.capacity() as f64;
-    let w = policy.window_ns();
-    match kind {
-        MeshKind::Bucket => bucket_overshoot(policy, admissions),
-        MeshKind::FixedWindow => {
-            let mut best = 0u64;
-            let mut window = u64::MAX;
-            let mut sum = 0;
-            for &(t, c) in admissions {
-                if t / w != window {
-                    window = t / w;
-                    sum = 0;
-                }
-                sum += c;
-                best = best.max(sum);
-            }
-            (best as f64 / limit - 1.0).max(0.0)
-        }
-        MeshKind::SlidingWindow => {
-            let mut best = 0.0f64;
-            let (mut window, mut previous, mut current) = (u64::MAX, 0u64, 0u64);
-            for &(t, c) in admissions {
-                let index = t / w;
-                if index != window {
-                    previous = if window != u64::MAX && index == window + 1 {
-                        current
-                    } else {
-                        0
-                    };
-                    current = 0;
-                    window = index;
-                }
-                current += c;
-                let elapsed = (t % w) as f64 / w as f64;
-                best = best.max(previous as f64 * (1.0 - elapsed) + current as f64);
-            }
-            // Rounding of the weights: anything within a billionth of the limit is the limit.
-            (best / limit - 1.0 - 1e-9).max(0.0)
-        }
+/// Overshoot in the policy's own terms over windows that start at `starts` (true time, by
+/// window index): the windows the key's authorities used. Admissions before the first
+/// recorded window fall in windows aligned on true time. Buckets need no windows.
+pub fn framed_overshoot(
+    kind: MeshKind,
+    policy: &Policy,
+    admissions: &[(Nanos, u64)],
+    starts: &BTreeMap<u64, Nanos>,
+) -> f64 {
+    if kind == MeshKind::Bucket {
+        return bucket_overshoot(policy, admissions);
     }
+    let w = policy.window_ns();
+    let limit = policy.capacity() as f64;
+    let frames: Vec<(u64, Nanos)> = starts.iter().map(|(&i, &s)| (i, s)).collect();
+    // The window of an instant: (index, start), from the frames or aligned on true time.
+    let window_of = |t: Nanos| -> (u64, Nanos, bool) {
+        let i = frames.partition_point(|&(_, s)| s <= t);
+        if i == 0 {
+            (t / w, t / w * w, false)
+        } else {
+            (frames[i - 1].0, frames[i - 1].1, true)
+        }
+    };
+    let mut per_window: BTreeMap<(bool, u64), u64> = BTreeMap::new();
+    let mut best = 0.0f64;
+    for &(t, c) in admissions {
+        let (index, start, framed) = window_of(t);
+        let current = per_window.entry((framed, index)).or_insert(0);
+        *current += c;
+        let current = *current;
+        let estimate = match kind {
+            MeshKind::FixedWindow => current as f64,
+            _ => {
+                let previous = index
+                    .checked_sub(1)
+                    .and_then(|p| per_window.get(&(framed, p)))
+                    .copied()
+                    .unwrap_or(0);
+                let elapsed = (t.saturating_sub(start)).min(w) as f64 / w as f64;
+                previous as f64 * (1.0 - elapsed) + current as f64
+            }
+        };
+        best = best.max(estimate);
+    }
+    // Rounding of the weights: anything within a billionth of the limit is the limit.
+    (best / limit - 1.0 - 1e-9).max(0.0)
+}
+
+/// Overshoot in the policy's own terms on windows aligned on true time.
+pub fn policy_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
+    framed_overshoot(kind, policy, admissions, &BTreeMap::new())
 }
 
 /// `max over intervals I of A(I) / (b + r·|I|) - 1`, by bisection on the ratio: for a given
@@ -243,77 +486,4 @@ fn bucket_overshoot(policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
         }
     }
     high - 1.0
-}
-
-/// The share of the budget held by the side of a partition that has no majority (worst key).
-pub(crate) fn minority_share(nodes: &[SimNode], config: &SimConfig) -> f64 {
-    let Some(p) = config.partition else {
-        return 0.0;
-    };
-    let n = config.nodes;
-    let small_is_first = p.minority * 2 < n;
-    let in_small = |i: usize| (i < p.minority) == small_is_first;
-    if p.minority * 2 == n {
-        return 0.0;
-    }
-    (0..config.keys.max(1))
-        .map(|key| {
-            nodes
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| in_small(*i))
-                .filter_map(|(_, s)| s.node.as_ref())
-                .map(|node| crate::mesh::share::to_fraction(node.share(0, key + 1)))
-                .sum::<f64>()
-        })
-        .fold(0.0, f64::max)
-}
-
-/// Time from a heal until every live node holds every other node's own counts as of the heal.
-#[derive(Debug, Default)]
-pub(crate) struct Convergence {
-    heal_ns: Option<Nanos>,
-    targets: Vec<(u64, u64, u64, u64)>,
-    done_ns: Option<Nanos>,
-}
-
-impl Convergence {
-    pub(crate) fn start(&mut self, now: Nanos, nodes: &[SimNode], config: &SimConfig) {
-        self.heal_ns = Some(now);
-        for (j, n) in nodes.iter().enumerate() {
-            let Some(node) = &n.node else { continue };
-            for key in 0..config.keys.max(1) {
-                for window in candidate_windows(config, n, now) {
-                    if let Some(c) = node.counts(0, key + 1, window) {
-                        let own = c.get(j as u64);
-                        if own > 0 {
-                            self.targets.push((j as u64, key + 1, window, own));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    pub(crate) fn check(&mut self, now: Nanos, nodes: &[SimNode], config: &SimConfig) {
-        if self.done_ns.is_some() || self.heal_ns.is_none() {
-            return;
-        }
-        let converged = nodes.iter().enumerate().all(|(i, n)| {
-            let Some(node) = &n.node else { return true };
-            let current = candidate_windows(config, n, now);
-            self.targets.iter().all(|&(j, key, window, own)| {
-                j == i as u64
-                    || !current.contains(&window)
-                    || node.counts(0, key, window).is_some_and(|c| c.get(j) >= own)
-            })
-        });
-        if converged {
-            self.done_ns = Some(now);
-        }
-    }
-
-    pub(crate) fn result_ms(&self) -> Option<f64> {
-        Some((self.done_ns? - self.heal_ns?) as f64 / 1e6)
-    }
 }

@@ -1,7 +1,7 @@
 //! Traffic models: when requests arrive, on which node, for which key, at what cost.
 
 use crate::clock::Nanos;
-use crate::mesh::cell::MeshKind;
+use crate::mesh::MeshKind;
 use crate::sim::{START_NS, SimConfig};
 
 /// How the offered load is spread over time and nodes.
@@ -26,6 +26,12 @@ pub enum Traffic {
     Poisson,
     /// Poisson arrivals of bursts (a twentieth of the limit each), each burst on a random node.
     Bursty,
+    /// Poisson arrivals on random nodes, keys drawn by a Zipf law over `keys` (key `k`, from
+    /// 1, has weight `1 / k^s`): a few keys carry most of the load.
+    Zipf {
+        /// The exponent `s`, in thousandths.
+        exponent_milli: u32,
+    },
 }
 
 impl Traffic {
@@ -38,6 +44,7 @@ impl Traffic {
             Traffic::SynchronizedBurst => "synchronized-burst",
             Traffic::Poisson => "poisson",
             Traffic::Bursty => "bursty",
+            Traffic::Zipf { .. } => "zipf",
         }
     }
 }
@@ -111,6 +118,30 @@ pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
                     cost: cost(rng),
                 });
                 i += 1;
+            }
+        }
+        Traffic::Zipf { exponent_milli } => {
+            let s = f64::from(exponent_milli) / 1000.0;
+            let mut cdf: Vec<f64> = Vec::with_capacity(keys as usize);
+            let mut sum = 0.0;
+            for k in 1..=keys {
+                sum += 1.0 / (k as f64).powf(s);
+                cdf.push(sum);
+            }
+            let mut t = START_NS as f64;
+            loop {
+                t += -gap * (1.0 - rng.f64()).ln();
+                if t >= end as f64 {
+                    break;
+                }
+                let u = rng.f64() * sum;
+                let key = cdf.partition_point(|&c| c < u).min(keys as usize - 1) as u64;
+                out.push(Arrival {
+                    at_ns: t as Nanos,
+                    node: rng.usize(0..n),
+                    key,
+                    cost: cost(rng),
+                });
             }
         }
         Traffic::Poisson => {

@@ -1,0 +1,246 @@
+//! The rules the simulator compares the mesh with, run by the same [`crate::mesh::Node`] so
+//! they pay the same gossip and see the same faults:
+//!
+//! - `local_only`: every node enforces the whole limit alone (up to N times the limit);
+//! - `static_split`: every node enforces `limit / N` (denies skewed traffic it could admit);
+//! - `stale_sum`: a node admits while the cluster's count as it last heard it, plus its own,
+//!   stays within the limit (windows), or charges the others' admissions into its own bucket
+//!   as it hears of them (buckets). Below the limit it denies nothing; above it, every node
+//!   spends the whole remaining budget during one gossip interval.
+
+use std::collections::HashMap;
+
+use crate::algorithm::KeyMachine;
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::mesh::NodeId;
+use crate::mesh::authority::MeshKind;
+use crate::mesh::message::{Count, KeyRef};
+use crate::policy::Policy;
+
+/// How a node decides admission. Only [`Admission::Leases`] is bounded; the others are the
+/// baselines the simulator compares it with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// Leases from each key's authority (the bounded rule).
+    #[default]
+    Leases,
+    /// Every node enforces the full limit alone.
+    LocalOnly,
+    /// Every node enforces `limit / cluster_size`.
+    StaticSplit,
+    /// Admit while the last-known global count is under the limit.
+    StaleSum,
+}
+
+#[derive(Debug)]
+struct BaseKey {
+    machine: Option<KeyMachine>,
+    /// `stale_sum`, windows: this node's (window, current, previous) counts.
+    own: (u64, u64, u64),
+    /// `stale_sum`, windows: the others' latest (window, current, previous).
+    others: HashMap<NodeId, (u64, u64, u64)>,
+    /// `stale_sum`, buckets: this node's cumulative admissions, and the others' as heard.
+    own_total: u64,
+    others_total: HashMap<NodeId, u64>,
+    /// `stale_sum`, buckets: free tokens in ns of refill, as of `at`.
+    level_ns: u64,
+    at: Nanos,
+    changed: bool,
+}
+
+/// The baseline rules' per-key state on one node.
+#[derive(Debug)]
+pub struct Baseline {
+    rule: Admission,
+    nodes: usize,
+    policies: Vec<Policy>,
+    keys: HashMap<KeyRef, BaseKey>,
+}
+
+fn scaled(policy: &Policy, nodes: usize) -> Policy {
+    let n = nodes.max(1) as u64;
+    let share = |x: u64| (x / n).max(1);
+    match MeshKind::of(policy) {
+        Some(MeshKind::Bucket) => {
+            // Rate r per window: r/n per window, burst/n.
+            let window = std::time::Duration::from_nanos(policy.window_ns());
+            let built = if policy.algorithm() == crate::policy::Algorithm::Gcra {
+                Policy::gcra(share(policy.capacity()), window, share(policy.capacity()))
+            } else {
+                Policy::token_bucket(share(policy.capacity()), window, share(policy.capacity()))
+            };
+            built.unwrap_or(*policy)
+        }
+        Some(MeshKind::FixedWindow) => Policy::fixed_window(
+            share(policy.capacity()),
+            std::time::Duration::from_nanos(policy.window_ns()),
+        )
+        .unwrap_or(*policy),
+        _ => Policy::sliding_window(
+            share(policy.capacity()),
+            std::time::Duration::from_nanos(policy.window_ns()),
+        )
+        .unwrap_or(*policy),
+    }
+}
+
+impl Baseline {
+    /// The state of `rule` for a cluster of `nodes` enforcing `policies`.
+    pub fn new(rule: Admission, nodes: usize, policies: Vec<Policy>) -> Self {
+        Baseline {
+            rule,
+            nodes,
+            policies,
+            keys: HashMap::new(),
+        }
+    }
+
+    fn entry(&mut self, key: KeyRef, now: Nanos) -> (&mut BaseKey, Policy) {
+        let policy = self.policies[key.policy as usize];
+        let rule = self.rule;
+        let nodes = self.nodes;
+        let k = self.keys.entry(key).or_insert_with(|| BaseKey {
+            machine: match rule {
+                Admission::LocalOnly => Some(KeyMachine::new(policy)),
+                Admission::StaticSplit => Some(KeyMachine::new(scaled(&policy, nodes))),
+                _ => None,
+            },
+            own: (0, 0, 0),
+            others: HashMap::new(),
+            own_total: 0,
+            others_total: HashMap::new(),
+            level_ns: policy.window_ns(),
+            at: now,
+            changed: false,
+        });
+        (k, policy)
+    }
+
+    /// Decide a request at `now`.
+    pub fn decide(&mut self, key: KeyRef, cost: u64, now: Nanos) -> Decision {
+        let (k, policy) = self.entry(key, now);
+        if cost == 0 || cost > policy.capacity() {
+            return Decision::cannot_fit(policy.capacity());
+        }
+        if let Some(machine) = &mut k.machine {
+            return machine.decide(now, cost);
+        }
+        let limit = policy.capacity();
+        match MeshKind::of(&policy) {
+            Some(MeshKind::Bucket) => {
+                refill(k, &policy, now);
+                let need = cost.saturating_mul(policy.interval_ns());
+                if k.level_ns >= need {
+                    k.level_ns -= need;
+                    k.own_total += cost;
+                    k.changed = true;
+                    Decision::allowed(limit, k.level_ns / policy.interval_ns(), 0)
+                } else {
+                    Decision::denied(limit, 0, 0, need - k.level_ns)
+                }
+            }
+            kind => {
+                let window = policy.window_of(now);
+                roll(&mut k.own, window);
+                let w = policy.window_ns();
+                let elapsed = now % w;
+                let estimate = |(win, cur, prev): (u64, u64, u64)| -> u64 {
+                    let (cur, prev) = if win == window {
+                        (cur, prev)
+                    } else if win + 1 == window {
+                        (0, cur)
+                    } else {
+                        (0, 0)
+                    };
+                    let weighted = if kind == Some(MeshKind::SlidingWindow) {
+                        (u128::from(prev) * u128::from(w - elapsed)).div_ceil(u128::from(w)) as u64
+                    } else {
+                        0
+                    };
+                    weighted + cur
+                };
+                let total: u64 =
+                    estimate(k.own) + k.others.values().map(|&c| estimate(c)).sum::<u64>();
+                if total + cost <= limit {
+                    k.own.1 += cost;
+                    k.changed = true;
+                    Decision::allowed(limit, limit - total - cost, w - elapsed)
+                } else {
+                    Decision::denied(limit, 0, w - elapsed, w - elapsed)
+                }
+            }
+        }
+    }
+
+    /// Return this node's counts of the keys that changed since the last call (`stale_sum`).
+    pub fn changed_counts(&mut self) -> Vec<Count> {
+        if self.rule != Admission::StaleSum {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (key, k) in &mut self.keys {
+            if std::mem::take(&mut k.changed) {
+                out.push(Count {
+                    key: *key,
+                    window: k.own.0,
+                    current: k.own.1,
+                    previous: k.own.2,
+                    total: k.own_total,
+                });
+            }
+        }
+        out
+    }
+
+    /// Apply a peer's counts (`stale_sum`).
+    pub fn apply(&mut self, from: NodeId, count: &Count, now: Nanos) {
+        if self.rule != Admission::StaleSum || count.key.policy as usize >= self.policies.len() {
+            return;
+        }
+        let (k, policy) = self.entry(count.key, now);
+        if MeshKind::of(&policy) == Some(MeshKind::Bucket) {
+            let seen = k.others_total.entry(from).or_insert(0);
+            if count.total > *seen {
+                let spent = count.total - *seen;
+                *seen = count.total;
+                refill(k, &policy, now);
+                k.level_ns = k
+                    .level_ns
+                    .saturating_sub(spent.saturating_mul(policy.interval_ns()));
+            }
+        } else {
+            let slot = k.others.entry(from).or_insert((0, 0, 0));
+            if (count.window, count.current) > (slot.0, slot.1) {
+                *slot = (count.window, count.current, count.previous);
+            }
+        }
+    }
+
+    /// Forget a peer's counts (it restarted).
+    pub fn forget(&mut self, from: NodeId) {
+        for k in self.keys.values_mut() {
+            k.others.remove(&from);
+            k.others_total.remove(&from);
+        }
+    }
+}
+
+fn refill(k: &mut BaseKey, policy: &Policy, now: Nanos) {
+    if now > k.at {
+        k.level_ns = k
+            .level_ns
+            .saturating_add(now - k.at)
+            .min(policy.window_ns());
+        k.at = now;
+    }
+}
+
+fn roll(own: &mut (u64, u64, u64), window: u64) {
+    if own.0 == window {
+        return;
+    }
+    own.2 = if own.0 + 1 == window { own.1 } else { 0 };
+    own.1 = 0;
+    own.0 = window;
+}

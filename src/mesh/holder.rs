@@ -1,0 +1,608 @@
+//! One key on a node that uses it: its lease, the requests that wait for more, its demand,
+//! and what it tells the key's authority.
+//!
+//! Requests take tokens from the lease's cell (`mesh::lease`, no lock). One that finds too
+//! few waits here (`max_wait` at most), first in first out: the cell's tokens move into a
+//! reserve that only waiting requests use, so later requests queue behind them instead of
+//! overtaking. The holder then asks the authority for what the waiting requests need; the
+//! answer is a larger lease, a wait while the authority recalls unused leases, or a denial
+//! with the time a retry can succeed, which the holder then applies to later requests
+//! without asking again. A window's lease dies with its window; the holder then knows its
+//! final count of that window exactly (granted − returned − left) and reports it, so the
+//! authority's view of a sliding window's previous count tightens to what was really used.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::clock::Nanos;
+use crate::decision::Decision;
+use crate::mesh::authority::{MeshKind, SHORT_LEASE_ROUNDS};
+use crate::mesh::lease::{LeaseCell, Miss};
+use crate::mesh::message::{Grant, KeyRef, Want};
+use crate::policy::Policy;
+
+/// Rounds without demand after which a holder gives its unspent lease back.
+pub const IDLE_ROUNDS: u32 = 10;
+
+/// Rounds between reports of a holder's count when nothing else is sent.
+pub const REPORT_ROUNDS: u64 = 4;
+
+/// A request waiting for tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    /// The caller's id for it.
+    pub id: u64,
+    /// Its cost.
+    pub cost: u64,
+    /// When it is denied if still waiting (local).
+    pub deadline: Nanos,
+}
+
+/// How a request went on the holder's slow path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slow {
+    /// Decided now.
+    Decided(Decision),
+    /// It waits: ask the authority.
+    Waits,
+}
+
+/// One key on a node that uses it.
+#[derive(Debug)]
+pub struct Holding {
+    key: KeyRef,
+    cell: Arc<LeaseCell>,
+    kind: MeshKind,
+    policy: Policy,
+    /// The lease's window (windows; 0 for buckets and before the first grant).
+    window: u64,
+    granted: u64,
+    returned: u64,
+    /// When the lease expires (local; windows).
+    expiry: Nanos,
+    /// The lease of `window` ended; `closed_used` is the final count.
+    closed: bool,
+    closed_used: u64,
+    /// The final count of the window before `window`, until the authority confirms it.
+    previous_used: Option<u64>,
+    /// Tokens set aside for waiting requests.
+    reserve: u64,
+    waiting: VecDeque<Waiting>,
+    /// The authority said no to `denied_cost` tokens until `denied_until`: requests that
+    /// cost as much are denied here until then, without asking again.
+    denied_until: Nanos,
+    denied_cost: u64,
+    /// Cost offered per round, exponentially averaged, in sixteenths.
+    demand: u32,
+    used_at_tick: u64,
+    offered: u64,
+    reported_used: u64,
+    reported_round: u64,
+    reported_demand: u32,
+    /// When to ask again if the last want for tokens gets no answer.
+    want_sent_at: Option<Nanos>,
+    want_need: u64,
+    want_seq: u32,
+    idle_rounds: u32,
+    /// The key's owner changed: tell the new one at the next round.
+    report_due: bool,
+}
+
+impl Holding {
+    /// A key this node has no lease for yet.
+    pub fn new(key: KeyRef, policy: Policy, kind: MeshKind) -> Self {
+        let cell = LeaseCell::new();
+        if !kind.is_window() {
+            // A bucket's lease never expires: its tokens stay counted until spent or given
+            // back.
+            cell.renew(0, None);
+        }
+        Holding {
+            key,
+            cell: Arc::new(cell),
+            kind,
+            policy,
+            window: 0,
+            granted: 0,
+            returned: 0,
+            expiry: 0,
+            closed: kind.is_window(),
+            closed_used: 0,
+            previous_used: None,
+            reserve: 0,
+            waiting: VecDeque::new(),
+            denied_until: 0,
+            denied_cost: 0,
+            demand: 0,
+            used_at_tick: 0,
+            offered: 0,
+            reported_used: 0,
+            reported_round: 0,
+            reported_demand: 0,
+            want_sent_at: None,
+            want_need: 0,
+            want_seq: 0,
+            idle_rounds: 0,
+            report_due: false,
+        }
+    }
+
+    /// Return the lease cell the request path uses.
+    pub fn cell(&self) -> &Arc<LeaseCell> {
+        &self.cell
+    }
+
+    /// Return the key.
+    pub fn key(&self) -> KeyRef {
+        self.key
+    }
+
+    /// Return the number of waiting requests.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Return the tokens this node may still admit under its lease (cell and reserve).
+    pub fn unspent(&self) -> u64 {
+        if self.closed {
+            0
+        } else {
+            self.cell.remaining() + self.reserve
+        }
+    }
+
+    /// Return the lease's window and, for windows, its local expiry.
+    pub fn lease(&self) -> (u64, Nanos) {
+        (self.window, self.expiry)
+    }
+
+    /// Tokens admitted under the current lease.
+    fn used(&self) -> u64 {
+        if self.closed {
+            return self.closed_used;
+        }
+        self.granted
+            .saturating_sub(self.returned)
+            .saturating_sub(self.cell.remaining())
+            .saturating_sub(self.reserve)
+    }
+
+    fn allowed(&self, now: Nanos, remaining: u64) -> Decision {
+        let reset = if self.kind.is_window() {
+            self.expiry.saturating_sub(now)
+        } else {
+            self.policy
+                .capacity()
+                .saturating_sub(remaining)
+                .saturating_mul(self.policy.interval_ns())
+        };
+        Decision::allowed(self.policy.capacity(), remaining, reset)
+    }
+
+    fn denied(&self, now: Nanos, retry_after: Nanos) -> Decision {
+        let reset = if self.kind.is_window() {
+            self.expiry.saturating_sub(now).max(retry_after)
+        } else {
+            self.policy.window_ns()
+        };
+        Decision::denied(self.policy.capacity(), 0, reset, retry_after)
+    }
+
+    /// End an expired window lease at `now`: the cell admits nothing more, and the final
+    /// count is known.
+    pub fn expire(&mut self, now: Nanos) {
+        if self.kind.is_window() && !self.closed && now >= self.expiry {
+            let left = self.cell.close();
+            self.closed_used = self
+                .granted
+                .saturating_sub(self.returned)
+                .saturating_sub(left)
+                .saturating_sub(self.reserve);
+            self.reserve = 0;
+            self.closed = true;
+        }
+    }
+
+    /// Decide a request the lease cell could not: admit from the cell if it can now, deny
+    /// if the authority recently said no, or let it wait (`id`, until `deadline`).
+    pub fn slow(&mut self, now: Nanos, id: u64, cost: u64, deadline: Nanos) -> Slow {
+        if cost == 0 || cost > self.policy.capacity() {
+            return Slow::Decided(Decision::cannot_fit(self.policy.capacity()));
+        }
+        self.expire(now);
+        if self.waiting.is_empty() {
+            match self.cell.take(now, cost) {
+                Ok(remaining) => return Slow::Decided(self.allowed(now, remaining)),
+                Err(Miss::Short { .. } | Miss::Expired) => {}
+            }
+            if now < self.denied_until && cost >= self.denied_cost {
+                self.offered += cost;
+                return Slow::Decided(self.denied(now, self.denied_until - now));
+            }
+        }
+        self.offered += cost;
+        if !self.closed {
+            self.reserve += self.cell.withdraw(u64::MAX);
+        }
+        self.waiting.push_back(Waiting { id, cost, deadline });
+        Slow::Waits
+    }
+
+    /// Tokens the waiting requests need beyond the reserve.
+    pub fn need(&self) -> u64 {
+        let total: u64 = self.waiting.iter().map(|w| w.cost).sum();
+        total.saturating_sub(if self.closed { 0 } else { self.reserve })
+    }
+
+    /// Tell whether a want should go out now for the waiting requests (none in flight that
+    /// asked for as much, or its answer is overdue).
+    pub fn should_ask(&self, now: Nanos) -> bool {
+        if self.waiting.is_empty() {
+            return false;
+        }
+        match self.want_sent_at {
+            None => true,
+            Some(resend_at) => self.need() > self.want_need || now >= resend_at,
+        }
+    }
+
+    /// Build the item to send the authority at `now` (`need` = what the waiting requests
+    /// need, `refill` = ask for a longer lease); if it asks for tokens and no answer comes
+    /// within `resend_after`, it is sent again.
+    pub fn want(&mut self, now: Nanos, round: u64, refill: bool, resend_after: Nanos) -> Want {
+        let need = self.need();
+        if !self.waiting.is_empty() {
+            self.want_sent_at = Some(now + resend_after);
+            self.want_need = need;
+        }
+        self.want_seq = self.want_seq.wrapping_add(1);
+        let used = self.used();
+        self.reported_used = used;
+        self.reported_round = round;
+        self.report_due = false;
+        self.reported_demand = self.demand;
+        Want {
+            key: self.key,
+            window: self.window,
+            granted: self.granted,
+            returned: self.returned,
+            used,
+            closed: self.kind.is_window() && self.closed,
+            need,
+            smallest: self.waiting.iter().map(|w| w.cost).min().unwrap_or(0),
+            seq: self.want_seq,
+            refill,
+            demand: self.demand,
+            previous_used: self.previous_used,
+        }
+    }
+
+    /// Apply the authority's answer at `now`; `expiry` is the local instant the window ends
+    /// (converted from the authority's clock, never later than it). Return the waiting
+    /// requests decided.
+    pub fn apply_grant(
+        &mut self,
+        now: Nanos,
+        grant: &Grant,
+        expiry: Nanos,
+    ) -> Vec<(u64, Decision)> {
+        // An answer about a window whose lease already ended here (it came late, or out of
+        // order) says nothing about the requests waiting now: they ask again.
+        let stale = self.kind.is_window()
+            && (grant.window < self.window
+                || (grant.window == self.window && self.closed && self.granted > 0));
+        if stale {
+            self.want_sent_at = None;
+            self.want_need = 0;
+            return Vec::new();
+        }
+        let granted_before = (self.window, self.granted);
+        if self.kind.is_window() {
+            if grant.window > self.window || (self.closed && self.granted == 0 && self.window == 0)
+            {
+                // A lease for a newer window: the old one is over.
+                self.expire(now.max(self.expiry));
+                if !self.closed {
+                    let left = self.cell.close();
+                    self.closed_used = self
+                        .granted
+                        .saturating_sub(self.returned)
+                        .saturating_sub(left)
+                        .saturating_sub(self.reserve);
+                }
+                self.previous_used = (self.window > 0 && grant.window == self.window + 1)
+                    .then_some(self.closed_used);
+                self.window = grant.window;
+                self.granted = grant.granted;
+                self.returned = 0;
+                self.expiry = expiry;
+                self.closed = now >= expiry;
+                self.closed_used = 0;
+                self.cell.renew(0, Some(expiry));
+                self.reserve = if self.closed { 0 } else { grant.granted };
+            } else if grant.window == self.window && grant.granted > self.granted {
+                if !self.closed {
+                    self.reserve += grant.granted - self.granted;
+                }
+                self.granted = grant.granted;
+            }
+        } else if grant.granted > self.granted {
+            self.reserve += grant.granted - self.granted;
+            self.granted = grant.granted;
+        }
+        if (self.window, self.granted) != granted_before || grant.retry_after > 0 {
+            // Progress (or a denial): what still waits may ask again at once. An answer that
+            // only says "wait" keeps the resend timer, or holder and authority would echo
+            // each other.
+            self.want_sent_at = None;
+            self.want_need = 0;
+        }
+        let mut decided = self.serve(now);
+        if grant.retry_after > 0 && grant.answers == self.want_seq && !self.waiting.is_empty() {
+            // Those that fit in what the authority recalls for this node keep waiting; the
+            // others are denied now.
+            let mut coming = grant.more_coming + self.reserve;
+            let mut keep = 0;
+            for w in &self.waiting {
+                if w.cost > coming {
+                    break;
+                }
+                coming -= w.cost;
+                keep += 1;
+            }
+            let denied: Vec<Waiting> = self.waiting.drain(keep..).collect();
+            if let Some(min) = denied.iter().map(|w| w.cost).min() {
+                self.denied_until = now + grant.retry_after;
+                self.denied_cost = min;
+            }
+            for w in denied {
+                decided.push((w.id, self.denied(now, grant.retry_after)));
+            }
+        }
+        self.settle();
+        decided
+    }
+
+    /// Serve waiting requests from the reserve, in order.
+    fn serve(&mut self, now: Nanos) -> Vec<(u64, Decision)> {
+        let mut decided = Vec::new();
+        if self.kind.is_window() && (self.closed || now >= self.expiry) {
+            return decided;
+        }
+        while let Some(w) = self.waiting.front().copied() {
+            if w.cost > self.reserve {
+                break;
+            }
+            self.waiting.pop_front();
+            self.reserve -= w.cost;
+            let remaining = self.reserve + self.cell.remaining();
+            decided.push((w.id, self.allowed(now, remaining)));
+        }
+        decided
+    }
+
+    /// With nobody waiting, the reserve goes back to the cell.
+    fn settle(&mut self) {
+        if self.waiting.is_empty() && self.reserve > 0 {
+            if !self.closed {
+                self.cell.add(self.reserve);
+            }
+            self.reserve = 0;
+        }
+    }
+
+    /// Deny the waiting requests past their deadline at `now` (retry after `retry_after`).
+    pub fn timeouts(&mut self, now: Nanos, retry_after: Nanos) -> Vec<(u64, Decision)> {
+        let mut decided = Vec::new();
+        while let Some(w) = self.waiting.front().copied() {
+            if w.deadline > now {
+                break;
+            }
+            self.waiting.pop_front();
+            decided.push((w.id, self.denied(now, retry_after)));
+        }
+        self.settle();
+        decided
+    }
+
+    /// Return the earliest instant the holder needs its node: a waiting request's deadline,
+    /// or the time to ask again when the last want may have been lost (`resend_after`).
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        // A window's lease ends at its expiry: the final count goes to the authority then.
+        let expiry = (self.kind.is_window() && !self.closed).then_some(self.expiry);
+        let deadline = self.waiting.iter().map(|w| w.deadline).min();
+        let resend = self.want_sent_at.filter(|_| !self.waiting.is_empty());
+        [expiry, deadline, resend].into_iter().flatten().min()
+    }
+
+    /// End the lease if it expired at `now`; tell whether it ended now (its final count is
+    /// then due at the authority).
+    pub fn expire_now(&mut self, now: Nanos) -> bool {
+        let was = self.closed;
+        self.expire(now);
+        self.closed && !was && self.granted > 0
+    }
+
+    /// Give back what the lease holds beyond `keep` tokens; return how many.
+    pub fn give_back(&mut self, keep: u64) -> u64 {
+        if self.closed || !self.waiting.is_empty() {
+            return 0;
+        }
+        let excess = self.cell.remaining().saturating_sub(keep);
+        let taken = self.cell.withdraw(excess);
+        self.returned += taken;
+        taken
+    }
+
+    /// Give back what the lease holds beyond `keep` tokens (the authority recalls it).
+    pub fn recall(&mut self, keep: u64) -> u64 {
+        self.give_back(keep)
+    }
+
+    /// The round's bookkeeping at `now`: expire a window lease, update the demand, give an
+    /// idle lease back. Return whether the authority should hear from this holder now and
+    /// whether to ask for a longer lease.
+    pub fn tick(&mut self, now: Nanos, round: u64) -> (bool, bool) {
+        let was_closed = self.closed;
+        self.expire(now);
+        let used = self.used();
+        let spent = used.saturating_sub(self.used_at_tick);
+        let offered = spent + self.offered + self.waiting.iter().map(|w| w.cost).sum::<u64>();
+        self.offered = 0;
+        self.used_at_tick = if self.closed { 0 } else { used };
+        let sample = u32::try_from(offered.saturating_mul(16)).unwrap_or(u32::MAX);
+        self.demand = self.demand - self.demand / 8 + sample / 8;
+        if self.demand < 2 && offered == 0 {
+            self.demand = 0;
+        }
+        self.idle_rounds = if offered == 0 {
+            self.idle_rounds + 1
+        } else {
+            0
+        };
+        let mut tell = self.closed && !was_closed && self.granted > 0;
+        if self.idle_rounds >= IDLE_ROUNDS && self.give_back(0) > 0 {
+            tell = true;
+        }
+        let unspent = self.unspent();
+        let per_round = u64::from(self.demand).div_ceil(16);
+        let refill = self.demand > 0
+            && self.waiting.is_empty()
+            && now >= self.denied_until
+            && unspent * 2 < per_round * SHORT_LEASE_ROUNDS;
+        let changed = used != self.reported_used
+            || self.demand.abs_diff(self.reported_demand) > self.reported_demand / 2;
+        // A bucket's authority holds back what it leased until it hears it was spent: report
+        // spending at the next round (a window's leases count as spent anyway).
+        let every = if self.kind.is_window() {
+            REPORT_ROUNDS
+        } else {
+            1
+        };
+        if changed && round >= self.reported_round + every {
+            tell = true;
+        }
+        if self.previous_used.is_some() && round >= self.reported_round + REPORT_ROUNDS {
+            tell = true;
+        }
+        if self.report_due && (self.granted > 0 || !self.waiting.is_empty()) {
+            tell = true;
+        }
+        (tell || refill, refill)
+    }
+
+    /// The authority has the final count of the previous window.
+    pub fn previous_confirmed(&mut self) {
+        self.previous_used = None;
+    }
+
+    /// Tell whether the holding can be forgotten at `now`: nothing waits, nothing leased.
+    pub fn is_idle(&self, now: Nanos) -> bool {
+        self.waiting.is_empty()
+            && self.demand == 0
+            && self.idle_rounds >= IDLE_ROUNDS
+            && now >= self.denied_until
+            && (self.closed || self.cell.remaining() == 0)
+            && self.previous_used.is_none()
+    }
+
+    /// The key's owner may have changed: report to it at the next round, so a new
+    /// authority learns this node's lease before it grants anyone more.
+    pub fn report_due(&mut self) {
+        self.report_due = true;
+        self.want_sent_at = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const KEY: KeyRef = KeyRef { policy: 0, key: 1 };
+    const S: Nanos = 1_000_000_000;
+
+    fn grant(window: u64, granted: u64, retry_after: Nanos) -> Grant {
+        Grant {
+            key: KEY,
+            window,
+            granted,
+            ends_at: 0,
+            retry_after,
+            more_coming: 0,
+            answers: 0,
+        }
+    }
+
+    #[test]
+    fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
+        let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+        let mut h = Holding::new(KEY, policy, MeshKind::FixedWindow);
+        assert_eq!(h.slow(10 * S, 1, 3, 11 * S), Slow::Waits);
+        assert_eq!(h.slow(10 * S, 2, 2, 11 * S), Slow::Waits);
+        assert_eq!(h.need(), 5);
+        let want = h.want(10 * S, 500, false, 1);
+        assert_eq!((want.need, want.window, want.granted), (5, 0, 0));
+        let decided = h.apply_grant(10 * S + 1, &grant(10, 8, 0), 11 * S);
+        assert_eq!(decided.len(), 2);
+        assert!(decided.iter().all(|(_, d)| d.is_allowed()));
+        // The rest went to the cell.
+        assert_eq!(h.cell().remaining(), 3);
+        assert_eq!(h.cell().take(10 * S + 2, 3), Ok(0));
+        // The window ends: the lease is closed with its exact count.
+        h.expire(11 * S);
+        let want = h.want(11 * S, 550, false, 1);
+        assert!(want.closed);
+        assert_eq!(want.used, 8);
+        // A grant for the next window carries the final count of this one.
+        h.slow(11 * S, 3, 1, 12 * S);
+        h.apply_grant(11 * S + 1, &grant(11, 1, 0), 12 * S);
+        assert_eq!(h.want(11 * S + 1, 551, false, 1).previous_used, Some(8));
+    }
+
+    #[test]
+    fn a_denial_decides_the_waiting_and_later_requests_until_the_retry() {
+        let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
+        let mut h = Holding::new(KEY, policy, MeshKind::Bucket);
+        h.slow(S, 1, 4, 2 * S);
+        h.slow(S, 2, 4, 2 * S);
+        let decided = h.apply_grant(S, &grant(0, 5, S / 2), 0);
+        assert_eq!(decided.len(), 2);
+        assert!(decided[0].1.is_allowed());
+        assert!(!decided[1].1.is_allowed());
+        assert_eq!(decided[1].1.retry_after_ns, S / 2);
+        // The token left went to the cell; as large a request is denied without asking until
+        // the retry time, a smaller one may still fit and asks.
+        assert_eq!(h.cell().remaining(), 1);
+        assert!(matches!(h.slow(S + 1, 3, 4, 2 * S), Slow::Decided(d) if !d.is_allowed()));
+        assert!(matches!(h.slow(S + 1, 4, 2, 2 * S), Slow::Waits));
+    }
+
+    #[test]
+    fn costs_above_the_capacity_cannot_fit_and_deadlines_deny() {
+        let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
+        let mut h = Holding::new(KEY, policy, MeshKind::Bucket);
+        assert!(
+            matches!(h.slow(S, 1, 11, 2 * S), Slow::Decided(d) if d.verdict == crate::Verdict::CannotFit)
+        );
+        h.slow(S, 2, 1, S + 100);
+        assert!(h.timeouts(S + 99, 1).is_empty());
+        let decided = h.timeouts(S + 100, 1);
+        assert_eq!(decided.len(), 1);
+        assert!(!decided[0].1.is_allowed());
+    }
+
+    #[test]
+    fn an_idle_lease_is_given_back() {
+        let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
+        let mut h = Holding::new(KEY, policy, MeshKind::Bucket);
+        h.slow(S, 1, 1, 2 * S);
+        h.apply_grant(S, &grant(0, 6, 0), 0);
+        for round in 0..IDLE_ROUNDS as u64 + 1 {
+            h.tick(S + round, round);
+        }
+        assert_eq!(h.cell().remaining(), 0);
+        assert_eq!(h.want(2 * S, 100, false, 1).returned, 5);
+    }
+}
