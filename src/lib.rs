@@ -33,9 +33,10 @@
 //! - [`rules`]: the compiled policy file; where an HTTP request is decided.
 //! - [`http`]: the tower layer, identity, response fields, retry helper.
 //! - [`backend`]: exact limits in Redis (Lua scripts, fail modes).
-//! - [`mesh`]: the global limit across nodes: per-key cells, budget shares, the sans-IO
-//!   gossip state machine ([`mesh::Node`]), the G-Counter and the peer frame codec. A global
-//!   request is decided in [`mesh::Node::decide`] (one CAS in [`mesh::cell::MeshCell`]).
+//! - [`mesh`]: the global limit across nodes: one authority per key on its owner, leases
+//!   to the nodes that use the key, the sans-IO state machine ([`mesh::Node`]) and the peer
+//!   frame codec. A global request is decided from the node's lease (one CAS in
+//!   [`mesh::lease::LeaseCell`]) or waits for the key's owner ([`mesh::Node::decide`]).
 //! - [`sim`]: the deterministic cluster simulator behind `ratemesh simulate`.
 
 #![deny(missing_docs)]
