@@ -21,6 +21,9 @@ use crate::mesh::lease::{LeaseCell, Miss};
 use crate::mesh::message::{Grant, KeyRef, Want};
 use crate::policy::Policy;
 
+/// How soon a holder asks again after a denial while requests still wait.
+const DENIED_RESEND_NS: Nanos = 2_000_000;
+
 /// Rounds without demand after which a holder gives its unspent lease back.
 pub const IDLE_ROUNDS: u32 = 10;
 
@@ -330,12 +333,17 @@ impl Holding {
             self.reserve += grant.granted - self.granted;
             self.granted = grant.granted;
         }
-        if (self.window, self.granted) != granted_before || grant.retry_after > 0 {
-            // Progress (or a denial): what still waits may ask again at once. An answer that
-            // only says "wait" keeps the resend timer, or holder and authority would echo
-            // each other.
+        if (self.window, self.granted) != granted_before {
+            // Progress: what still waits may ask again at once. An answer that only says
+            // "wait" or "no" keeps the resend timer (the authority keeps what it queued), or
+            // holder and authority would echo each other at the speed of the network.
             self.want_sent_at = None;
             self.want_need = 0;
+        } else if grant.retry_after > 0 {
+            // A denial: what still waits asks again soon (the room may have changed), but
+            // not at once.
+            let soon = now + DENIED_RESEND_NS;
+            self.want_sent_at = Some(self.want_sent_at.map_or(soon, |at| at.min(soon)));
         }
         let mut decided = self.serve(now);
         if grant.retry_after > 0 && grant.answers == self.want_seq && !self.waiting.is_empty() {
