@@ -303,16 +303,8 @@ impl Holding {
         if self.kind.is_window() {
             if grant.window > self.window || (self.closed && self.granted == 0 && self.window == 0)
             {
-                // A lease for a newer window: the old one is over.
+                // A lease for a newer window: the old one is over (closed as if expired).
                 self.expire(now.max(self.expiry));
-                if !self.closed {
-                    let left = self.cell.close();
-                    self.closed_used = self
-                        .granted
-                        .saturating_sub(self.returned)
-                        .saturating_sub(left)
-                        .saturating_sub(self.reserve);
-                }
                 self.previous_used = (self.window > 0 && grant.window == self.window + 1)
                     .then_some(self.closed_used);
                 self.window = grant.window;

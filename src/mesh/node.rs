@@ -500,14 +500,12 @@ impl Node {
                 self.ask(kr, now, false);
                 self.flush(now);
                 // A key this node owns may be answered at once.
-                if let Some(i) = self
+                let answered = self
                     .events
                     .iter()
                     .position(|e| matches!(e, Event::Decided { id: i, .. } if *i == id))
-                {
-                    let Some(Event::Decided { decision, .. }) = self.events.remove(i) else {
-                        unreachable!("matched above")
-                    };
+                    .and_then(|i| self.events.remove(i));
+                if let Some(Event::Decided { decision, .. }) = answered {
                     self.stats.waits -= 1;
                     return Admit::Now(decision);
                 }

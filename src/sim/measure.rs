@@ -1,4 +1,4 @@
-//! The measures of a run (definitions in `docs/overshoot.md` and DESIGN.md section 3).
+//! The measures of a run (definitions in `docs/overshoot.md`).
 
 use std::collections::BTreeMap;
 
