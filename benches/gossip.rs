@@ -1,11 +1,12 @@
-//! The cost of the gossip: CPU per round on one node of a 5-node cluster holding 10k and
-//! 100k active keys, and the bytes it sends per round.
+//! The cost of the mesh's rounds: CPU per round on one node of a 5-node cluster holding
+//! leases on 10k and 100k active keys (and owning a fifth of them), and the bytes it sends.
 //!
 //! `cargo bench --bench gossip`. Each measured iteration is one round of node 0
-//! (`handle_timeout` plus encoding its deltas to the 4 peers); the peers tick and answer
-//! outside the timing, so acknowledgements flow as in a real cluster.
-//! - `sparse`: each key has one admission on node 0 per second (a fiftieth of the keys
-//!   change per round): many keys, each well under its limit, the common case;
+//! (`handle_timeout` plus collecting the frames it sends: reports and wants for the leases
+//! it holds, grants and backups for the keys it owns); the peers tick and answer outside the
+//! timing, so grants and acknowledgements flow as in a real cluster.
+//! - `sparse`: a fiftieth of the keys take one admission on node 0 per round (each key once a
+//!   second): many keys, each well under its limit, the common case;
 //! - `busy`: every key had one admission on node 0 since the last round (the worst case).
 //!
 //! Bytes per node per second for a described workload come from the simulator, for

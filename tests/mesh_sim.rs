@@ -61,8 +61,9 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
         "honest peers' frames were refused"
     );
     prop_assert!(report.admitted <= report.requests * config.max_cost);
-    // Without loss or faults, the mesh never denies what the oracle had room for, with a
-    // round's worth of arrivals to spare (docs/overshoot.md, "the promise below the limit").
+    // Without loss or faults, the mesh never denies a request while there is room for it
+    // with a round's worth of arrivals to spare, by the oracle's history and by the mesh's
+    // own admissions (docs/overshoot.md, "When false denials can happen").
     // The busiest key's share of the load: a Zipf law puts more than 1/keys on the first.
     let top_share = match config.traffic {
         Traffic::Zipf { exponent_milli } => {
@@ -78,10 +79,8 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
         && config.crashes.is_empty()
         && config.demand * top_share * (config.keys as f64) <= 1.0
     {
-        // Rare single false denials remain (about one schedule in a few hundred: a request
-        // whose retry lands after its deadline); more than one is a failure.
         prop_assert!(
-            report.false_denials_with_room <= 1,
+            report.false_denials_with_room == 0,
             "denied with room in {:?}: {:?}",
             config,
             report
@@ -472,4 +471,54 @@ fn a_restarted_node_takes_its_keys_back_and_the_bound_holds() {
             assert!(r.utilization > 0.9, "node {node}: {}", r.utilization);
         }
     }
+}
+
+/// Zero-latency links, a window's end between a holder's lease and its owner's: the holder
+/// asks again a little later, not at once (which never let simulated time move on).
+#[test]
+fn a_holder_whose_lease_ended_before_its_owners_window_does_not_livelock() {
+    let mut c = SimConfig::new(Policy::sliding_window(45, Duration::from_millis(822)).unwrap());
+    c.nodes = 4;
+    c.gossip_interval_ns = 27_000_000;
+    c.latency_ns = 0;
+    c.jitter_ns = 0;
+    c.loss = 0.0;
+    c.duplication = 0.03801923220774981;
+    c.traffic = Traffic::Bursty;
+    c.demand = 3.4831346026208565;
+    c.max_cost = 18;
+    c.keys = 2;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 16864938848605992778;
+    let report = sim::run(&c);
+    assert!(report.policy_overshoot <= report.declared_bound.total() + 1e-9);
+    assert!(report.utilization > 0.9, "{report:?}");
+}
+
+/// A bucket's owner crashes between backups: the successor's copy learns from the holders'
+/// reports of the grants made after the backup, and takes those tokens out of its bucket.
+#[test]
+fn a_bucket_taken_over_after_a_crash_counts_grants_made_after_the_backup() {
+    let rate = (110 * 1000u64).div_ceil(424);
+    let mut c = SimConfig::new(Policy::token_bucket(rate, Duration::from_secs(1), 110).unwrap());
+    c.nodes = 4;
+    c.gossip_interval_ns = 20_000_000;
+    c.latency_ns = 2_000_000;
+    c.jitter_ns = 6_000_000;
+    c.traffic = Traffic::SynchronizedBurst;
+    c.demand = 2.143;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 444_328_595_010_521_289;
+    c.crashes.push(Crash {
+        node: 1,
+        at_ns: 952_659_709,
+        restart_ns: None,
+    });
+    let report = sim::run(&c);
+    assert!(
+        report.policy_overshoot <= report.declared_bound.total() + 1e-9,
+        "{report:?}"
+    );
+    assert!(report.utilization > 0.9, "{report:?}");
 }

@@ -391,6 +391,19 @@ impl Authority {
         }
     }
 
+    /// Tokens granted to `node` that its want does not count yet (grants on their way to it
+    /// when it asked): they serve part of the want's need.
+    pub fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
+        self.roll(now);
+        if self.kind.is_window() && want.window != self.window {
+            return 0;
+        }
+        self.holders
+            .iter()
+            .find(|h| h.node == node)
+            .map_or(0, |h| h.granted.saturating_sub(want.granted))
+    }
+
     fn record_mut(&mut self, node: NodeId, incarnation: u64) -> &mut HolderRecord {
         let i = match self.holders.binary_search_by_key(&node, |h| h.node) {
             Ok(i) => {
@@ -468,6 +481,7 @@ impl Authority {
         let mut previous_correction = 0;
         let mut previous_raise = 0;
         let mut returned_tokens = 0;
+        let mut granted_unseen = 0;
         let mut news = false;
         {
             if want.smallest > 0 {
@@ -475,9 +489,19 @@ impl Authority {
             }
             let seq = self.seqs.entry(node).or_insert(0);
             *seq = (*seq).max(want.seq);
+            let known = self
+                .holders
+                .iter()
+                .any(|h| h.node == node && h.incarnation == incarnation);
             let r = self.record_mut(node, incarnation);
             r.demand = want.demand;
             if !kind.is_window() || want.window == window {
+                // A bucket taken over from a backup learns here of grants made after the
+                // backup: those tokens left the bucket too (a window counts its holders'
+                // grants, so the maximum below is enough there).
+                if kind == MeshKind::Bucket && known && want.granted > r.granted {
+                    granted_unseen = want.granted - r.granted;
+                }
                 // The holder's counts are authoritative for what it received and gave back:
                 // a grant is always made on top of its latest report.
                 r.granted = r.granted.max(want.granted);
@@ -525,6 +549,11 @@ impl Authority {
             .previous
             .saturating_sub(previous_correction)
             .saturating_add(previous_raise);
+        if granted_unseen > 0 {
+            self.level_ns = self
+                .level_ns
+                .saturating_sub(granted_unseen.saturating_mul(interval));
+        }
         if kind == MeshKind::Bucket && returned_tokens > 0 {
             self.level_ns = self
                 .level_ns

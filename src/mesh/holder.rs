@@ -39,6 +39,8 @@ pub struct Waiting {
     pub cost: u64,
     /// When it is denied if still waiting (local).
     pub deadline: Nanos,
+    /// The first want that counted it (0: none yet).
+    pub asked: u32,
 }
 
 /// How a request went on the holder's slow path.
@@ -227,7 +229,12 @@ impl Holding {
         if !self.closed {
             self.reserve += self.cell.withdraw(u64::MAX);
         }
-        self.waiting.push_back(Waiting { id, cost, deadline });
+        self.waiting.push_back(Waiting {
+            id,
+            cost,
+            deadline,
+            asked: 0,
+        });
         Slow::Waits
     }
 
@@ -258,7 +265,10 @@ impl Holding {
             self.want_sent_at = Some(now + resend_after);
             self.want_need = need;
         }
-        self.want_seq = self.want_seq.wrapping_add(1);
+        self.want_seq = self.want_seq.wrapping_add(1).max(1);
+        for w in self.waiting.iter_mut().filter(|w| w.asked == 0) {
+            w.asked = self.want_seq;
+        }
         let used = self.used();
         self.reported_used = used;
         self.reported_round = round;
@@ -295,8 +305,10 @@ impl Holding {
             && (grant.window < self.window
                 || (grant.window == self.window && self.closed && self.granted > 0));
         if stale {
-            self.want_sent_at = None;
-            self.want_need = 0;
+            // Not at once: the authority may not have ended the window yet (its clock may
+            // be behind this node's estimate), and would answer the same.
+            self.want_sent_at = Some(now + DENIED_RESEND_NS);
+            self.want_need = self.need();
             return Vec::new();
         }
         let granted_before = (self.window, self.granted);
@@ -338,19 +350,26 @@ impl Holding {
             self.want_sent_at = Some(self.want_sent_at.map_or(soon, |at| at.min(soon)));
         }
         let mut decided = self.serve(now);
-        if grant.retry_after > 0 && grant.answers == self.want_seq && !self.waiting.is_empty() {
-            // Those that fit in what the authority recalls for this node keep waiting; the
-            // others are denied now.
+        if grant.retry_after > 0 && !self.waiting.is_empty() {
+            // The denial is about the requests the answered want counted (later ones wait
+            // for their own answer). Of those, the ones that fit in what the authority
+            // recalls for this node keep waiting; the others are denied now.
+            let answers = grant.answers;
+            let counted = |w: &Waiting| w.asked != 0 && (answers.wrapping_sub(w.asked) as i32) >= 0;
             let mut coming = grant.more_coming + self.reserve;
-            let mut keep = 0;
-            for w in &self.waiting {
-                if w.cost > coming {
-                    break;
+            let mut denied = Vec::new();
+            let mut kept = VecDeque::with_capacity(self.waiting.len());
+            for w in self.waiting.drain(..) {
+                if !counted(&w) {
+                    kept.push_back(w);
+                } else if w.cost <= coming && denied.is_empty() {
+                    coming -= w.cost;
+                    kept.push_back(w);
+                } else {
+                    denied.push(w);
                 }
-                coming -= w.cost;
-                keep += 1;
             }
-            let denied: Vec<Waiting> = self.waiting.drain(keep..).collect();
+            self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
                 self.denied_until = now + grant.retry_after;
                 self.denied_cost = min;
@@ -358,6 +377,8 @@ impl Holding {
             for w in denied {
                 decided.push((w.id, self.denied(now, grant.retry_after)));
             }
+            // What the denied held back may serve those behind them.
+            decided.extend(self.serve(now));
         }
         self.settle();
         decided
@@ -401,6 +422,8 @@ impl Holding {
             self.waiting.pop_front();
             decided.push((w.id, self.denied(now, retry_after)));
         }
+        // What the denied held back may serve those behind them.
+        decided.extend(self.serve(now));
         self.settle();
         decided
     }
@@ -531,7 +554,7 @@ mod tests {
             ends_at: 0,
             retry_after,
             more_coming: 0,
-            answers: 0,
+            answers: 1,
         }
     }
 
@@ -567,14 +590,20 @@ mod tests {
         let mut h = Holding::new(KEY, policy, MeshKind::Bucket);
         h.slow(S, 1, 4, 2 * S);
         h.slow(S, 2, 4, 2 * S);
+        assert_eq!(h.want(S, 1, false, 1).need, 8);
+        // A request after the want waits for its own answer.
+        assert_eq!(h.slow(S, 5, 1, 2 * S), Slow::Waits);
         let decided = h.apply_grant(S, &grant(0, 5, S / 2), 0);
-        assert_eq!(decided.len(), 2);
+        assert_eq!(decided.len(), 3);
         assert!(decided[0].1.is_allowed());
         assert!(!decided[1].1.is_allowed());
         assert_eq!(decided[1].1.retry_after_ns, S / 2);
-        // The token left went to the cell; as large a request is denied without asking until
-        // the retry time, a smaller one may still fit and asks.
-        assert_eq!(h.cell().remaining(), 1);
+        // The request after the want is served from what the denied one held back.
+        assert_eq!(decided[2].0, 5);
+        assert!(decided[2].1.is_allowed());
+        // As large a request is denied without asking until the retry time, a smaller one
+        // may still fit and asks.
+        assert_eq!(h.cell().remaining(), 0);
         assert!(matches!(h.slow(S + 1, 3, 4, 2 * S), Slow::Decided(d) if !d.is_allowed()));
         assert!(matches!(h.slow(S + 1, 4, 2, 2 * S), Slow::Waits));
     }

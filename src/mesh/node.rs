@@ -640,9 +640,16 @@ impl Node {
         let max_wait = self.config.max_wait_ns;
         let a = self.authorities.get_mut(&key).expect("made ready above");
         let before = Some(a.frame().0);
+        // Grants already on their way serve part of the need (a holder asks again as more
+        // requests queue, before the first answer arrives); the answer then only repeats
+        // what was granted, which also makes up for a lost grant.
+        let in_flight = a.in_flight(now, from, &want);
         let news = a.report(now, from, incarnation, &want);
-        let answer = if want.need > 0 {
-            Some(a.request(now, from, incarnation, want.need, now + max_wait))
+        let need = want.need.saturating_sub(in_flight);
+        let answer = if need > 0 {
+            Some(a.request(now, from, incarnation, need, now + max_wait))
+        } else if want.need > 0 {
+            Some(a.current(now, from))
         } else if want.refill {
             Some(a.request(now, from, incarnation, 0, now))
         } else if news || want.previous_used.is_some() {

@@ -264,10 +264,12 @@ impl Recorder {
             by_key[r.key as usize].push(i);
         }
         let mut with_room = 0u64;
-        for indices in &by_key {
+        for (key, indices) in by_key.iter().enumerate() {
+            let mut own = OwnRoom::new(kind, p, &self.mesh[key]);
             let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
             for &i in indices {
                 let r = self.requests[i];
+                let own_room = own.at(r.at, r.oracle_at);
                 while hi < indices.len() && self.requests[indices[hi]].at <= r.at + margin {
                     sum += self.requests[indices[hi]].cost;
                     hi += 1;
@@ -282,7 +284,9 @@ impl Recorder {
                 let w = p.window_ns();
                 let at_edge = kind != MeshKind::Bucket && r.oracle_at % w + margin >= w;
                 // `sum` includes this request's own cost.
-                if r.mesh == Some(false) && r.room >= sum + round_tokens && !at_edge {
+                // Room by the oracle's history and by the mesh's own (a mesh that admitted
+                // what the oracle denied earlier has that much less room later).
+                if r.mesh == Some(false) && r.room.min(own_room) >= sum + round_tokens && !at_edge {
                     with_room += 1;
                 }
             }
@@ -362,6 +366,85 @@ impl Recorder {
                 Some(last_short.map_or(0.0, |t| t.saturating_sub(detected) as f64 / 1e6));
         }
         report
+    }
+}
+
+/// The room one central limiter would see for a key if it had admitted exactly what the
+/// mesh admitted (times on the oracle's clock), asked in increasing time.
+struct OwnRoom<'a> {
+    kind: MeshKind,
+    policy: Policy,
+    admissions: &'a [(Nanos, u64)],
+    /// Prefix sums of the admitted costs.
+    prefix: Vec<u64>,
+    /// Buckets: admissions applied so far, the level (ns of refill, may go negative) and
+    /// its instant.
+    applied: usize,
+    level: i128,
+    level_at: Option<i128>,
+}
+
+impl<'a> OwnRoom<'a> {
+    fn new(kind: MeshKind, policy: &Policy, admissions: &'a [(Nanos, u64)]) -> Self {
+        let mut prefix = Vec::with_capacity(admissions.len() + 1);
+        prefix.push(0);
+        for &(_, c) in admissions {
+            prefix.push(prefix.last().copied().unwrap_or(0) + c);
+        }
+        OwnRoom {
+            kind,
+            policy: *policy,
+            admissions,
+            prefix,
+            applied: 0,
+            level: i128::from(policy.window_ns()),
+            level_at: None,
+        }
+    }
+
+    /// Admitted cost in true time `[from, to)`.
+    fn sum(&self, from: Nanos, to: Nanos) -> u64 {
+        let a = self.admissions.partition_point(|&(t, _)| t < from);
+        let b = self.admissions.partition_point(|&(t, _)| t < to);
+        self.prefix[b.max(a)] - self.prefix[a]
+    }
+
+    /// The room at true time `at`, which is `oracle_at` on the oracle's clock.
+    fn at(&mut self, at: Nanos, oracle_at: Nanos) -> u64 {
+        let limit = self.policy.capacity();
+        let w = self.policy.window_ns();
+        match self.kind {
+            MeshKind::Bucket => {
+                let interval = i128::from(self.policy.interval_ns().max(1));
+                let cap = i128::from(w);
+                let refill_to = |level: &mut i128, level_at: &mut Option<i128>, t: i128| {
+                    let from = level_at.unwrap_or(t);
+                    *level = (*level + (t - from).max(0)).min(cap);
+                    *level_at = Some(t);
+                };
+                while self.applied < self.admissions.len() && self.admissions[self.applied].0 < at {
+                    let (t, c) = self.admissions[self.applied];
+                    refill_to(&mut self.level, &mut self.level_at, i128::from(t));
+                    self.level -= i128::from(c) * interval;
+                    self.applied += 1;
+                }
+                refill_to(&mut self.level, &mut self.level_at, i128::from(at));
+                (self.level.max(0) / interval) as u64
+            }
+            MeshKind::FixedWindow | MeshKind::SlidingWindow => {
+                // The oracle's window grid, in true time.
+                let start = at - oracle_at % w;
+                let current = self.sum(start, at);
+                let previous = if self.kind == MeshKind::SlidingWindow {
+                    let e = oracle_at % w;
+                    let before = self.sum(start.saturating_sub(w), start);
+                    (u128::from(before) * u128::from(w - e) / u128::from(w)) as u64
+                } else {
+                    0
+                };
+                limit.saturating_sub(current + previous)
+            }
+        }
     }
 }
 

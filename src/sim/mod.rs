@@ -24,6 +24,10 @@ use crate::mesh::{Admission, MeshKind};
 use crate::policy::Policy;
 pub use traffic::Traffic;
 
+/// More events than this at one simulated instant is a livelock (every arrival of a
+/// synchronized burst of the largest runs is one event).
+const MAX_EVENTS_AT_ONE_INSTANT: u64 = 5_000_000;
+
 /// Traffic starts here (true time), so that every node's skewed clock stays positive.
 pub const START_NS: Nanos = 1_000_000_000_000;
 
@@ -226,9 +230,11 @@ pub struct SimReport {
     /// Whether two live nodes could grant from the same key's budget at once (must never
     /// happen).
     pub double_authority: bool,
-    /// Requests the mesh denied although the oracle had room for them, for everything
-    /// offered for their key within one gossip round and two one-way delays either side of
-    /// their arrival, and for one round of the policy's rate; for windows, not counting those
+    /// Requests the mesh denied although there was room for them, by the oracle's history
+    /// and by the mesh's own admissions (one central limiter that admitted exactly what the
+    /// mesh admitted), for everything offered for their key within one gossip round and two
+    /// one-way delays either side of their arrival, and for one round of the policy's rate;
+    /// for windows, not counting those
     /// that arrived within that time of the window's end (0 below the limit without loss or
     /// faults: the guarantee of `docs/overshoot.md`).
     pub false_denials_with_room: u64,
@@ -415,6 +421,9 @@ pub fn run(config: &SimConfig) -> SimReport {
         .collect();
     let mut record = measure::Recorder::new(config, arrivals.len());
     let mut next_arrival = 0;
+    // Events at one instant: nodes that answer each other at once without end (a livelock
+    // over zero-latency links) would otherwise stop simulated time.
+    let (mut instant, mut at_instant) = (0, 0u64);
     loop {
         let event_at = world
             .queue
@@ -424,6 +433,15 @@ pub fn run(config: &SimConfig) -> SimReport {
         let now = event_at.min(arrival_at);
         if now >= end {
             break;
+        }
+        if now == instant {
+            at_instant += 1;
+            assert!(
+                at_instant < MAX_EVENTS_AT_ONE_INSTANT,
+                "livelock: {at_instant} events at simulated instant {now} ns"
+            );
+        } else {
+            (instant, at_instant) = (now, 0);
         }
         if arrival_at <= event_at {
             let index = next_arrival;
