@@ -207,7 +207,7 @@ fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
             );
             let _ = stdout.flush();
             tracing::info!(http = %running.http_addr(), quic = %running.quic_addr(), "listening");
-            running.serve_until(ratemesh::daemon::termination()).await;
+            running.serve().await;
             Ok::<(), Box<dyn std::error::Error>>(())
         }
         .instrument(span),

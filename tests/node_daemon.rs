@@ -2,132 +2,13 @@
 //! their HTTP ports, serve `/metrics` and `/health`, drain on SIGTERM; bad node files are
 //! refused with the file, the line and the field.
 
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ratemesh::daemon::config::NodeFile;
-
-const BIN: &str = env!("CARGO_BIN_EXE_ratemesh");
-
-/// A node process, killed when dropped.
-struct NodeProcess {
-    child: Child,
-    http: SocketAddr,
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn policies(extra: &str) -> String {
-    // 300 tokens, refilled one a minute: what the test admits is the burst, cluster-wide.
-    format!(
-        "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
-         [policies.global]\nalgorithm = \"token-bucket\"\nrate = 1\nperiod = \"1m\"\nburst = 300\n\
-         backend = \"mesh\"\n{extra}\n[tiers.api]\npolicies = [\"global\"]\n"
-    )
-}
-
-/// Write certificates, the policy file and `n` node files into `dir`; return the files.
-fn write_cluster(dir: &Path, n: usize) -> Vec<std::path::PathBuf> {
-    let certs = ratemesh::net::certs::generate("test", n as u64).unwrap();
-    ratemesh::net::certs::write(&dir.join("certs"), &certs).unwrap();
-    std::fs::write(dir.join("policies.toml"), policies("")).unwrap();
-    let udp: Vec<UdpSocket> = (0..n)
-        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let tcp: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let quic: Vec<SocketAddr> = udp.iter().map(|s| s.local_addr().unwrap()).collect();
-    let http: Vec<SocketAddr> = tcp.iter().map(|s| s.local_addr().unwrap()).collect();
-    drop((udp, tcp));
-    (0..n)
-        .map(|i| {
-            let id = i + 1;
-            let mut text = format!(
-                "id = {id}\nlisten = \"{}\"\nhttp = \"{}\"\ngossip_interval = \"20ms\"\n\
-                 policy_file = \"policies.toml\"\ndrain = \"2s\"\n\n[tls]\nca = \"certs/ca.pem\"\n\
-                 cert = \"certs/node-{id}.pem\"\nkey = \"certs/node-{id}.key\"\n",
-                quic[i], http[i]
-            );
-            for (j, addr) in quic.iter().enumerate().filter(|&(j, _)| j != i) {
-                text.push_str(&format!("\n[[peers]]\nid = {}\naddr = \"{addr}\"\n", j + 1));
-            }
-            let path = dir.join(format!("node-{id}.toml"));
-            std::fs::write(&path, text).unwrap();
-            path
-        })
-        .collect()
-}
-
-/// Start `ratemesh node --config file` and wait for its ready line.
-fn start(file: &Path) -> NodeProcess {
-    let mut child = Command::new(BIN)
-        .args(["node", "--config"])
-        .arg(file)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains(" ready: "), "unexpected first line: {line:?}");
-    let http = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http="))
-        .unwrap()
-        .parse()
-        .unwrap();
-    NodeProcess { child, http }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
-
-async fn wait_healthy(client: &reqwest::Client, node: &NodeProcess) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let url = format!("http://{}/health", node.http);
-        if let Ok(response) = client.get(&url).send().await
-            && response.status() == 200
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node at {} never healthy",
-            node.http
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn metrics_of(client: &reqwest::Client, node: &NodeProcess) -> String {
-    let url = format!("http://{}/metrics", node.http);
-    client.get(url).send().await.unwrap().text().await.unwrap()
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && !l.starts_with('#'))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
-}
+use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_node_processes_hold_one_limit_and_drain_on_sigterm() {
@@ -221,6 +102,69 @@ async fn three_node_processes_hold_one_limit_and_drain_on_sigterm() {
         assert_eq!(response.status(), 200);
     }
     nodes.truncate(2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_hour_window_admits_fresh_keys_and_holds_a_busy_key_to_its_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+                [policies.hourly]\nalgorithm = \"sliding-window\"\nlimit = 1000\nwindow = \"1h\"\n\
+                backend = \"mesh\"\n\n[tiers.api]\npolicies = [\"hourly\"]\n";
+    let files = write_cluster_with(dir.path(), 3, text);
+    let nodes: Vec<NodeProcess> = files.iter().map(|f| start(f)).collect();
+    let client = client();
+    for node in &nodes {
+        wait_healthy(&client, node).await;
+    }
+
+    // 300 fresh keys, 3 requests each, round-robin over the nodes: all far below the limit.
+    let mut admitted = 0;
+    for chunk in (0..300).collect::<Vec<u32>>().chunks(25) {
+        let mut batch = Vec::new();
+        for &k in chunk {
+            for r in 0..3usize {
+                let node = &nodes[(k as usize + r) % 3];
+                let url = format!("http://{}/api/orders", node.http);
+                let request = client.get(url).header("x-api-key", format!("fresh-{k}"));
+                batch.push(tokio::spawn(async move { request.send().await }));
+            }
+        }
+        for task in batch {
+            if task.await.unwrap().unwrap().status() == 200 {
+                admitted += 1;
+            }
+        }
+    }
+    assert_eq!(
+        admitted, 900,
+        "fresh keys far below their hourly limit were denied"
+    );
+
+    // One key sent 1500 times round-robin, 15 at a time: it gets its 1000 for the hour.
+    let mut admitted = 0;
+    for round in 0..100 {
+        let mut batch = Vec::new();
+        for k in 0..15 {
+            let node = &nodes[(round + k) % 3];
+            let url = format!("http://{}/api/orders", node.http);
+            let request = client.get(url).header("x-api-key", "busy");
+            batch.push(tokio::spawn(async move { request.send().await }));
+        }
+        for task in batch {
+            if task.await.unwrap().unwrap().status() == 200 {
+                admitted += 1;
+            }
+        }
+    }
+    eprintln!("one key, 1500 requests round-robin: {admitted} admitted");
+    assert!(
+        (980..=1000).contains(&admitted),
+        "one key admitted {admitted} of its hourly 1000"
+    );
+    // And it is denied on every node afterwards, with a retry time within the hour.
+    for node in &nodes {
+        assert_eq!(status_of(&client, node, "busy").await, 429);
+    }
 }
 
 #[test]

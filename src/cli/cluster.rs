@@ -68,7 +68,7 @@ impl LocalCluster {
             let id = i as u64 + 1;
             let mut text = format!(
                 "id = {id}\nlisten = \"{}\"\nhttp = \"{}\"\ngossip_interval = \"20ms\"\n\
-                 policy_file = \"policies.toml\"\ndrain = \"1s\"\n\n[tls]\n\
+                 policy_file = \"policies.toml\"\ndrain = \"1s\"\ndrain_grace = \"0s\"\n\n[tls]\n\
                  ca = \"certs/ca.pem\"\ncert = \"certs/node-{id}.pem\"\nkey = \"certs/node-{id}.key\"\n",
                 quic[i], http[i]
             );

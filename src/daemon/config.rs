@@ -4,10 +4,19 @@
 //! ```toml
 //! id = 1
 //! listen = "127.0.0.1:7101"        # QUIC (UDP) between nodes
-//! http = "127.0.0.1:8101"          # the gateway, /metrics and /health
+//! http = "127.0.0.1:8101"          # the gateway, /metrics and /health (or `[http] addr`)
 //! gossip_interval = "20ms"
 //! policy_file = "policies.toml"    # relative to this file; the same file on every node
-//! drain = "5s"                     # on SIGTERM: finish in-flight requests for at most this
+//! drain_grace = "5s"               # on SIGTERM: /health says 503 while serving, this long
+//! drain = "5s"                     # then: finish in-flight requests for at most this
+//!
+//! # Instead of `http = "…"`, an `[http]` table with its settings (defaults shown):
+//! # [http]
+//! # addr = "127.0.0.1:8101"
+//! # header_read_timeout = "10s"    # a request's head must arrive within this
+//! # idle_timeout = "60s"           # a kept-alive connection with no request is closed after
+//! # max_connections = 65280        # default: the open-file limit less 256
+//! # max_identity_bytes = 4096      # a longer API key or device id is answered 431
 //!
 //! [tls]                            # from `ratemesh certs --out certs --nodes 3`
 //! ca = "certs/ca.pem"
@@ -32,6 +41,7 @@ use toml::Spanned;
 
 use crate::clock::duration_to_nanos;
 use crate::config::{ConfigError, GatewayConfig, Source, parse_duration, read_config_file};
+use crate::http::identity::DEFAULT_MAX_IDENTITY_BYTES;
 use crate::mesh::NodeId;
 use crate::mesh::node::NodeConfig;
 use crate::net::tls::{NodeTls, certificate_names_node, node_tls};
@@ -44,6 +54,16 @@ pub const MAX_GOSSIP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The most members a cluster has.
 pub const MAX_CLUSTER_SIZE: usize = 1024;
+
+/// The longest `drain` or `drain_grace` a node accepts.
+pub const MAX_DRAIN: Duration = Duration::from_secs(3600);
+
+/// The largest `http.max_identity_bytes` a node accepts (HTTP servers refuse larger header
+/// blocks anyway).
+pub const MAX_IDENTITY_BYTES_LIMIT: usize = 64 * 1024;
+
+/// The largest `http.max_connections` a node accepts.
+const MAX_CONNECTIONS_LIMIT: i64 = 1 << 24;
 
 /// A validated node file, with its policy file loaded.
 #[derive(Debug, Clone)]
@@ -58,8 +78,13 @@ pub struct NodeFile {
     pub http: SocketAddr,
     /// One gossip round.
     pub gossip_interval: Duration,
-    /// How long SIGTERM waits for in-flight requests.
+    /// How long SIGTERM waits for in-flight requests, once the node stops accepting.
     pub drain: Duration,
+    /// How long after SIGTERM the node keeps serving with `/health` at 503, so load
+    /// balancers see it leave before it stops accepting.
+    pub drain_grace: Duration,
+    /// The `[http]` settings.
+    pub http_settings: HttpSettings,
     /// The other members and where they listen.
     pub peers: Vec<(NodeId, SocketAddr)>,
     /// The most members the cluster has (default: this node and its peers).
@@ -70,6 +95,56 @@ pub struct NodeFile {
     pub policy_file: PathBuf,
     /// The policy file.
     pub gateway: GatewayConfig,
+    /// The SHA-256 of the policy file's bytes, in hex.
+    pub policy_sha256: String,
+}
+
+/// The `[http]` section of a node file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpSettings {
+    /// How long a client has to send a request's head (from the connection's start, or
+    /// from the first byte of a request on a kept-alive connection); then the connection is
+    /// closed.
+    pub header_read_timeout: Duration,
+    /// How long a kept-alive connection may wait for its next request; then it is closed.
+    pub idle_timeout: Duration,
+    /// The most connections open at once; `None`: the open-file limit less
+    /// [`RESERVED_FDS`]. Beyond it, new connections wait in the listen queue.
+    pub max_connections: Option<usize>,
+    /// The longest identity header (API key, device id) a request may carry; longer ones
+    /// are answered 431.
+    pub max_identity_bytes: usize,
+}
+
+/// File descriptors kept for the node itself (QUIC, files, logs) when the connection cap
+/// is derived from the open-file limit.
+pub const RESERVED_FDS: usize = 256;
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: None,
+            max_identity_bytes: DEFAULT_MAX_IDENTITY_BYTES,
+        }
+    }
+}
+
+/// Read and validate a policy file; return it with the SHA-256 of its bytes (hex).
+pub fn read_policy_file(path: &Path) -> Result<(GatewayConfig, String), ConfigError> {
+    let text = read_config_file(path)?;
+    let gateway = GatewayConfig::from_toml_str(&text, &path.display().to_string())?;
+    Ok((gateway, sha256_hex(text.as_bytes())))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().iter().fold(String::new(), |mut hex, byte| {
+        use std::fmt::Write;
+        let _ = write!(hex, "{byte:02x}");
+        hex
+    })
 }
 
 /// The PEM files of a node's mutual TLS.
@@ -88,14 +163,26 @@ pub struct TlsFiles {
 struct RawNodeFile {
     id: Spanned<u64>,
     listen: Spanned<String>,
-    http: Spanned<String>,
+    /// `http = "ADDR"` or an `[http]` table.
+    http: Spanned<toml::Value>,
     gossip_interval: Option<Spanned<String>>,
     drain: Option<Spanned<String>>,
+    drain_grace: Option<Spanned<String>>,
     cluster_size: Option<Spanned<usize>>,
     policy_file: Spanned<String>,
     tls: Spanned<RawTls>,
     #[serde(default)]
     peers: Vec<Spanned<RawPeer>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    addr: String,
+    header_read_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_connections: Option<i64>,
+    max_identity_bytes: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -146,7 +233,33 @@ impl NodeFile {
             })
         };
         let listen = address(&raw.listen, "listen")?;
-        let http = address(&raw.http, "http")?;
+        let (http, http_settings) = match raw.http.get_ref() {
+            toml::Value::String(addr) => (
+                address(&Spanned::new(raw.http.span(), addr.clone()), "http")?,
+                HttpSettings::default(),
+            ),
+            toml::Value::Table(table) => {
+                let table: RawHttp = table.clone().try_into().map_err(|e: toml::de::Error| {
+                    source.error(at(raw.http.span()), "http", e.message().to_string())
+                })?;
+                let line = source.line_of_key(raw.http.span(), "addr");
+                let http = table.addr.parse::<SocketAddr>().map_err(|e| {
+                    source.error(
+                        line,
+                        "http.addr",
+                        format!("`{}` is not an address ({e})", table.addr),
+                    )
+                })?;
+                (http, http_settings(&source, raw.http.span(), &table)?)
+            }
+            _ => {
+                return Err(source.error(
+                    at(raw.http.span()),
+                    "http",
+                    "an address (`http = \"127.0.0.1:8101\"`) or an `[http]` table with `addr`",
+                ));
+            }
+        };
         let duration = |spanned: &Option<Spanned<String>>, field: &str, default: Duration| {
             spanned.as_ref().map_or(Ok(default), |s| {
                 parse_duration(s.get_ref())
@@ -168,7 +281,20 @@ impl NodeFile {
                 ),
             ));
         }
-        let drain = duration(&raw.drain, "drain", Duration::from_secs(5))?;
+        let bounded = |spanned: &Option<Spanned<String>>, field: &str| {
+            let value = duration(spanned, field, Duration::from_secs(5))?;
+            if value > MAX_DRAIN {
+                let span = spanned.as_ref().map_or(0..0, |s| s.span());
+                return Err(source.error(
+                    at(span),
+                    field,
+                    format!("at most {MAX_DRAIN:?}, got {value:?}"),
+                ));
+            }
+            Ok(value)
+        };
+        let drain = bounded(&raw.drain, "drain")?;
+        let drain_grace = bounded(&raw.drain_grace, "drain_grace")?;
 
         let mut peers = Vec::new();
         let mut seen = BTreeSet::from([id]);
@@ -254,7 +380,7 @@ impl NodeFile {
                 format!("no file at {}", policy_file.display()),
             ));
         }
-        let gateway = GatewayConfig::from_file(&policy_file)?;
+        let (gateway, policy_sha256) = read_policy_file(&policy_file)?;
 
         Ok(NodeFile {
             path: path.to_path_buf(),
@@ -263,11 +389,14 @@ impl NodeFile {
             http,
             gossip_interval,
             drain,
+            drain_grace,
+            http_settings,
             peers,
             cluster_size,
             tls,
             policy_file,
             gateway,
+            policy_sha256,
         })
     }
 
@@ -325,4 +454,55 @@ impl NodeFile {
             reason,
         }
     }
+}
+
+fn http_settings(
+    source: &Source<'_>,
+    span: std::ops::Range<usize>,
+    raw: &RawHttp,
+) -> Result<HttpSettings, ConfigError> {
+    let mut settings = HttpSettings::default();
+    let timeouts = [
+        ("header_read_timeout", &raw.header_read_timeout),
+        ("idle_timeout", &raw.idle_timeout),
+    ];
+    for (key, text) in timeouts {
+        let Some(text) = text else { continue };
+        let line = source.line_of_key(span.clone(), key);
+        let field = format!("http.{key}");
+        let value = parse_duration(text).map_err(|reason| source.error(line, &field, reason))?;
+        if value.is_zero() || value > MAX_DRAIN {
+            return Err(source.error(
+                line,
+                &field,
+                format!("between 1ms and {MAX_DRAIN:?}, got {value:?}"),
+            ));
+        }
+        match key {
+            "header_read_timeout" => settings.header_read_timeout = value,
+            _ => settings.idle_timeout = value,
+        }
+    }
+    if let Some(value) = raw.max_connections {
+        if !(1..=MAX_CONNECTIONS_LIMIT).contains(&value) {
+            return Err(source.error(
+                source.line_of_key(span.clone(), "max_connections"),
+                "http.max_connections",
+                format!("between 1 and {MAX_CONNECTIONS_LIMIT}, got {value}"),
+            ));
+        }
+        settings.max_connections = Some(value as usize);
+    }
+    if let Some(value) = raw.max_identity_bytes {
+        let limit = MAX_IDENTITY_BYTES_LIMIT as i64;
+        if !(1..=limit).contains(&value) {
+            return Err(source.error(
+                source.line_of_key(span, "max_identity_bytes"),
+                "http.max_identity_bytes",
+                format!("between 1 and {limit} bytes, got {value}"),
+            ));
+        }
+        settings.max_identity_bytes = value as usize;
+    }
+    Ok(settings)
 }

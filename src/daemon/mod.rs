@@ -4,18 +4,28 @@
 //!
 //! Every path other than `/metrics` and `/health` is the gateway: it answers 200 when the
 //! policies admit the request and 429 (with `Retry-After` and the `RateLimit` fields) when
-//! they do not. On SIGTERM (or Ctrl-C) the node reports itself draining on `/health`, stops
-//! accepting connections, finishes the requests in flight for at most `drain`, hands its mesh
-//! keys over to their next owners, and closes
-//! its QUIC endpoint so its peers notice at once.
+//! they do not.
+//!
+//! SIGHUP re-reads the policy file ([`reload`]): a valid file applies, an invalid one is
+//! refused and logged, and the node keeps serving either way.
+//!
+//! On SIGTERM the node drains the way load balancers expect: `/health` answers 503 while
+//! the node still serves requests for `drain_grace`; then it stops accepting connections,
+//! finishes the requests in flight for at most `drain`, hands its mesh keys over to their
+//! next owners, closes its QUIC endpoint so its peers notice at once, and exits. A second
+//! SIGTERM, or a SIGINT (Ctrl-C) at any time, skips what is left of the grace and the drain
+//! (the keys are still handed over).
 
 pub mod config;
+mod reload;
+mod server;
+mod signals;
 mod telemetry;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -25,6 +35,9 @@ use axum::routing::get;
 
 use crate::config::ConfigError;
 use crate::daemon::config::NodeFile;
+use crate::daemon::reload::PolicyReloader;
+use crate::daemon::server::{Limits, Server};
+use crate::daemon::signals::{Signal, Signals};
 use crate::http::RateLimitLayer;
 use crate::net::{MeshNet, NetConfig, NetError};
 use crate::rules::RulesError;
@@ -57,6 +70,9 @@ pub enum DaemonError {
     /// The Prometheus recorder could not be installed (another one is).
     #[error("installing the metrics recorder: {0}")]
     Metrics(String),
+    /// The signal handlers could not be installed.
+    #[error("installing the signal handlers: {0}")]
+    Signals(std::io::Error),
 }
 
 /// What the HTTP handlers share.
@@ -65,6 +81,7 @@ struct NodeState {
     mesh: Arc<MeshNet>,
     draining: AtomicBool,
     metrics: telemetry::Exporter,
+    policies: PolicyReloader,
 }
 
 /// A started node: its mesh transport and its HTTP listener, not yet serving.
@@ -72,12 +89,18 @@ pub struct RunningNode {
     state: Arc<NodeState>,
     listener: tokio::net::TcpListener,
     app: Router,
-    drain: std::time::Duration,
+    drain: Duration,
+    drain_grace: Duration,
+    limits: Limits,
+    signals: Signals,
 }
 
 /// Start a node from its file: open the QUIC endpoint, dial the peers, install the
 /// Prometheus recorder and bind the HTTP port. Serve with [`RunningNode::serve_until`].
 pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
+    // First: from here on SIGHUP, SIGTERM and SIGINT are the node's, never fatal.
+    let signals = Signals::install().map_err(DaemonError::Signals)?;
+    let limits = Limits::new(&file.http_settings, server::raise_open_file_limit());
     let tls = file.load_tls()?;
     let metrics = telemetry::Exporter::install()?;
     let mesh = Arc::new(
@@ -95,6 +118,7 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
             source,
         },
     )?;
+    let layer = layer.max_identity_bytes(file.http_settings.max_identity_bytes);
     let listener = tokio::net::TcpListener::bind(file.http)
         .await
         .map_err(|source| DaemonError::Http {
@@ -106,6 +130,11 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         mesh,
         draining: AtomicBool::new(false),
         metrics,
+        policies: PolicyReloader::new(
+            layer.clone(),
+            file.policy_file.clone(),
+            file.policy_sha256.clone(),
+        ),
     });
     let gateway = Router::new().fallback(admitted).layer(layer);
     let app = Router::new()
@@ -118,6 +147,9 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         listener,
         app,
         drain: file.drain,
+        drain_grace: file.drain_grace,
+        limits,
+        signals,
     })
 }
 
@@ -134,33 +166,55 @@ impl RunningNode {
         self.state.mesh.local_addr()
     }
 
-    /// Serve until `shutdown` completes, then drain: `/health` says draining, no new
-    /// connections, in-flight requests get at most the node's `drain` time, and the QUIC
-    /// endpoint closes.
-    pub async fn serve_until(self, shutdown: impl Future<Output = ()> + Send + 'static) {
-        let state = Arc::clone(&self.state);
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let drain_state = Arc::clone(&state);
-        let signal = async move {
-            shutdown.await;
-            drain_state.draining.store(true, Ordering::Release);
-            tracing::info!("draining");
-            let _ = stop_tx.send(());
-        };
-        let app = self.app.into_make_service_with_connect_info::<SocketAddr>();
-        let server = axum::serve(self.listener, app).with_graceful_shutdown(signal);
-        let mut server = std::pin::pin!(server.into_future());
-        tokio::select! {
-            result = &mut server => {
-                if let Err(error) = result {
-                    tracing::error!(%error, "HTTP server stopped");
+    /// Serve until SIGTERM or SIGINT, reloading the policy file on SIGHUP; then drain (see
+    /// the module's documentation) and return.
+    pub async fn serve(self) {
+        let RunningNode {
+            state,
+            listener,
+            app,
+            drain,
+            drain_grace,
+            limits,
+            mut signals,
+        } = self;
+        let server = Server::start(listener, app, limits);
+
+        // Serving: reload on SIGHUP until told to stop.
+        let first = loop {
+            match signals.next().await {
+                Signal::Hangup => {
+                    state.policies.reload();
                 }
+                stop => break stop,
             }
-            _ = async {
-                let _ = stop_rx.await;
-                tokio::time::sleep(self.drain).await;
-            } => {
-                tracing::warn!(drain = ?self.drain, "requests still in flight after the drain time; closing");
+        };
+        state.draining.store(true, Ordering::Release);
+        let mut now = first == Signal::Interrupt;
+
+        // The grace: /health says 503, requests are still served.
+        if !now {
+            tracing::info!(
+                ?drain_grace,
+                ?drain,
+                "draining: /health answers 503; serving for the grace period"
+            );
+            now = wait_or_stop(&mut signals, &state, drain_grace).await;
+        }
+
+        // Stop accepting; let the requests in flight finish for at most `drain`.
+        let stopping = server.stop();
+        if !now {
+            tracing::info!("draining: no new connections; finishing the requests in flight");
+            tokio::select! {
+                () = stopping => {}
+                stopped = wait_or_stop(&mut signals, &state, drain) => {
+                    if stopped {
+                        tracing::warn!("drain ended at once by a second signal");
+                    } else {
+                        tracing::warn!(?drain, "requests still in flight after the drain time; closing");
+                    }
+                }
             }
         }
         // Give the leases back and hand this node's keys to their next owners, so the
@@ -170,26 +224,20 @@ impl RunningNode {
     }
 }
 
-/// Complete on SIGTERM or Ctrl-C (SIGINT).
-pub async fn termination() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
+/// Wait `time`, reloading on SIGHUP; return `true` if a SIGTERM or SIGINT came first.
+async fn wait_or_stop(signals: &mut Signals, state: &NodeState, time: Duration) -> bool {
+    let deadline = tokio::time::sleep(time);
+    let mut deadline = std::pin::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => return false,
+            signal = signals.next() => match signal {
+                Signal::Hangup => {
+                    state.policies.reload();
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+                _ => return true,
+            },
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -226,7 +274,9 @@ async fn health(State(state): State<Arc<NodeState>>) -> impl IntoResponse {
 }
 
 async fn metrics_text(State(state): State<Arc<NodeState>>) -> impl IntoResponse {
-    let text = state.metrics.render(state.id, &state.mesh);
+    let text = state
+        .metrics
+        .render(state.id, &state.mesh, &state.policies.sha256());
     (
         [(
             http::header::CONTENT_TYPE,

@@ -22,8 +22,9 @@ impl Exporter {
         Ok(Exporter { handle })
     }
 
-    /// Read the node's figures and render every metric.
-    pub(crate) fn render(&self, id: u64, mesh: &MeshNet) -> String {
+    /// Read the node's figures and render every metric; `policy_sha256` is the hash of the
+    /// policy file in force (`ratemesh_config_info`).
+    pub(crate) fn render(&self, id: u64, mesh: &MeshNet, policy_sha256: &str) -> String {
         let (members, node_stats, keys, authorities, running, majority) = mesh.with_node(|n| {
             (
                 n.members(),
@@ -68,7 +69,17 @@ impl Exporter {
             .absolute(load(&net.unroutable));
         metrics::counter!("ratemesh_peer_connections_refused_total").absolute(load(&net.refused));
         self.handle.run_upkeep();
-        self.handle.render()
+        let mut text = self.handle.render();
+        // One series only, whose label changes on reload: written here rather than through
+        // the recorder, which would keep the old label's series.
+        text.push_str(
+            "# HELP ratemesh_config_info The policy file in force: the SHA-256 of its bytes\n\
+             # TYPE ratemesh_config_info gauge\n",
+        );
+        text.push_str(&format!(
+            "ratemesh_config_info{{hash=\"{policy_sha256}\"}} 1\n"
+        ));
+        text
     }
 }
 
@@ -129,6 +140,23 @@ fn describe() {
     describe_counter!(
         "ratemesh_gossip_dropped_frames_total",
         "Frames dropped: refused by the decoder or validation, or for a peer with no connection"
+    );
+    describe_counter!(
+        "ratemesh_config_reloads_total",
+        "Policy file reloads on SIGHUP, by result (applied, refused)"
+    );
+    describe_counter!(
+        "ratemesh_requests_refused_total",
+        "Requests refused before any decision, by reason (identity_too_long)"
+    );
+    describe_gauge!("ratemesh_http_connections", "HTTP connections open");
+    describe_counter!(
+        "ratemesh_http_connection_cap_reached_total",
+        "Times the accept loop found http.max_connections reached and waited for a connection to close"
+    );
+    describe_counter!(
+        "ratemesh_http_connections_closed_total",
+        "HTTP connections the node closed, by reason (header_timeout, idle_timeout)"
     );
     describe_counter!(
         "ratemesh_peer_connections_refused_total",

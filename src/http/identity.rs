@@ -25,13 +25,41 @@ pub struct ClientTier(pub String);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientAddr(pub SocketAddr);
 
-/// The longest header value used as an identity; longer values are cut (after hashing, only
-/// a bound on the work matters).
-const MAX_IDENTITY_BYTES: usize = 512;
+/// The default cap on an identity taken from a header (API key, device id): 4 KiB.
+pub const DEFAULT_MAX_IDENTITY_BYTES: usize = 4096;
 
-fn header_text<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
-    let value = headers.get(name)?.to_str().ok()?.trim();
-    (!value.is_empty()).then(|| &value[..value.len().min(MAX_IDENTITY_BYTES)])
+/// A request whose identity header is longer than the cap. The identity is never shortened
+/// (two long keys that share a prefix would share a bucket): the request is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the {} identity is {len} bytes; at most {max}", origin.name())]
+pub struct IdentityTooLong {
+    /// Where the identity came from.
+    pub origin: IdentitySource,
+    /// Its length in bytes (trimmed).
+    pub len: usize,
+    /// The cap.
+    pub max: usize,
+}
+
+/// The header's value, trimmed; `None` when absent, empty or not visible ASCII.
+fn header_text<'a>(
+    headers: &'a HeaderMap,
+    name: &http::HeaderName,
+    source: IdentitySource,
+    max: usize,
+) -> Result<Option<&'a str>, IdentityTooLong> {
+    let Some(value) = headers.get(name).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    let value = value.trim();
+    if value.len() > max {
+        return Err(IdentityTooLong {
+            origin: source,
+            len: value.len(),
+            max,
+        });
+    }
+    Ok((!value.is_empty()).then_some(value))
 }
 
 fn is_trusted(ip: IpAddr, proxies: &[IpNet]) -> bool {
@@ -107,26 +135,35 @@ fn peer_of(extensions: &Extensions) -> Option<IpAddr> {
 
 /// Identify the client of a request by `config.order`; a request with none of the sources
 /// (no peer address either) is `ip:unknown`, and all such requests share one key.
-pub fn identify(headers: &HeaderMap, extensions: &Extensions, config: &IdentityConfig) -> Identity {
+///
+/// The identity is used whole (it is hashed, never cut); an API key or device id longer than
+/// `max_bytes` is an error, for the caller to refuse the request.
+pub fn identify(
+    headers: &HeaderMap,
+    extensions: &Extensions,
+    config: &IdentityConfig,
+    max_bytes: usize,
+) -> Result<Identity, IdentityTooLong> {
     for source in &config.order {
         let found = match source {
             IdentitySource::User => extensions
                 .get::<AuthenticatedUser>()
                 .map(|user| user.0.clone()),
             IdentitySource::ApiKey => {
-                header_text(headers, &config.api_key_header).map(str::to_string)
+                header_text(headers, &config.api_key_header, *source, max_bytes)?
+                    .map(str::to_string)
             }
             IdentitySource::Device => {
-                header_text(headers, &config.device_header).map(str::to_string)
+                header_text(headers, &config.device_header, *source, max_bytes)?.map(str::to_string)
             }
             IdentitySource::Ip => client_ip(headers, peer_of(extensions), &config.trusted_proxies)
                 .map(|ip| ip.to_string()),
         };
         if let Some(value) = found {
-            return Identity::new(*source, value);
+            return Ok(Identity::new(*source, value));
         }
     }
-    Identity::new(IdentitySource::Ip, "unknown")
+    Ok(Identity::new(IdentitySource::Ip, "unknown"))
 }
 
 #[cfg(test)]
@@ -170,5 +207,23 @@ mod tests {
         );
         let garbage = headers(&[("x-forwarded-for", "not-an-ip, ;;;")]);
         assert_eq!(client_ip(&garbage, Some(proxy), &trusted), Some(proxy));
+    }
+
+    #[test]
+    fn long_identities_are_used_whole_or_refused() {
+        let config = IdentityConfig::default();
+        let extensions = Extensions::new();
+        let prefix = "k".repeat(600);
+        let a = headers(&[("x-api-key", &format!("{prefix}a"))]);
+        let b = headers(&[("x-api-key", &format!("{prefix}b"))]);
+        let id_a = identify(&a, &extensions, &config, 4096).unwrap();
+        let id_b = identify(&b, &extensions, &config, 4096).unwrap();
+        assert_ne!(
+            id_a, id_b,
+            "keys that differ after 512 bytes are two identities"
+        );
+        let error = identify(&a, &extensions, &config, 600).unwrap_err();
+        assert_eq!(error.origin, IdentitySource::ApiKey);
+        assert_eq!((error.len, error.max), (601, 600));
     }
 }

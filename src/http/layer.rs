@@ -29,7 +29,7 @@ use tower::{Layer, Service};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, GatewayConfig};
 use crate::http::headers::{denial_body, insert_rate_limit_headers, unavailable_body};
-use crate::http::identity::{ClientTier, identify};
+use crate::http::identity::{ClientTier, DEFAULT_MAX_IDENTITY_BYTES, IdentityTooLong, identify};
 use crate::rules::{Outcome, RequestFacts, Rules, RulesError};
 
 /// Why a reload was refused; the rules in force are unchanged.
@@ -60,6 +60,7 @@ struct Shared {
     rules: ArcSwap<Rules>,
     clock: Arc<dyn Clock>,
     on_denied: Option<DenialHook>,
+    max_identity_bytes: usize,
 }
 
 /// A tower `Layer` that rate-limits requests by a policy file; clone it freely.
@@ -89,6 +90,7 @@ impl RateLimitLayer {
                 rules: ArcSwap::from_pointee(Rules::new(config)?),
                 clock,
                 on_denied: None,
+                max_identity_bytes: DEFAULT_MAX_IDENTITY_BYTES,
             }),
         })
     }
@@ -104,6 +106,7 @@ impl RateLimitLayer {
                 rules: ArcSwap::from_pointee(Rules::with_mesh(config, mesh)?),
                 clock: Arc::new(SystemClock::new()),
                 on_denied: None,
+                max_identity_bytes: DEFAULT_MAX_IDENTITY_BYTES,
             }),
         })
     }
@@ -126,6 +129,24 @@ impl RateLimitLayer {
             rules: ArcSwap::new(self.shared.rules.load_full()),
             clock: Arc::clone(&self.shared.clock),
             on_denied: Some(Arc::new(hook)),
+            max_identity_bytes: self.shared.max_identity_bytes,
+        };
+        RateLimitLayer {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// Refuse requests whose API key or device id is longer than `max` bytes (default
+    /// [`DEFAULT_MAX_IDENTITY_BYTES`]) with 431 and a JSON body. Identities are hashed whole,
+    /// never cut, so this cap bounds the work per request.
+    ///
+    /// Call it while building, before cloning (like [`RateLimitLayer::on_denied`]).
+    pub fn max_identity_bytes(self, max: usize) -> Self {
+        let shared = Shared {
+            rules: ArcSwap::new(self.shared.rules.load_full()),
+            clock: Arc::clone(&self.shared.clock),
+            on_denied: self.shared.on_denied.clone(),
+            max_identity_bytes: max,
         };
         RateLimitLayer {
             shared: Arc::new(shared),
@@ -177,14 +198,15 @@ impl RateLimitLayer {
 
     /// Take what a decision needs from `request` (owned, so the decision can wait on Redis
     /// without borrowing the request).
-    fn prepare<B>(&self, request: &Request<B>) -> Prepared {
+    fn prepare<B>(&self, request: &Request<B>) -> Result<Prepared, IdentityTooLong> {
         let rules = self.shared.rules.load_full();
         let identity = identify(
             request.headers(),
             request.extensions(),
             rules.identity_config(),
-        );
-        Prepared {
+            self.shared.max_identity_bytes,
+        )?;
+        Ok(Prepared {
             identity,
             tier: request
                 .extensions()
@@ -194,7 +216,7 @@ impl RateLimitLayer {
             path: request.uri().path().to_string(),
             now: self.shared.clock.now_ns(),
             rules,
-        }
+        })
     }
 
     /// Decide, asking Redis when a `redis` policy applies.
@@ -293,6 +315,26 @@ fn record(outcome: &Outcome, rules: &Rules, identity: &crate::rules::Identity) {
     }
 }
 
+/// 431 with a JSON body: the identity header is longer than the cap.
+fn identity_too_long(error: &IdentityTooLong) -> Response<Body> {
+    metrics::counter!("ratemesh_requests_refused_total", "reason" => "identity_too_long")
+        .increment(1);
+    let body = serde_json::json!({
+        "error": "identity_too_long",
+        "message": error.to_string(),
+        "source": error.origin.name(),
+        "bytes": error.len,
+        "max_bytes": error.max,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
 impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimitService<S>;
 
@@ -333,7 +375,10 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        let prepared = layer.prepare(&request);
+        let prepared = match layer.prepare(&request) {
+            Ok(prepared) => prepared,
+            Err(too_long) => return Box::pin(async move { Ok(identity_too_long(&too_long)) }),
+        };
         Box::pin(async move {
             let outcome = layer.decide(prepared).await;
             if !outcome.allowed {

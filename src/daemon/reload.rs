@@ -1,0 +1,101 @@
+//! SIGHUP: re-read the policy file. A valid file applies at once (the counters of unchanged
+//! policies are kept); an invalid one is refused, logged with its file, line and field, and
+//! the node keeps serving under the rules it had. The `mesh` policies are fixed for the life
+//! of a node: a file that changes, adds or removes one is refused.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use crate::daemon::config::read_policy_file;
+use crate::http::RateLimitLayer;
+use crate::rules::RulesError;
+
+/// The policy file a node enforces and the layer that enforces it.
+pub(crate) struct PolicyReloader {
+    layer: RateLimitLayer,
+    path: PathBuf,
+    /// The SHA-256 (hex) of the file in force.
+    sha256: Mutex<String>,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReloadResult {
+    /// The new file is in force.
+    Applied,
+    /// The old rules stay.
+    Refused,
+}
+
+impl PolicyReloader {
+    /// Track `layer`, built from `path` whose bytes hash to `sha256`.
+    pub(crate) fn new(layer: RateLimitLayer, path: PathBuf, sha256: String) -> Self {
+        for result in ["applied", "refused"] {
+            metrics::counter!("ratemesh_config_reloads_total", "result" => result).increment(0);
+        }
+        PolicyReloader {
+            layer,
+            path,
+            sha256: Mutex::new(sha256),
+        }
+    }
+
+    /// The SHA-256 (hex) of the policy file in force.
+    pub(crate) fn sha256(&self) -> String {
+        self.sha256
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Re-read the policy file and apply it, or refuse it and keep the rules in force.
+    pub(crate) fn reload(&self) -> ReloadResult {
+        let file = self.path.display().to_string();
+        let result = match read_policy_file(&self.path) {
+            Err(error) => {
+                tracing::error!(
+                    file = %error.file,
+                    line = error.line,
+                    field = %error.field,
+                    reason = %error.reason,
+                    "policy reload refused: {error}; the node keeps serving the policies it had"
+                );
+                ReloadResult::Refused
+            }
+            Ok((config, sha256)) => match self.layer.reload(config) {
+                Ok(()) => {
+                    tracing::info!(%file, %sha256, "policy file reloaded");
+                    *self
+                        .sha256
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = sha256;
+                    ReloadResult::Applied
+                }
+                Err(RulesError::MeshPoliciesChanged { before, after }) => {
+                    tracing::error!(
+                        %file,
+                        before = %before,
+                        after = %after,
+                        "policy reload refused: the file changes, adds or removes a `mesh` policy, \
+                         which a running node cannot change; the node keeps serving the policies it had. \
+                         To apply it, stop every node, then start them all with the new file (mesh policies are numbered by name on every node)"
+                    );
+                    ReloadResult::Refused
+                }
+                Err(error) => {
+                    tracing::error!(
+                        %file,
+                        "policy reload refused: {file}: {error}; the node keeps serving the policies it had"
+                    );
+                    ReloadResult::Refused
+                }
+            },
+        };
+        let label = match result {
+            ReloadResult::Applied => "applied",
+            ReloadResult::Refused => "refused",
+        };
+        metrics::counter!("ratemesh_config_reloads_total", "result" => label).increment(1);
+        result
+    }
+}

@@ -1,0 +1,384 @@
+//! The node's HTTP/1.1 server: the accept loop with a cap on open connections, and per
+//! connection a watchdog that closes it when a request's head is slow to arrive
+//! (`header_read_timeout`) or a kept-alive connection waits too long for its next request
+//! (`idle_timeout`). Requests in flight are never cut by these timeouts.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tower::Service;
+
+use crate::daemon::config::{HttpSettings, RESERVED_FDS};
+
+/// The server's limits, resolved.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) header_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_connections: usize,
+}
+
+impl Limits {
+    /// The limits of `settings`, with the connection cap derived from the open-file limit
+    /// when the file does not set it.
+    pub(crate) fn new(settings: &HttpSettings, open_files: Option<u64>) -> Limits {
+        let derived = open_files
+            .map_or(16_384, |n| usize::try_from(n).unwrap_or(usize::MAX))
+            .saturating_sub(RESERVED_FDS)
+            .clamp(16, 1 << 24);
+        Limits {
+            header_read_timeout: settings.header_read_timeout,
+            idle_timeout: settings.idle_timeout,
+            max_connections: settings.max_connections.unwrap_or(derived),
+        }
+    }
+}
+
+/// Raise the soft open-file limit to the hard limit; return the soft limit in force.
+#[allow(
+    clippy::unnecessary_cast,
+    reason = "rlim_t is u64 on Linux, not on every Unix"
+)]
+pub(crate) fn raise_open_file_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we own.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "reading the open-file limit");
+            return None;
+        }
+        let before = limit.rlim_cur;
+        // An unlimited hard limit is not a value the kernel takes for the soft one.
+        let target = if limit.rlim_max == libc::RLIM_INFINITY {
+            before.max(1 << 20)
+        } else {
+            limit.rlim_max
+        };
+        if target > before {
+            let raised = libc::rlimit {
+                rlim_cur: target,
+                rlim_max: limit.rlim_max,
+            };
+            // SAFETY: setrlimit reads the struct we own.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                tracing::info!(
+                    from = before,
+                    to = target,
+                    "raised the open-file limit (RLIMIT_NOFILE) to the hard limit"
+                );
+                return Some(target as u64);
+            }
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                soft = before,
+                hard = limit.rlim_max,
+                "could not raise the open-file limit"
+            );
+        } else {
+            tracing::info!(limit = before, "open-file limit (RLIMIT_NOFILE)");
+        }
+        Some(before as u64)
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// What the watchdog of one connection reads: times in nanoseconds since `epoch`.
+struct Activity {
+    epoch: Instant,
+    /// Requests dispatched and not yet answered.
+    in_flight: AtomicUsize,
+    /// Requests answered on this connection.
+    served: AtomicU64,
+    /// When the connection last became idle (opened, or its last response was ready).
+    idle_since: AtomicU64,
+    /// The first byte read since then (0: none yet).
+    first_byte: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            epoch: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            idle_since: AtomicU64::new(0),
+            first_byte: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.first_byte.store(0, Ordering::Release);
+    }
+
+    fn end(&self) {
+        self.served.fetch_add(1, Ordering::AcqRel);
+        self.idle_since.store(self.now(), Ordering::Release);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// When the connection is due to close, and why; `None` while a request is in flight.
+    fn deadline(&self, limits: &Limits) -> Option<(u64, &'static str)> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let header = nanos(limits.header_read_timeout);
+        if self.served.load(Ordering::Acquire) == 0 {
+            // A new connection has to send its first request's head in the header time.
+            return Some((header, "header_timeout"));
+        }
+        let first_byte = self.first_byte.load(Ordering::Acquire);
+        if first_byte > 0 {
+            return Some((first_byte.saturating_add(header), "header_timeout"));
+        }
+        let idle_since = self.idle_since.load(Ordering::Acquire);
+        Some((
+            idle_since.saturating_add(nanos(limits.idle_timeout)),
+            "idle_timeout",
+        ))
+    }
+}
+
+/// The TCP stream, noting the first byte of each request's head.
+struct Watched {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before
+            && self.activity.in_flight.load(Ordering::Acquire) == 0
+            && self.activity.first_byte.load(Ordering::Acquire) == 0
+        {
+            let now = self.activity.now();
+            self.activity.first_byte.store(now, Ordering::Release);
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// A running accept loop; [`Server::stop`] ends it and lets the connections finish.
+pub(crate) struct Server {
+    stop: watch::Sender<bool>,
+    permits: Arc<Semaphore>,
+    max_connections: usize,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Accept connections on `listener` and serve `app` on each.
+    pub(crate) fn start(listener: TcpListener, app: Router, limits: Limits) -> Server {
+        let (stop, stopped) = watch::channel(false);
+        let permits = Arc::new(Semaphore::new(limits.max_connections));
+        tracing::info!(
+            max_connections = limits.max_connections,
+            header_read_timeout = ?limits.header_read_timeout,
+            idle_timeout = ?limits.idle_timeout,
+            "HTTP server"
+        );
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            app,
+            limits,
+            Arc::clone(&permits),
+            stopped,
+        ));
+        Server {
+            stop,
+            permits,
+            max_connections: limits.max_connections,
+            accept,
+        }
+    }
+
+    /// Stop accepting (the port closes) and ask every connection to close once its request
+    /// in flight is answered, at once; the returned future completes when they all have.
+    pub(crate) fn stop(self) -> impl std::future::Future<Output = ()> {
+        let _ = self.stop.send(true);
+        async move {
+            let _ = self.accept.await;
+            let all = u32::try_from(self.max_connections).unwrap_or(u32::MAX);
+            let _ = self.permits.acquire_many(all).await;
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    permits: Arc<Semaphore>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut at_cap = false;
+    loop {
+        let permit = match Arc::clone(&permits).try_acquire_owned() {
+            Ok(permit) => {
+                at_cap = false;
+                permit
+            }
+            Err(_) => {
+                metrics::counter!("ratemesh_http_connection_cap_reached_total").increment(1);
+                if !at_cap {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        "connection cap reached: new connections wait until one closes \
+                         (set [http] max_connections, or raise the open-file limit)"
+                    );
+                    at_cap = true;
+                }
+                tokio::select! {
+                    permit = Arc::clone(&permits).acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        Err(_) => return,
+                    },
+                    _ = stopped.changed() => return,
+                }
+            }
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accept error");
+                    // Out of descriptors or memory: give the connections a moment to close.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            metrics::gauge!("ratemesh_http_connections").increment(1.0);
+            serve_connection(stream, peer, app, limits, stopped).await;
+            metrics::gauge!("ratemesh_http_connections").decrement(1.0);
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    limits: Limits,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(Watched {
+        stream,
+        activity: Arc::clone(&activity),
+    });
+    let service_activity = Arc::clone(&activity);
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let activity = Arc::clone(&service_activity);
+        activity.begin();
+        let mut app = app.clone();
+        async move {
+            let response = app.call(request).await;
+            activity.end();
+            response
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+    let mut connection = std::pin::pin!(connection);
+    let mut draining = *stopped.borrow();
+    if draining {
+        connection.as_mut().graceful_shutdown();
+    }
+    loop {
+        let wait = match activity.deadline(&limits) {
+            None => limits.header_read_timeout,
+            Some((at, _)) => Duration::from_nanos(at.saturating_sub(activity.now())),
+        };
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, %peer, "connection ended");
+                }
+                return;
+            }
+            changed = stopped.changed(), if !draining => {
+                if changed.is_err() || *stopped.borrow() {
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+            }
+            () = tokio::time::sleep(wait) => {
+                if let Some((at, reason)) = activity.deadline(&limits)
+                    && activity.now() >= at
+                {
+                    metrics::counter!("ratemesh_http_connections_closed_total", "reason" => reason)
+                        .increment(1);
+                    tracing::debug!(%peer, reason, "closing the connection");
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! What the tests of `ratemesh node` share: a cluster's files on loopback, node processes
+//! (killed when dropped), and reading their `/health` and `/metrics`.
+
+// Each test crate uses a different part of these helpers.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ratemesh");
+
+/// A node process, killed when dropped.
+pub struct NodeProcess {
+    pub child: Child,
+    pub http: SocketAddr,
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn policies(extra: &str) -> String {
+    // 300 tokens, refilled one a minute: what the test admits is the burst, cluster-wide.
+    format!(
+        "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+         [policies.global]\nalgorithm = \"token-bucket\"\nrate = 1\nperiod = \"1m\"\nburst = 300\n\
+         backend = \"mesh\"\n{extra}\n[tiers.api]\npolicies = [\"global\"]\n"
+    )
+}
+
+/// Write certificates, the policy file and `n` node files into `dir`; return the files.
+pub fn write_cluster(dir: &Path, n: usize) -> Vec<std::path::PathBuf> {
+    write_cluster_with(dir, n, &policies(""))
+}
+
+/// Write certificates, `policy_text` as the policy file and `n` node files into `dir`.
+pub fn write_cluster_with(dir: &Path, n: usize, policy_text: &str) -> Vec<std::path::PathBuf> {
+    let certs = ratemesh::net::certs::generate("test", n as u64).unwrap();
+    ratemesh::net::certs::write(&dir.join("certs"), &certs).unwrap();
+    std::fs::write(dir.join("policies.toml"), policy_text).unwrap();
+    let udp: Vec<UdpSocket> = (0..n)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let tcp: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let quic: Vec<SocketAddr> = udp.iter().map(|s| s.local_addr().unwrap()).collect();
+    let http: Vec<SocketAddr> = tcp.iter().map(|s| s.local_addr().unwrap()).collect();
+    drop((udp, tcp));
+    (0..n)
+        .map(|i| {
+            let id = i + 1;
+            let mut text = format!(
+                "id = {id}\nlisten = \"{}\"\nhttp = \"{}\"\ngossip_interval = \"20ms\"\n\
+                 policy_file = \"policies.toml\"\ndrain = \"2s\"\ndrain_grace = \"200ms\"\n\n[tls]\nca = \"certs/ca.pem\"\n\
+                 cert = \"certs/node-{id}.pem\"\nkey = \"certs/node-{id}.key\"\n",
+                quic[i], http[i]
+            );
+            for (j, addr) in quic.iter().enumerate().filter(|&(j, _)| j != i) {
+                text.push_str(&format!("\n[[peers]]\nid = {}\naddr = \"{addr}\"\n", j + 1));
+            }
+            let path = dir.join(format!("node-{id}.toml"));
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect()
+}
+
+/// Start `ratemesh node --config file` and wait for its ready line.
+pub fn start(file: &Path) -> NodeProcess {
+    spawn_node(file, Stdio::inherit())
+}
+
+/// Start a node whose log (stderr) goes to `stderr`, and wait for its ready line.
+pub fn spawn_node(file: &Path, stderr: Stdio) -> NodeProcess {
+    let mut command = node_command(file);
+    command.stderr(stderr);
+    spawn(command)
+}
+
+/// The command that runs a node from `file`, logging warnings and errors.
+pub fn node_command(file: &Path) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .args(["node", "--config"])
+        .arg(file)
+        .env("RUST_LOG", "warn");
+    command
+}
+
+/// Run `command` (a [`node_command`]) and wait for the node's ready line.
+pub fn spawn(mut command: Command) -> NodeProcess {
+    let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains(" ready: "), "unexpected first line: {line:?}");
+    let http = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    NodeProcess { child, http }
+}
+
+/// An HTTP client with a 5 s timeout.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+pub async fn wait_healthy(client: &reqwest::Client, node: &NodeProcess) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let url = format!("http://{}/health", node.http);
+        if let Ok(response) = client.get(&url).send().await
+            && response.status() == 200
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node at {} never healthy",
+            node.http
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn metrics_of(client: &reqwest::Client, node: &NodeProcess) -> String {
+    let url = format!("http://{}/metrics", node.http);
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+}
+
+/// Send one request of `api_key` to `node`; return its status.
+pub async fn status_of(client: &reqwest::Client, node: &NodeProcess, api_key: &str) -> u16 {
+    let url = format!("http://{}/api/orders", node.http);
+    let response = client
+        .get(url)
+        .header("x-api-key", api_key)
+        .send()
+        .await
+        .unwrap();
+    response.status().as_u16()
+}
+
+/// Send `signal` to `node`.
+pub fn signal(node: &NodeProcess, signal: libc::c_int) {
+    // SAFETY: signalling our own child process.
+    assert_eq!(
+        unsafe { libc::kill(node.child.id() as libc::pid_t, signal) },
+        0
+    );
+}
+
+/// Wait (at most `limit`) for `node` to exit; return its status.
+pub async fn exit_of(node: &mut NodeProcess, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = node.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node still running after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Poll `/metrics` until `line` (a full series, e.g. `name{label="x"} 1`) appears.
+pub async fn wait_metric_line(client: &reqwest::Client, node: &NodeProcess, line: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = metrics_of(client, node).await;
+        if text.lines().any(|l| l == line) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "no `{line}` in:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `hash` label of `ratemesh_config_info`.
+pub fn config_hash(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix("ratemesh_config_info{hash=\""))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no ratemesh_config_info in:\n{text}"))
+        .to_string()
+}
+
+/// Poll `/health` until it answers `status`.
+pub async fn wait_health(client: &reqwest::Client, node: &NodeProcess, status: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let url = format!("http://{}/health", node.http);
+    loop {
+        if let Ok(response) = client.get(&url).send().await
+            && response.status() == status
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "/health never answered {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Move the node file's `http = "ADDR"` line into an `[http]` table with `settings`.
+pub fn with_http_table(node_file: &str, settings: &str) -> String {
+    let http_line = node_file
+        .lines()
+        .find(|l| l.starts_with("http = "))
+        .unwrap();
+    let addr = http_line.trim_start_matches("http = ");
+    format!(
+        "{}\n[http]\naddr = {addr}\n{settings}",
+        node_file.replace(&format!("{http_line}\n"), "")
+    )
+}
+
+/// Rewrite the node file at `path` with `edit`.
+pub fn edit_file(path: &Path, edit: impl FnOnce(&str) -> String) {
+    let text = std::fs::read_to_string(path).unwrap();
+    std::fs::write(path, edit(&text)).unwrap();
+}
