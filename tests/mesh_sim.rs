@@ -522,3 +522,32 @@ fn a_bucket_taken_over_after_a_crash_counts_grants_made_after_the_backup() {
     );
     assert!(report.utilization > 0.9, "{report:?}");
 }
+
+/// A node crashes and restarts during a partition; after the heal, two nodes that each still
+/// count the other dead share one successor. The successor's view decides: only the node it
+/// ranks first for the key may grant.
+#[test]
+fn two_nodes_that_count_each_other_dead_never_both_grant() {
+    let mut c = SimConfig::new(Policy::sliding_window(20, Duration::from_millis(200)).unwrap());
+    c.nodes = 3;
+    c.gossip_interval_ns = 6_000_000;
+    c.latency_ns = 0;
+    c.traffic = Traffic::Uniform;
+    c.demand = 0.3;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 2_043_646_434_102_449_112;
+    c.partition = Some(Partition {
+        at_ns: 925_704_671,
+        heal_ns: 2_020_630_713,
+        minority: 2,
+    });
+    c.crashes.push(Crash {
+        node: (c.seed % 3) as usize,
+        at_ns: 503_678_994,
+        restart_ns: Some(1_073_181_678),
+    });
+    let report = sim::run(&c);
+    assert!(!report.double_authority, "{report:?}");
+    assert!(report.policy_overshoot <= report.declared_bound.total() + 1e-9);
+}

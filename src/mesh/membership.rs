@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
-use crate::mesh::message::Header;
+use crate::mesh::message::{Header, MAX_DEAD_LISTED};
 use crate::mesh::timing::{Offset, PeerClock};
 
 /// One peer as this node sees it.
@@ -41,6 +41,9 @@ pub struct Peer {
     pub confirmed: Nanos,
     /// When this node last sent it a frame (local).
     pub sent_at: Nanos,
+    /// The members it counts as dead, as its newest frame said (`None`: unknown, or more
+    /// than a header lists).
+    pub their_dead: Option<Vec<NodeId>>,
 }
 
 /// What changed in a membership update.
@@ -198,6 +201,7 @@ impl Membership {
         }
         peer.incarnation = Some(header.incarnation);
         peer.heard_at = now;
+        peer.their_dead.clone_from(&header.dead);
         peer.clock
             .observe(now, header.sent_at, header.echo, header.held);
         if header.echo <= now {
@@ -289,6 +293,12 @@ impl Membership {
             }
             None => (0, 0, 0),
         };
+        let dead: Vec<NodeId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| !p.alive && !p.left)
+            .map(|(&id, _)| id)
+            .collect();
         Header {
             incarnation: self.incarnation,
             sent_at: now,
@@ -297,6 +307,7 @@ impl Membership {
             your_deaths,
             syncing: self.syncing,
             leaving: self.leaving,
+            dead: (dead.len() <= MAX_DEAD_LISTED).then_some(dead),
         }
     }
 
@@ -336,6 +347,23 @@ impl Membership {
         best.into_iter().take(found.min(2)).map(|(_, id)| id)
     }
 
+    /// Tell whether peer `id`, by the view its newest frame told, ranks this node first for
+    /// `key` (it counts this node and itself alive, and every member it counts alive ranks
+    /// below this node). Unknown views do not agree.
+    pub fn agrees_i_own(&self, id: NodeId, key: u64) -> bool {
+        let Some(dead) = self.peers.get(&id).and_then(|p| p.their_dead.as_ref()) else {
+            return false;
+        };
+        if dead.contains(&self.me) {
+            return false;
+        }
+        let mine = weight(key, self.me);
+        self.peers
+            .iter()
+            .filter(|(peer, p)| !p.left && !dead.contains(peer))
+            .all(|(&peer, _)| weight(key, peer) < mine)
+    }
+
     /// Return the key's owner and successor (if there is a second live member).
     pub fn owner_and_successor(&self, key: u64) -> (NodeId, Option<NodeId>) {
         let mut ranked = self.ranked(key);
@@ -370,6 +398,32 @@ mod tests {
             sent_at,
             ..Header::default()
         }
+    }
+
+    #[test]
+    fn an_owner_needs_its_successor_to_rank_it_first() {
+        let mut m = Membership::new(1, 7, &[1, 2, 3], DEAD, 0);
+        let key = (0..u64::MAX)
+            .find(|&k| weight(k, 3) > weight(k, 1) && weight(k, 1) > weight(k, 2))
+            .unwrap();
+        // Node 2 has told nothing yet: no agreement.
+        assert!(!m.agrees_i_own(2, key));
+        // Node 2 counts node 3 alive: node 3 ranks first, not this node.
+        let mut h = header(1, 100);
+        h.dead = Some(vec![]);
+        m.heard(10, 2, &h);
+        assert!(!m.agrees_i_own(2, key));
+        // Node 2 counts node 3 dead: this node ranks first by its view.
+        h.dead = Some(vec![3]);
+        m.heard(20, 2, &h);
+        assert!(m.agrees_i_own(2, key));
+        // A view too large to list, or one that counts this node dead, never agrees.
+        h.dead = None;
+        m.heard(30, 2, &h);
+        assert!(!m.agrees_i_own(2, key));
+        h.dead = Some(vec![1, 3]);
+        m.heard(40, 2, &h);
+        assert!(!m.agrees_i_own(2, key));
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub struct Frame {
 }
 
 /// The sender's identity and clock, and what it last heard from the receiver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Encode, Decode)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Encode, Decode)]
 pub struct Header {
     /// The sender's incarnation (chosen at start): a new value means it restarted and lost
     /// its state.
@@ -40,7 +40,14 @@ pub struct Header {
     pub syncing: bool,
     /// The sender is leaving the cluster for good (a drain): drop it from the membership now.
     pub leaving: bool,
+    /// The members the sender counts as dead (at most [`MAX_DEAD_LISTED`], sorted); `None`
+    /// when it counts more. A key's owner grants only while its successor's view, so told,
+    /// names it the owner too.
+    pub dead: Option<Vec<u64>>,
 }
+
+/// The most dead members a header lists (beyond, it lists none and says so).
+pub const MAX_DEAD_LISTED: usize = 32;
 
 /// One thing a frame carries, about one key of one mesh policy.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]

@@ -542,7 +542,7 @@ impl Node {
             }
             return false;
         }
-        if !self.lease_holds(successor, now) {
+        if !self.lease_holds(key.key, successor, now) {
             return false;
         }
         if self.authorities.contains_key(&key) {
@@ -568,13 +568,15 @@ impl Node {
         true
     }
 
-    /// Tell whether this node may grant as an owner at `now`: its successor confirmed hearing
-    /// it within the authority lease, and it heard a majority of the members within it.
-    fn lease_holds(&self, successor: Option<NodeId>, now: Nanos) -> bool {
+    /// Tell whether this node may grant from `key` as its owner at `now`: its successor
+    /// confirmed hearing it within the authority lease and, by the view it last told, ranks
+    /// it first for the key too (two nodes that each count the other dead cannot both lean on
+    /// one successor), and it heard a majority of the members within the lease.
+    fn lease_holds(&self, key: u64, successor: Option<NodeId>, now: Nanos) -> bool {
         let lease = self.config.authority_lease_rounds() * self.config.gossip_interval_ns;
         if let Some(s) = successor {
             let confirmed = self.membership.peer(s).map_or(0, |p| p.confirmed);
-            if confirmed.saturating_add(lease) <= now {
+            if confirmed.saturating_add(lease) <= now || !self.membership.agrees_i_own(s, key) {
                 return false;
             }
         }
@@ -595,7 +597,7 @@ impl Node {
             return false;
         }
         let (owner, successor) = self.membership.owner_and_successor(key);
-        owner == self.config.id && self.lease_holds(successor, now)
+        owner == self.config.id && self.lease_holds(key, successor, now)
     }
 
     /// Return the backup this node keeps of a key's authority, if any.

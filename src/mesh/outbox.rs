@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::mesh::NodeId;
-use crate::mesh::message::{AuthorityState, Frame, Header, Item, Want};
+use crate::mesh::message::{AuthorityState, Frame, Header, Item, MAX_DEAD_LISTED, Want};
 use crate::mesh::wire::{self, MAX_FRAME_BYTES, WireError};
 use crate::policy::Policy;
 
@@ -130,7 +130,7 @@ impl Outbox {
 /// the budget gets a frame of its own).
 fn pack(header: Header, items: Vec<Item>, budget: usize) -> Vec<Frame> {
     let base = wire::encoded_len(&Frame {
-        header,
+        header: header.clone(),
         items: Vec::new(),
     });
     let mut frames = Vec::new();
@@ -141,7 +141,7 @@ fn pack(header: Header, items: Vec<Item>, budget: usize) -> Vec<Frame> {
         let len = wire::encoded_len(&item) + 2;
         if !current.is_empty() && (size + len > budget || current.len() >= MAX_ITEMS) {
             frames.push(Frame {
-                header,
+                header: header.clone(),
                 items: std::mem::take(&mut current),
             });
             size = base;
@@ -189,6 +189,14 @@ pub fn decode(bytes: &[u8], policies: &[Policy]) -> Result<Frame, FrameError> {
     }
     if frame.items.len() > MAX_ITEMS {
         return Err(invalid("items", "too many in one frame"));
+    }
+    if frame
+        .header
+        .dead
+        .as_ref()
+        .is_some_and(|d| d.len() > MAX_DEAD_LISTED)
+    {
+        return Err(invalid("header.dead", "lists too many members"));
     }
     for item in &frame.items {
         check_item(item, policies)?;
