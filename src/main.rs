@@ -214,6 +214,16 @@ fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     )
 }
 
+/// Let a printing command end quietly when its reader goes away (`… | head`), as Unix tools
+/// do, instead of failing on the next write. Only for commands that open no sockets.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of SIGPIPE before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -224,7 +234,10 @@ fn main() -> std::process::ExitCode {
             steady,
         } => algorithms(rate, burst, steady),
         Command::Node { config } => node(&config),
-        Command::Simulate(args) => simulate::run(&args),
+        Command::Simulate(args) => {
+            quiet_on_closed_pipe();
+            simulate::run(&args)
+        }
         Command::Certs {
             out,
             nodes,
