@@ -392,16 +392,22 @@ impl Authority {
     }
 
     /// Tokens granted to `node` that its want does not count yet (grants on their way to it
-    /// when it asked): they serve part of the want's need.
+    /// when it asked): they serve part of the want's need. A want about the window before has
+    /// seen none of this window's grants (a holding that starts afresh, window 0, counts
+    /// nothing).
     pub fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
         self.roll(now);
-        if self.kind.is_window() && want.window != self.window {
+        let seen = if !self.kind.is_window() || want.window == self.window {
+            want.granted
+        } else if want.window > 0 && want.window + 1 == self.window {
+            0
+        } else {
             return 0;
-        }
+        };
         self.holders
             .iter()
             .find(|h| h.node == node)
-            .map_or(0, |h| h.granted.saturating_sub(want.granted))
+            .map_or(0, |h| h.granted.saturating_sub(seen))
     }
 
     fn record_mut(&mut self, node: NodeId, incarnation: u64) -> &mut HolderRecord {
