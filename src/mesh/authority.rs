@@ -392,11 +392,16 @@ impl Authority {
     }
 
     /// Tokens granted to `node` that its want does not count yet (grants on their way to it
-    /// when it asked): they serve part of the want's need. A want about the window before has
-    /// seen none of this window's grants (a holding that starts afresh, window 0, counts
-    /// nothing).
+    /// when it asked): they serve part of the want's need (window policies). A want about the
+    /// window before has seen none of this window's grants (a holding that starts afresh,
+    /// window 0, counts nothing).
     pub fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
         self.roll(now);
+        // A bucket counts grants since its holder record began, and a holding may start
+        // afresh (granted 0) against an older record: that difference is not in flight.
+        if !self.kind.is_window() && want.granted == 0 {
+            return 0;
+        }
         let seen = if !self.kind.is_window() || want.window == self.window {
             want.granted
         } else if want.window > 0 && want.window + 1 == self.window {
