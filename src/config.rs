@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! env = "prod"
-//! default_tier = "free"
+//! default_tier = "free"                        # clients that match no tier (or: no_tier = "refuse")
 //!
 //! [identity]
 //! order = ["user", "api_key", "device", "ip"]   # first one present wins
@@ -58,6 +58,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::policy::{Algorithm, Policy, PolicyError};
+
+mod limits;
+use limits::check_limits_something;
 
 /// What was wrong with a policy file, and where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -240,6 +243,11 @@ pub struct GatewayConfig {
     pub tiers: BTreeMap<String, Vec<String>>,
     /// The tier of clients not listed in `tenants`.
     pub default_tier: Option<String>,
+    /// `no_tier = "refuse"`: a client that matches no tier (and there is no `default_tier`)
+    /// is refused instead of passing only its route's policies.
+    pub refuse_without_tier: bool,
+    /// `allow_unlimited = true`: the file may leave requests limited by no policy at all.
+    pub allow_unlimited: bool,
     /// Client identity (`user:alice`, as the identity's kind and value) → tier.
     pub tenants: BTreeMap<String, String>,
     /// Routes, most specific first.
@@ -260,6 +268,10 @@ struct RawConfig {
     #[serde(default)]
     default_tier: Option<Spanned<String>>,
     #[serde(default)]
+    no_tier: Option<Spanned<NoTier>>,
+    #[serde(default)]
+    allow_unlimited: bool,
+    #[serde(default)]
     identity: Option<Spanned<RawIdentity>>,
     #[serde(default)]
     headers: Option<RawHeaders>,
@@ -273,6 +285,14 @@ struct RawConfig {
     routes: Vec<Spanned<RawRoute>>,
     #[serde(default)]
     redis: Option<Spanned<RawRedis>>,
+}
+
+/// What happens to a client that matches no tier when there is no `default_tier`.
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum NoTier {
+    /// Refuse its requests (a limit of zero).
+    Refuse,
 }
 
 #[derive(Deserialize)]
@@ -384,6 +404,11 @@ impl Source<'_> {
         let before = &self.text[..offset.min(self.text.len())];
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
         let line = self.text[line_start..].lines().next().unwrap_or("");
+        if line.trim_start().starts_with('[') {
+            // A table header (perhaps a broken one): the table is the field.
+            let name = line.trim().trim_matches(|c| c == '[' || c == ']').trim();
+            return name.to_string();
+        }
         let key = line
             .split_once('=')
             .map(|(k, _)| k.trim().trim_matches('"').to_string())
@@ -426,9 +451,14 @@ impl Source<'_> {
     pub(crate) fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConfigError> {
         toml::from_str(self.text).map_err(|e| {
             let offset = e.span().map_or(0, |span| span.start);
+            let field = self.path_at(offset);
             self.error(
                 self.line_of(offset),
-                self.path_at(offset),
+                if field.is_empty() {
+                    "(file)".to_string()
+                } else {
+                    field
+                },
                 e.message().trim().to_string(),
             )
         })
@@ -451,11 +481,31 @@ impl Source<'_> {
 
 /// Read a config file, or say which file could not be read and why.
 pub(crate) fn read_config_file(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: path.display().to_string(),
-        line: 0,
-        field: String::new(),
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        line: 1,
+        field: "(file)".to_string(),
         reason: format!("cannot read the file: {e}"),
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = e.utf8_error().valid_up_to();
+        // The text before the first bad byte is valid: it places the error.
+        let before = String::from_utf8_lossy(&e.as_bytes()[..valid]).into_owned();
+        let source = Source {
+            file: &file,
+            text: &before,
+        };
+        let field = source.path_at(valid);
+        source.error(
+            source.line_of(valid),
+            if field.is_empty() {
+                "(file)".to_string()
+            } else {
+                field
+            },
+            format!("the file is not UTF-8 text (byte {valid} is not); TOML files are UTF-8"),
+        )
     })
 }
 
@@ -579,6 +629,29 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         (b.path_prefix.len(), b.method.is_some()).cmp(&(a.path_prefix.len(), a.method.is_some()))
     });
 
+    let refuse_without_tier = match &raw.no_tier {
+        Some(no_tier) if default_tier.is_some() => {
+            return Err(source.error(
+                source.line_of(no_tier.span().start),
+                "no_tier",
+                "give either `default_tier` (clients that match no tier get it) or \
+                 `no_tier = \"refuse\"` (they are refused), not both",
+            ));
+        }
+        Some(no_tier) => *no_tier.get_ref() == NoTier::Refuse,
+        None => false,
+    };
+    if !raw.allow_unlimited {
+        check_limits_something(
+            source,
+            &policies,
+            &tiers,
+            default_tier.as_deref(),
+            refuse_without_tier,
+            &routes,
+        )?;
+    }
+
     let identity = match &raw.identity {
         Some(spanned) => build_identity(source, spanned)?,
         None => IdentityConfig::default(),
@@ -592,6 +665,8 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         policies,
         tiers,
         default_tier,
+        refuse_without_tier,
+        allow_unlimited: raw.allow_unlimited,
         tenants,
         routes,
         redis,

@@ -29,6 +29,10 @@ use crate::decision::{Decision, Verdict};
 use crate::limiter::{MAX_POLICIES, decide_in_layers};
 use crate::local::{Charge, DEFAULT_MAX_KEYS, Store};
 
+/// The name reported (headers, JSON body, metrics) for a client refused because it matches
+/// no tier and the file says `no_tier = "refuse"`.
+pub const NO_TIER_POLICY: &str = "no_tier";
+
 /// Why the rules could not be built from a valid file.
 #[derive(Debug, thiserror::Error)]
 pub enum RulesError {
@@ -639,6 +643,7 @@ impl Rules {
                 .collect::<Vec<(usize, u64)>>()
         };
         Plan {
+            refused: tier.is_none() && self.config.refuse_without_tier,
             route,
             cost,
             enforced: keyed(|t| &t.enforced, |r| &r.enforced),
@@ -804,6 +809,19 @@ impl Rules {
         }
     }
 
+    /// The outcome for a client that matches no tier under `no_tier = "refuse"`: denied by
+    /// [`NO_TIER_POLICY`], a limit of zero that no retry can meet (nothing is charged).
+    fn refused(&self, plan: &Plan<'_>) -> Outcome {
+        let report = PolicyReport {
+            name: Arc::from(NO_TIER_POLICY),
+            sf_name: Arc::from(crate::http::headers::sf_string(NO_TIER_POLICY)),
+            decision: Decision::cannot_fit(0),
+            window_s: 0,
+            shadow: false,
+        };
+        self.outcome(plan, false, 0, vec![report], 0)
+    }
+
     /// Decide one request at `now` (nanoseconds on the limiter's clock), without IO.
     ///
     /// A `mesh` policy is decided by the node's lease of the key (one compare-and-swap, on
@@ -812,6 +830,9 @@ impl Rules {
     /// fails open. Use [`Rules::decide_exact`] to wait for the mesh and to ask Redis.
     pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
         let plan = self.plan(facts);
+        if plan.refused {
+            return self.refused(&plan);
+        }
         let mut layers = plan.enforced.clone();
         layers.extend(plan.exact);
         let (decision, reports, _) = self.decide_local_then_mesh_now(&plan, &layers, now);
@@ -831,6 +852,9 @@ impl Rules {
     /// more).
     pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
         let plan = self.plan(facts);
+        if plan.refused {
+            return self.refused(&plan);
+        }
         // `plan.exact` only ever names a policy with a Redis limiter; resolve it before any
         // local charge is taken.
         let Some((p, key, policy, redis)) = plan.exact.and_then(|(p, key)| {
@@ -902,6 +926,8 @@ impl Rules {
 
 /// Which policies a request passes, under which keys, at what cost.
 struct Plan<'a> {
+    /// The client matches no tier and the file says `no_tier = "refuse"`.
+    refused: bool,
     route: Option<&'a CompiledRoute>,
     cost: u64,
     enforced: Vec<(usize, u64)>,

@@ -127,7 +127,7 @@ fn mesh_policies_need_a_mesh_one_per_request_and_fixed_policies() {
         })
     ));
     // Also on a route, for clients with no tier.
-    let on_a_route = "key_secret = \"s\"\n\n[policies.a]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[policies.b]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r\"\npolicies = [\"a\", \"b\"]\n";
+    let on_a_route = "key_secret = \"s\"\nallow_unlimited = true\n\n[policies.a]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[policies.b]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r\"\npolicies = [\"a\", \"b\"]\n";
     assert!(matches!(
         Rules::with_mesh(config(on_a_route), fake(0)),
         Err(RulesError::TwoRemotePolicies {

@@ -17,6 +17,7 @@
 //! # idle_timeout = "60s"           # a kept-alive connection with no request is closed after
 //! # max_connections = 65280        # default: the open-file limit less 256
 //! # max_identity_bytes = 4096      # a longer API key or device id is answered 431
+//! # max_body_bytes = 65536         # a longer request body is answered 413
 //!
 //! [tls]                            # from `ratemesh certs --out certs --nodes 3`
 //! ca = "certs/ca.pem"
@@ -44,7 +45,9 @@ use crate::config::{ConfigError, GatewayConfig, Source, parse_duration, read_con
 use crate::http::identity::DEFAULT_MAX_IDENTITY_BYTES;
 use crate::mesh::NodeId;
 use crate::mesh::node::NodeConfig;
-use crate::net::tls::{NodeTls, certificate_names_node, node_tls};
+use crate::net::tls::{
+    NodeTls, OwnCertError, certificate_names_node, check_own_certificate, node_tls,
+};
 use crate::net::transport_config;
 
 /// The shortest gossip interval a node accepts.
@@ -61,6 +64,12 @@ pub const MAX_DRAIN: Duration = Duration::from_secs(3600);
 /// The largest `http.max_identity_bytes` a node accepts (HTTP servers refuse larger header
 /// blocks anyway).
 pub const MAX_IDENTITY_BYTES_LIMIT: usize = 64 * 1024;
+
+/// The largest `http.max_body_bytes` a node accepts.
+pub const MAX_BODY_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// The default `http.max_body_bytes`: the node's own endpoints take no body.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 64 * 1024;
 
 /// The largest `http.max_connections` a node accepts.
 const MAX_CONNECTIONS_LIMIT: i64 = 1 << 24;
@@ -114,6 +123,9 @@ pub struct HttpSettings {
     /// The longest identity header (API key, device id) a request may carry; longer ones
     /// are answered 431.
     pub max_identity_bytes: usize,
+    /// The largest request body the node reads; a longer one is answered 413 and the
+    /// connection closed.
+    pub max_body_bytes: u64,
 }
 
 /// File descriptors kept for the node itself (QUIC, files, logs) when the connection cap
@@ -127,6 +139,7 @@ impl Default for HttpSettings {
             idle_timeout: Duration::from_secs(60),
             max_connections: None,
             max_identity_bytes: DEFAULT_MAX_IDENTITY_BYTES,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
 }
@@ -156,6 +169,8 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// This node's private key.
     pub key: PathBuf,
+    /// The lines of `ca`, `cert` and `key` in the node file (for errors).
+    pub lines: [usize; 3],
 }
 
 #[derive(Deserialize)]
@@ -183,6 +198,7 @@ struct RawHttp {
     idle_timeout: Option<String>,
     max_connections: Option<i64>,
     max_identity_bytes: Option<i64>,
+    max_body_bytes: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -353,12 +369,13 @@ impl NodeFile {
         };
 
         let tls_raw = raw.tls.get_ref();
+        let tls_span = raw.tls.span();
         let tls = TlsFiles {
             ca: relative(&tls_raw.ca),
             cert: relative(&tls_raw.cert),
             key: relative(&tls_raw.key),
+            lines: ["ca", "cert", "key"].map(|key| source.line_of_key(tls_span.clone(), key)),
         };
-        let tls_span = raw.tls.span();
         for (key, file) in [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)] {
             if !file.is_file() {
                 return Err(source.error(
@@ -418,17 +435,21 @@ impl NodeFile {
         config
     }
 
-    /// Read the certificates and build the node's TLS configurations; an error names the
-    /// file and the field.
+    /// Read the certificates, check that this node's certificate chains to the cluster CA
+    /// for its own name and that the key is the certificate's, and build the node's TLS
+    /// configurations; an error names the file and the field.
     pub fn load_tls(&self) -> Result<NodeTls, ConfigError> {
-        let read = |file: &Path, field: &str| {
-            std::fs::read(file).map_err(|e| self.error(field, format!("{}: {e}", file.display())))
+        let [ca_line, cert_line, key_line] = self.tls.lines;
+        let read = |file: &Path, field: &str, line: usize| {
+            std::fs::read(file)
+                .map_err(|e| self.error(line, field, format!("{}: {e}", file.display())))
         };
-        let ca = read(&self.tls.ca, "tls.ca")?;
-        let cert = read(&self.tls.cert, "tls.cert")?;
-        let key = read(&self.tls.key, "tls.key")?;
+        let ca = read(&self.tls.ca, "tls.ca", ca_line)?;
+        let cert = read(&self.tls.cert, "tls.cert", cert_line)?;
+        let key = read(&self.tls.key, "tls.key", key_line)?;
         if !certificate_names_node(&cert, self.id) {
             return Err(self.error(
+                cert_line,
                 "tls.cert",
                 format!(
                     "{} is not the certificate of node {} (it does not name {})",
@@ -438,18 +459,50 @@ impl NodeFile {
                 ),
             ));
         }
+        check_own_certificate(&ca, &cert, &key, self.id).map_err(|error| match error {
+            OwnCertError::NotFromCa { .. } => self.error(
+                cert_line,
+                "tls.cert",
+                format!(
+                    "{} is not signed by the cluster CA {} ({error}); the peers would refuse \
+                     this node. Use the certificate `ratemesh certs` made with that CA",
+                    self.tls.cert.display(),
+                    self.tls.ca.display()
+                ),
+            ),
+            OwnCertError::KeyMismatch(_) => self.error(
+                key_line,
+                "tls.key",
+                format!(
+                    "{} is not the key of the certificate {} ({error})",
+                    self.tls.key.display(),
+                    self.tls.cert.display()
+                ),
+            ),
+            OwnCertError::Pem(_) => self.error(
+                cert_line,
+                "tls",
+                format!(
+                    "{error} (files {}, {}, {})",
+                    self.tls.ca.display(),
+                    self.tls.cert.display(),
+                    self.tls.key.display()
+                ),
+            ),
+        })?;
         node_tls(&ca, &cert, &key, transport_config()).map_err(|e| {
             self.error(
+                cert_line,
                 "tls",
                 format!("the certificates do not make a TLS configuration: {e}"),
             )
         })
     }
 
-    fn error(&self, field: &str, reason: String) -> ConfigError {
+    fn error(&self, line: usize, field: &str, reason: String) -> ConfigError {
         ConfigError {
             file: self.path.display().to_string(),
-            line: 0,
+            line,
             field: field.to_string(),
             reason,
         }
@@ -497,12 +550,23 @@ fn http_settings(
         let limit = MAX_IDENTITY_BYTES_LIMIT as i64;
         if !(1..=limit).contains(&value) {
             return Err(source.error(
-                source.line_of_key(span, "max_identity_bytes"),
+                source.line_of_key(span.clone(), "max_identity_bytes"),
                 "http.max_identity_bytes",
                 format!("between 1 and {limit} bytes, got {value}"),
             ));
         }
         settings.max_identity_bytes = value as usize;
+    }
+    if let Some(value) = raw.max_body_bytes {
+        let limit = MAX_BODY_BYTES_LIMIT as i64;
+        if !(0..=limit).contains(&value) {
+            return Err(source.error(
+                source.line_of_key(span, "max_body_bytes"),
+                "http.max_body_bytes",
+                format!("between 0 and {limit} bytes, got {value}"),
+            ));
+        }
+        settings.max_body_bytes = value as u64;
     }
     Ok(settings)
 }

@@ -250,9 +250,11 @@ async fn health(State(state): State<Arc<NodeState>>) -> impl IntoResponse {
     let running = state.mesh.is_running();
     let draining = state.draining.load(Ordering::Acquire);
     let members = state.mesh.with_node(|n| n.members());
-    let peers_up = members
+    let peers_up = state
+        .mesh
+        .peers_up()
         .iter()
-        .filter(|(id, alive)| *alive && *id != state.id)
+        .filter(|&&peer| peer != state.id)
         .count();
     let status = if running && !draining {
         StatusCode::OK
@@ -276,7 +278,7 @@ async fn health(State(state): State<Arc<NodeState>>) -> impl IntoResponse {
 async fn metrics_text(State(state): State<Arc<NodeState>>) -> impl IntoResponse {
     let text = state
         .metrics
-        .render(state.id, &state.mesh, &state.policies.sha256());
+        .render(state.id, &state.mesh, || state.policies.sha256());
     (
         [(
             http::header::CONTENT_TYPE,

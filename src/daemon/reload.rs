@@ -51,7 +51,8 @@ impl PolicyReloader {
     /// Re-read the policy file and apply it, or refuse it and keep the rules in force.
     pub(crate) fn reload(&self) -> ReloadResult {
         let file = self.path.display().to_string();
-        let result = match read_policy_file(&self.path) {
+        // Every arm but the applied one refuses the file.
+        match read_policy_file(&self.path) {
             Err(error) => {
                 tracing::error!(
                     file = %error.file,
@@ -60,16 +61,20 @@ impl PolicyReloader {
                     reason = %error.reason,
                     "policy reload refused: {error}; the node keeps serving the policies it had"
                 );
-                ReloadResult::Refused
             }
             Ok((config, sha256)) => match self.layer.reload(config) {
                 Ok(()) => {
                     tracing::info!(%file, %sha256, "policy file reloaded");
-                    *self
+                    let mut in_force = self
                         .sha256
                         .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = sha256;
-                    ReloadResult::Applied
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    *in_force = sha256;
+                    // Counted under the hash's lock: a scrape that reads the counter, then
+                    // the hash, sees this file's hash whenever it sees this reload counted.
+                    metrics::counter!("ratemesh_config_reloads_total", "result" => "applied")
+                        .increment(1);
+                    return ReloadResult::Applied;
                 }
                 Err(RulesError::MeshPoliciesChanged { before, after }) => {
                     tracing::error!(
@@ -80,22 +85,16 @@ impl PolicyReloader {
                          which a running node cannot change; the node keeps serving the policies it had. \
                          To apply it, stop every node, then start them all with the new file (mesh policies are numbered by name on every node)"
                     );
-                    ReloadResult::Refused
                 }
                 Err(error) => {
                     tracing::error!(
                         %file,
                         "policy reload refused: {file}: {error}; the node keeps serving the policies it had"
                     );
-                    ReloadResult::Refused
                 }
             },
-        };
-        let label = match result {
-            ReloadResult::Applied => "applied",
-            ReloadResult::Refused => "refused",
-        };
-        metrics::counter!("ratemesh_config_reloads_total", "result" => label).increment(1);
-        result
+        }
+        metrics::counter!("ratemesh_config_reloads_total", "result" => "refused").increment(1);
+        ReloadResult::Refused
     }
 }

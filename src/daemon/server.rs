@@ -1,7 +1,9 @@
 //! The node's HTTP/1.1 server: the accept loop with a cap on open connections, and per
 //! connection a watchdog that closes it when a request's head is slow to arrive
 //! (`header_read_timeout`) or a kept-alive connection waits too long for its next request
-//! (`idle_timeout`). Requests in flight are never cut by these timeouts.
+//! (`idle_timeout`). Requests in flight are never cut by these timeouts. A request body is
+//! read only up to `max_body_bytes` (within the header time): a longer one is answered 413,
+//! a slower one 408, and the connection is closed without reading the rest.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -11,7 +13,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::ConnectInfo;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::{Body as _, Incoming};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,6 +32,7 @@ pub(crate) struct Limits {
     pub(crate) header_read_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) max_connections: usize,
+    pub(crate) max_body_bytes: u64,
 }
 
 impl Limits {
@@ -40,6 +47,7 @@ impl Limits {
             header_read_timeout: settings.header_read_timeout,
             idle_timeout: settings.idle_timeout,
             max_connections: settings.max_connections.unwrap_or(derived),
+            max_body_bytes: settings.max_body_bytes,
         }
     }
 }
@@ -334,13 +342,18 @@ async fn serve_connection(
         activity: Arc::clone(&activity),
     });
     let service_activity = Arc::clone(&activity);
-    let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
-        request.extensions_mut().insert(ConnectInfo(peer));
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let activity = Arc::clone(&service_activity);
         activity.begin();
         let mut app = app.clone();
         async move {
-            let response = app.call(request).await;
+            let response = match bounded_body(request, &limits).await {
+                Ok(mut request) => {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    app.call(request).await
+                }
+                Err(refusal) => Ok(refusal),
+            };
             activity.end();
             response
         }
@@ -381,4 +394,67 @@ async fn serve_connection(
             }
         }
     }
+}
+
+/// Read the request's body, at most `max_body_bytes` of it and within the header time;
+/// otherwise the answer (413, 408 or 400, JSON, `Connection: close`) that refuses it.
+async fn bounded_body(
+    request: Request<Incoming>,
+    limits: &Limits,
+) -> Result<Request<Body>, Response<Body>> {
+    let max = limits.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > max) {
+        return Err(refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            max,
+        ));
+    }
+    if request.body().is_end_stream() {
+        return Ok(request.map(Body::new));
+    }
+    let (parts, body) = request.into_parts();
+    let limited = Limited::new(body, usize::try_from(max).unwrap_or(usize::MAX));
+    match tokio::time::timeout(limits.header_read_timeout, limited.collect()).await {
+        Err(_) => Err(refusal(StatusCode::REQUEST_TIMEOUT, "body_timeout", max)),
+        Ok(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => Err(refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            max,
+        )),
+        Ok(Err(_)) => Err(refusal(StatusCode::BAD_REQUEST, "body_invalid", max)),
+        Ok(Ok(collected)) => Ok(Request::from_parts(parts, Body::from(collected.to_bytes()))),
+    }
+}
+
+/// A JSON refusal of a request's body; the connection closes after it.
+fn refusal(status: StatusCode, reason: &'static str, max: u64) -> Response<Body> {
+    metrics::counter!("ratemesh_requests_refused_total", "reason" => reason).increment(1);
+    let message = match reason {
+        "body_too_large" => format!("the request body is longer than {max} bytes"),
+        "body_timeout" => "the request body did not arrive in time".to_string(),
+        _ => "the request body could not be read".to_string(),
+    };
+    let body = serde_json::json!({
+        "error": reason,
+        "message": message,
+        "max_bytes": max,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
 }

@@ -6,6 +6,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::daemon::DaemonError;
 use crate::net::MeshNet;
+use crate::net::accept::Refusal;
 
 /// The node's Prometheus recorder.
 pub(crate) struct Exporter {
@@ -22,9 +23,16 @@ impl Exporter {
         Ok(Exporter { handle })
     }
 
-    /// Read the node's figures and render every metric; `policy_sha256` is the hash of the
-    /// policy file in force (`ratemesh_config_info`).
-    pub(crate) fn render(&self, id: u64, mesh: &MeshNet, policy_sha256: &str) -> String {
+    /// Read the node's figures and render every metric; `policy_sha256` gives the hash of the
+    /// policy file in force (`ratemesh_config_info`). It is read after the counters, so a
+    /// scrape that shows a reload's `ratemesh_config_reloads_total` also shows its hash
+    /// (a reload stores the hash before it counts itself).
+    pub(crate) fn render(
+        &self,
+        id: u64,
+        mesh: &MeshNet,
+        policy_sha256: impl FnOnce() -> String,
+    ) -> String {
         let (members, node_stats, keys, authorities, running, majority) = mesh.with_node(|n| {
             (
                 n.members(),
@@ -35,10 +43,7 @@ impl Exporter {
                 n.membership().has_majority(),
             )
         });
-        let peers_up = members
-            .iter()
-            .filter(|(member, up)| *up && *member != id)
-            .count();
+        let peers_up = mesh.peers_up().iter().filter(|&&peer| peer != id).count();
         let net = mesh.stats();
         let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         metrics::gauge!("ratemesh_node_running").set(if running { 1.0 } else { 0.0 });
@@ -68,8 +73,14 @@ impl Exporter {
         metrics::counter!("ratemesh_gossip_dropped_frames_total", "reason" => "no_connection")
             .absolute(load(&net.unroutable));
         metrics::counter!("ratemesh_peer_connections_refused_total").absolute(load(&net.refused));
+        metrics::counter!("ratemesh_peer_dial_failures_total").absolute(load(&net.dial_failures));
+        for reason in Refusal::ALL {
+            metrics::counter!("ratemesh_quic_refused_handshakes_total", "reason" => reason.label())
+                .absolute(mesh.refusals().count(reason));
+        }
         self.handle.run_upkeep();
         let mut text = self.handle.render();
+        let policy_sha256 = policy_sha256();
         // One series only, whose label changes on reload: written here rather than through
         // the recorder, which would keep the old label's series.
         text.push_str(
@@ -97,7 +108,10 @@ fn describe() {
         "ratemesh_members",
         "Members this node knows, itself included"
     );
-    describe_gauge!("ratemesh_peers_up", "Peers this node hears");
+    describe_gauge!(
+        "ratemesh_peers_up",
+        "Peers connected with a completed handshake, heard from in the last 3 s"
+    );
     describe_gauge!("ratemesh_mesh_keys", "Keys the mesh node holds state for");
     describe_gauge!(
         "ratemesh_majority",
@@ -147,7 +161,7 @@ fn describe() {
     );
     describe_counter!(
         "ratemesh_requests_refused_total",
-        "Requests refused before any decision, by reason (identity_too_long)"
+        "Requests refused before any decision, by reason (identity_too_long, body_too_large, body_timeout, body_invalid)"
     );
     describe_gauge!("ratemesh_http_connections", "HTTP connections open");
     describe_counter!(
@@ -161,5 +175,13 @@ fn describe() {
     describe_counter!(
         "ratemesh_peer_connections_refused_total",
         "Peer connections refused (certificate from another CA, none, or not a member)"
+    );
+    describe_counter!(
+        "ratemesh_quic_refused_handshakes_total",
+        "Handshakes on the peer port refused, by reason (not_quic, tls, timeout, unknown_member, busy)"
+    );
+    describe_counter!(
+        "ratemesh_peer_dial_failures_total",
+        "Failed attempts to reach a peer (each is retried with backoff)"
     );
 }

@@ -5,22 +5,29 @@
 //! datagrams (the node keeps them under 1150 bytes); snapshots, and anything a datagram
 //! cannot carry, on a unidirectional stream per frame, read with the frame size limit.
 //! Keep-alives and an idle timeout notice a dead peer; a lost connection is dialed again
-//! with backoff. A peer's node id comes from its certificate; a peer whose certificate the
-//! cluster CA did not sign, or that names no member, is refused and counted.
+//! with backoff ([`dial`]: the reason of a failure is logged once per peer and backoff step,
+//! not per attempt). A peer's node id comes from its certificate; a peer whose certificate
+//! the cluster CA did not sign, or that names no member, is refused and counted, and so is
+//! anything else on the peer port that is not a member's handshake ([`accept`]), quietly.
+//! A peer is *up* ([`MeshNet::peers_up`]) while this node has a connection to it whose
+//! handshake completed on both sides, shown by a frame heard from it within
+//! [`PEER_UP_WITHIN`].
 //!
 //! The request path ([`MeshNet::decide`]) takes no lock while the node's lease of the key
 //! covers the request: one map read and the lease's compare-and-swap ([`Cells::decide`]).
 //! Otherwise it locks the node, which asks the key's owner, and the request waits (without
 //! holding the lock) for the answer the driver delivers.
 
+pub mod accept;
 pub mod certs;
+pub mod dial;
 pub mod tls;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -32,7 +39,12 @@ use crate::decision::Decision;
 use crate::mesh::node::{Admit, Event, MeshError, Node, NodeConfig};
 use crate::mesh::wire::MAX_FRAME_BYTES;
 use crate::mesh::{Cells, NodeId, Transmit};
+use crate::net::accept::Refusals;
+use crate::net::dial::{DialState, Failure};
 use crate::net::tls::{NodeTls, peer_node_id};
+
+/// A connected peer counts as up while a frame from it arrived within this time.
+pub const PEER_UP_WITHIN: Duration = Duration::from_secs(3);
 
 /// Why the transport could not start.
 #[derive(Debug, thiserror::Error)]
@@ -90,15 +102,22 @@ pub struct NetStats {
     pub bytes_sent: AtomicU64,
     /// Frames for a peer with no connection (dropped; the gossip catches up).
     pub unroutable: AtomicU64,
+    /// Failed attempts to reach a peer (dial errors, and connections the peer closed
+    /// before it sent anything).
+    pub dial_failures: AtomicU64,
 }
 
 struct Inner {
     node: Node,
     /// Requests waiting for their key's owner, by the id the node gave them.
     waiters: HashMap<u64, tokio::sync::oneshot::Sender<Decision>>,
+    /// Peers with a connection whose handshake completed on this side.
+    connected: HashSet<NodeId>,
+    /// When a frame last arrived from each peer.
+    heard: HashMap<NodeId, Instant>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     inner: Mutex<Inner>,
     /// The lease cells (the request path's read handle).
     cells: Arc<Cells>,
@@ -108,11 +127,14 @@ struct Shared {
     closed: AtomicBool,
     clock: SystemClock,
     stats: NetStats,
+    /// Handshakes refused on the peer port, by reason.
+    refusals: Refusals,
 }
 
-enum Input {
+pub(crate) enum Input {
     Frame(NodeId, Vec<u8>),
     Connected(NodeId, quinn::Connection),
+    Dialed(NodeId, Result<quinn::Connection, (Failure, String)>),
     Closed(NodeId, usize),
     AddPeer(NodeId, SocketAddr),
 }
@@ -123,6 +145,7 @@ pub struct MeshNet {
     inputs: mpsc::UnboundedSender<Input>,
     endpoint: quinn::Endpoint,
     driver: tokio::task::JoinHandle<()>,
+    acceptor: tokio::task::JoinHandle<()>,
 }
 
 impl MeshNet {
@@ -141,25 +164,38 @@ impl MeshNet {
             inner: Mutex::new(Inner {
                 node,
                 waiters: HashMap::new(),
+                connected: HashSet::new(),
+                heard: HashMap::new(),
             }),
             wake: tokio::sync::Notify::new(),
             running: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             clock,
             stats: NetStats::default(),
+            refusals: Refusals::default(),
         });
         let (inputs, receiver) = mpsc::unbounded_channel();
-        let members: Vec<NodeId> = config.node.seeds.clone();
+        let members = Arc::new(RwLock::new(config.node.seeds.clone()));
         let driver = Driver {
             shared: Arc::clone(&shared),
             endpoint: endpoint.clone(),
             inputs: inputs.clone(),
             connections: HashMap::new(),
             addresses: config.peers.iter().copied().collect(),
-            members,
-            me: config.node.id,
+            members: Arc::clone(&members),
+            dials: HashMap::new(),
         };
         let driver = tokio::spawn(driver.run(receiver).in_current_span());
+        let acceptor = tokio::spawn(
+            accept::accept_loop(
+                endpoint.clone(),
+                members,
+                config.node.id,
+                inputs.clone(),
+                Arc::clone(&shared),
+            )
+            .in_current_span(),
+        );
         for (id, addr) in config.peers {
             let _ = inputs.send(Input::AddPeer(id, addr));
         }
@@ -168,6 +204,7 @@ impl MeshNet {
             inputs,
             endpoint,
             driver,
+            acceptor,
         })
     }
 
@@ -191,6 +228,30 @@ impl MeshNet {
     /// Return the transport's counters.
     pub fn stats(&self) -> &NetStats {
         &self.shared.stats
+    }
+
+    /// Return the handshakes refused on the peer port, by reason.
+    pub fn refusals(&self) -> &Refusals {
+        &self.shared.refusals
+    }
+
+    /// Return the peers that are up: connected, with the handshake completed on both sides
+    /// (a frame from them arrived within [`PEER_UP_WITHIN`]).
+    pub fn peers_up(&self) -> Vec<NodeId> {
+        let inner = self.shared.inner.lock().expect("node lock");
+        let mut up: Vec<NodeId> = inner
+            .connected
+            .iter()
+            .copied()
+            .filter(|id| {
+                inner
+                    .heard
+                    .get(id)
+                    .is_some_and(|at| at.elapsed() <= PEER_UP_WITHIN)
+            })
+            .collect();
+        up.sort_unstable();
+        up
     }
 
     /// Run `f` on the node (for metrics and tests; holds the node's lock).
@@ -252,6 +313,7 @@ impl MeshNet {
     pub async fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);
         self.driver.abort();
+        self.acceptor.abort();
         self.endpoint.close(0u32.into(), b"shutdown");
         // Let the peers hear the close, but do not wait out their idle timeouts.
         let _ = tokio::time::timeout(Duration::from_millis(300), self.endpoint.wait_idle()).await;
@@ -276,8 +338,8 @@ struct Driver {
     inputs: mpsc::UnboundedSender<Input>,
     connections: HashMap<NodeId, quinn::Connection>,
     addresses: HashMap<NodeId, SocketAddr>,
-    members: Vec<NodeId>,
-    me: NodeId,
+    members: Arc<RwLock<Vec<NodeId>>>,
+    dials: HashMap<NodeId, DialState>,
 }
 
 impl Driver {
@@ -294,10 +356,6 @@ impl Driver {
                     self.shared.inner.lock().expect("node lock").node.handle_timeout(now);
                 }
                 _ = self.shared.wake.notified() => {}
-                incoming = self.endpoint.accept() => {
-                    let Some(incoming) = incoming else { return };
-                    self.accept(incoming);
-                }
                 input = receiver.recv() => {
                     let Some(input) = input else { return };
                     self.input(input);
@@ -311,23 +369,36 @@ impl Driver {
         match input {
             Input::Frame(from, bytes) => {
                 let now = self.shared.clock.now_ns();
-                let result = self
-                    .shared
-                    .inner
-                    .lock()
-                    .expect("node lock")
-                    .node
-                    .handle_frame(now, from, &bytes);
+                let result = {
+                    let mut inner = self.shared.inner.lock().expect("node lock");
+                    inner.heard.insert(from, Instant::now());
+                    inner.node.handle_frame(now, from, &bytes)
+                };
                 let counter = if result.is_ok() {
                     &self.shared.stats.frames_received
                 } else {
                     &self.shared.stats.frames_dropped
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
+                if let Some(state) = self.dials.get_mut(&from)
+                    && state.failures > 0
+                {
+                    let failures = state.reached();
+                    tracing::info!(peer = from, failures, "reached the peer");
+                }
             }
-            Input::Connected(id, connection) => {
-                spawn_readers(id, connection.clone(), self.inputs.clone());
-                self.connections.insert(id, connection);
+            Input::Connected(id, connection) => self.connected(id, connection),
+            Input::Dialed(id, result) => {
+                self.dials.entry(id).or_default().dialing = false;
+                match result {
+                    Ok(connection) => self.connected(id, connection),
+                    Err((kind, reason)) => {
+                        // An accepted connection from the peer may have come meanwhile.
+                        if !self.connections.contains_key(&id) {
+                            self.failed(id, kind, &reason);
+                        }
+                    }
+                }
             }
             Input::Closed(id, stable) => {
                 if self
@@ -335,86 +406,116 @@ impl Driver {
                     .get(&id)
                     .is_some_and(|c| c.stable_id() == stable)
                 {
-                    self.connections.remove(&id);
-                    if let Some(&addr) = self.addresses.get(&id) {
-                        self.dial(id, addr, Duration::from_millis(200));
+                    let connection = self.connections.remove(&id).expect("checked above");
+                    let heard = {
+                        let mut inner = self.shared.inner.lock().expect("node lock");
+                        inner.connected.remove(&id);
+                        inner.heard.get(&id).copied()
+                    };
+                    // Closed before the peer sent anything: it refused the handshake.
+                    let silent = heard.is_none_or(|at| at.elapsed() > PEER_UP_WITHIN);
+                    match connection.close_reason() {
+                        Some(error) if silent => {
+                            let (kind, reason) = dial::describe(&error);
+                            self.failed(id, kind, &reason);
+                        }
+                        _ => self.dial(id, Duration::from_millis(200)),
                     }
                 }
             }
             Input::AddPeer(id, addr) => {
                 self.addresses.insert(id, addr);
-                if !self.members.contains(&id) {
-                    self.members.push(id);
+                {
+                    let mut members = self.members.write().unwrap_or_else(|e| e.into_inner());
+                    if !members.contains(&id) {
+                        members.push(id);
+                    }
                 }
-                self.dial(id, addr, Duration::ZERO);
+                self.dial(id, Duration::ZERO);
             }
         }
     }
 
-    /// Dial `id` at `addr` after `delay`, retrying with backoff until connected.
-    fn dial(&self, id: NodeId, addr: SocketAddr, delay: Duration) {
-        let endpoint = self.endpoint.clone();
-        let inputs = self.inputs.clone();
-        let members = self.members.clone();
-        let shared = Arc::clone(&self.shared);
-        tokio::spawn(async move {
-            let mut backoff = delay;
-            loop {
-                tokio::time::sleep(backoff).await;
-                if shared.closed.load(Ordering::Acquire) {
-                    return;
-                }
-                backoff = (backoff * 2).clamp(Duration::from_millis(100), Duration::from_secs(5));
-                let Ok(connecting) = endpoint.connect(addr, &certs::node_name(id)) else {
-                    continue;
-                };
-                let Ok(connection) = connecting.await else {
-                    continue;
-                };
-                // The server's certificate was checked for `id`'s name by the handshake.
-                if peer_node_id(&connection, members.iter().copied()) != Some(id) {
-                    connection.close(1u32.into(), b"unexpected identity");
-                    continue;
-                }
-                let _ = inputs.send(Input::Connected(id, connection));
-                return;
-            }
-        });
+    fn connected(&mut self, id: NodeId, connection: quinn::Connection) {
+        spawn_readers(id, connection.clone(), self.inputs.clone());
+        self.connections.insert(id, connection);
+        self.shared
+            .inner
+            .lock()
+            .expect("node lock")
+            .connected
+            .insert(id);
     }
 
-    fn accept(&self, incoming: quinn::Incoming) {
+    /// Count a failed attempt to reach `id`, log it when due, and dial again after the
+    /// backoff.
+    fn failed(&mut self, id: NodeId, kind: Failure, reason: &str) {
+        self.shared
+            .stats
+            .dial_failures
+            .fetch_add(1, Ordering::Relaxed);
+        let state = self.dials.entry(id).or_default();
+        let (delay, log) = state.failed(kind, Instant::now());
+        if log {
+            let addr = self.addresses.get(&id).map(ToString::to_string);
+            tracing::warn!(
+                peer = id,
+                addr = addr.as_deref().unwrap_or("?"),
+                attempts = state.failures,
+                retry_in = ?delay,
+                "cannot reach peer {id}: {reason} (logged again if the reason changes, when \
+                 the retries reach every {:?}, then once a minute)",
+                dial::MAX_BACKOFF
+            );
+        }
+        self.dial(id, delay);
+    }
+
+    /// Dial `id` once after `delay` (unless an attempt is already under way); the result
+    /// comes back as [`Input::Dialed`].
+    fn dial(&mut self, id: NodeId, delay: Duration) {
+        let Some(&addr) = self.addresses.get(&id) else {
+            return;
+        };
+        let state = self.dials.entry(id).or_default();
+        if state.dialing {
+            return;
+        }
+        state.dialing = true;
+        let endpoint = self.endpoint.clone();
         let inputs = self.inputs.clone();
-        let members: Vec<NodeId> = self
+        let members = self
             .members
-            .iter()
-            .copied()
-            .filter(|&m| m != self.me)
-            .collect();
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let shared = Arc::clone(&self.shared);
-        tokio::spawn(
-            async move {
-                let connection = match incoming.await {
-                    Ok(c) => c,
-                    Err(error) => {
-                        // Another CA's certificate, or none: the handshake fails here.
-                        shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(%error, "refused a peer connection");
-                        return;
-                    }
-                };
-                match peer_node_id(&connection, members) {
-                    Some(id) => {
-                        let _ = inputs.send(Input::Connected(id, connection));
-                    }
-                    None => {
-                        shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!("refused a peer whose certificate names no member");
-                        connection.close(2u32.into(), b"not a member");
-                    }
-                }
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if shared.closed.load(Ordering::Acquire) {
+                return;
             }
-            .in_current_span(),
-        );
+            let result = match endpoint.connect(addr, &certs::node_name(id)) {
+                Err(error) => Err((Failure::Other, error.to_string())),
+                Ok(connecting) => match connecting.await {
+                    Err(error) => Err(dial::describe(&error)),
+                    // The server's certificate was checked for `id`'s name by the handshake.
+                    Ok(connection)
+                        if peer_node_id(&connection, members.iter().copied()) == Some(id) =>
+                    {
+                        Ok(connection)
+                    }
+                    Ok(connection) => {
+                        connection.close(1u32.into(), b"unexpected identity");
+                        Err((
+                            Failure::WrongIdentity,
+                            format!("the node at {addr} presents another node's certificate"),
+                        ))
+                    }
+                },
+            };
+            let _ = inputs.send(Input::Dialed(id, result));
+        });
     }
 
     fn flush(&mut self) {

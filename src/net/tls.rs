@@ -34,6 +34,95 @@ pub enum TlsError {
     Quic(#[from] quinn::crypto::rustls::NoInitialCipherSuite),
 }
 
+/// The most incoming handshakes the endpoint holds before the node accepts or refuses them.
+pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+
+/// Why a node's own certificate or key cannot serve it in the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnCertError {
+    /// The files do not parse (no certificate, no key, bad PEM).
+    #[error(transparent)]
+    Pem(#[from] TlsError),
+    /// The certificate does not chain to the cluster CA (or is expired, or names another
+    /// node): the peers would refuse it.
+    #[error("the certificate does not chain to the cluster CA for {name}: {reason}")]
+    NotFromCa {
+        /// The name checked, `node-<id>.ratemesh`.
+        name: String,
+        /// What the verifier said.
+        reason: String,
+    },
+    /// The private key is not the certificate's.
+    #[error("the private key does not match the certificate: {0}")]
+    KeyMismatch(String),
+}
+
+/// Check, before a node starts, that its certificate chains to the cluster CA for its own
+/// name (`node-<id>.ratemesh`) and that its private key is the certificate's.
+pub fn check_own_certificate(
+    ca_pem: &[u8],
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    id: NodeId,
+) -> Result<(), OwnCertError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem) {
+        roots
+            .add(ca.map_err(pem_error("CA certificate"))?)
+            .map_err(TlsError::from)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Pem {
+            what: "CA certificate",
+            reason: "no certificate in the file".into(),
+        }
+        .into());
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(pem_error("node certificate"))?;
+    let Some((leaf, intermediates)) = chain.split_first() else {
+        return Err(TlsError::Pem {
+            what: "node certificate",
+            reason: "no certificate in the file".into(),
+        }
+        .into());
+    };
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(pem_error("node key"))?;
+    let name = node_name(id);
+    let server_name = ServerName::try_from(name.clone()).map_err(|e| OwnCertError::NotFromCa {
+        name: name.clone(),
+        reason: e.to_string(),
+    })?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::clone(&provider),
+    )
+    .build()
+    .map_err(|e| OwnCertError::NotFromCa {
+        name: name.clone(),
+        reason: e.to_string(),
+    })?;
+    use rustls::client::danger::ServerCertVerifier;
+    verifier
+        .verify_server_cert(
+            leaf,
+            intermediates,
+            &server_name,
+            &[],
+            rustls::pki_types::UnixTime::now(),
+        )
+        .map_err(|e| OwnCertError::NotFromCa {
+            name: name.clone(),
+            reason: e.to_string(),
+        })?;
+    // `from_der` compares the key's public half with the certificate's.
+    rustls::sign::CertifiedKey::from_der(chain, key, &provider)
+        .map(|_| ())
+        .map_err(|e| OwnCertError::KeyMismatch(e.to_string()))
+}
+
 /// One node's QUIC configurations: accept peers and dial them, both with mutual TLS.
 #[derive(Debug, Clone)]
 pub struct NodeTls {
@@ -89,6 +178,11 @@ pub fn node_tls(
     let mut server =
         quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(server_crypto)?));
     server.transport_config(Arc::clone(&transport));
+    // Handshakes not yet accepted or refused, and the bytes they buffer: bounded, so a flood
+    // of Initials on the peer port cannot grow memory (beyond these, quinn drops them).
+    server.max_incoming(MAX_PENDING_HANDSHAKES);
+    server.incoming_buffer_size(64 * 1024);
+    server.incoming_buffer_size_total(4 * 1024 * 1024);
     let client_crypto = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_root_certificates(roots)
