@@ -24,6 +24,7 @@ fn hour_policy() -> Policy {
 /// A cluster of nodes with instant, lossless links, stepped one millisecond at a time.
 struct Cluster {
     nodes: Vec<Option<Node>>,
+    policy: Policy,
     n: usize,
     now: u64,
     /// Links cut: frames between these node pairs are dropped.
@@ -36,9 +37,14 @@ struct Cluster {
 
 impl Cluster {
     fn new(n: usize) -> Self {
-        let nodes = (0..n).map(|i| Some(start(i, n, START))).collect();
+        Cluster::with(n, hour_policy())
+    }
+
+    fn with(n: usize, policy: Policy) -> Self {
+        let nodes = (0..n).map(|i| Some(start(i, n, START, policy))).collect();
         let mut c = Cluster {
             nodes,
+            policy,
             n,
             now: START,
             cut: Vec::new(),
@@ -135,13 +141,13 @@ impl Cluster {
     }
 
     fn restart(&mut self, i: usize) {
-        self.nodes[i] = Some(start(i, self.n, self.now));
+        self.nodes[i] = Some(start(i, self.n, self.now, self.policy));
         self.deliver();
     }
 }
 
-fn start(i: usize, n: usize, now: u64) -> Node {
-    let mut config = NodeConfig::new(i as u64, (0..n as u64).collect(), vec![hour_policy()]);
+fn start(i: usize, n: usize, now: u64, policy: Policy) -> Node {
+    let mut config = NodeConfig::new(i as u64, (0..n as u64).collect(), vec![policy]);
     config.incarnation = now / MS + i as u64;
     Node::new(config, now).unwrap()
 }
@@ -219,6 +225,35 @@ fn the_cluster_admits_its_limit_and_no_more() {
     }
 }
 
+#[test]
+fn a_key_forgotten_while_idle_does_not_take_its_old_grants_again() {
+    // 10 tokens a second, a burst of 100: the bucket refills slowly, so the owner keeps the
+    // key's record while node 1 forgets its idle holding.
+    let policy = Policy::token_bucket(10, Duration::from_secs(1), 100).unwrap();
+    let mut c = Cluster::with(2, policy);
+    let key = c.key_owned_by(0);
+    let t0 = c.now;
+    // A token comes back every 100 ms.
+    let refilled = |c: &Cluster| (c.now - t0) / (100 * MS);
+    c.send(1, key, 200);
+    assert!((100..=100 + refilled(&c)).contains(&c.total_admitted()));
+    c.run_ms(3000);
+    assert!(
+        c.node(1).holding(0, key).is_none(),
+        "an idle holding is forgotten"
+    );
+    assert!(c.node(0).authority(0, key).is_some());
+    // The new holding starts afresh: what the bucket refilled, not the old grants again.
+    c.send(1, key, 100);
+    assert!(
+        c.total_admitted() <= 100 + refilled(&c),
+        "admitted {} with {} refilled",
+        c.total_admitted(),
+        refilled(&c)
+    );
+    assert!(c.total_admitted() >= 100 + 25, "{:?}", c.admitted);
+}
+
 fn want(policy: u32, granted: u64, used: u64) -> Want {
     Want {
         key: KeyRef { policy, key: 7 },
@@ -233,6 +268,7 @@ fn want(policy: u32, granted: u64, used: u64) -> Want {
         refill: false,
         demand: 16,
         previous_used: None,
+        holding: 1,
     }
 }
 
@@ -321,7 +357,7 @@ proptest! {
     /// unless they decode into a valid frame.
     #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300), versioned in any::<bool>()) {
-        let mut node = start(0, 3, START);
+        let mut node = start(0, 3, START, hour_policy());
         let mut bytes = bytes;
         if versioned && !bytes.is_empty() {
             bytes[0] = WIRE_VERSION;

@@ -570,3 +570,73 @@ fn wants_about_the_old_window_count_the_new_windows_grants_on_their_way() {
     let report = sim::run(&c);
     assert_eq!(report.false_denials_with_room, 0, "{report:?}");
 }
+
+/// A sliding window near its limit: the owner denies what it cannot grant now, and the
+/// retry time it gives counts the tokens its recall brings back, so a later request that
+/// fits is asked for instead of being denied on the holder.
+#[test]
+fn a_denials_retry_time_counts_the_recalled_tokens() {
+    let mut c = SimConfig::new(Policy::sliding_window(120, Duration::from_millis(493)).unwrap());
+    c.nodes = 2;
+    c.gossip_interval_ns = 5_000_000;
+    c.latency_ns = 8_000_000;
+    c.traffic = Traffic::Poisson;
+    c.demand = 0.876;
+    c.max_cost = 16;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 9_767_138_945_502_960_284;
+    let report = sim::run(&c);
+    assert_eq!(report.false_denials_with_room, 0, "{report:?}");
+}
+
+/// Clocks 1 s apart: a denial's retry time counts from when the owner decided, not from
+/// when its answer arrived, so a holder does not deny into the next window.
+#[test]
+fn a_denial_ends_at_the_owners_window_not_a_trip_later() {
+    let mut c = SimConfig::new(Policy::fixed_window(253, Duration::from_millis(714)).unwrap());
+    c.nodes = 5;
+    c.gossip_interval_ns = 5_000_000;
+    c.latency_ns = 4_000_000;
+    c.jitter_ns = 4_000_000;
+    c.duplication = 0.0797;
+    c.skew_ns = 1_000_000_000;
+    c.traffic = Traffic::Poisson;
+    c.demand = 0.7995;
+    c.max_cost = 13;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 4_337_349_146_273_216_226;
+    let report = sim::run(&c);
+    assert_eq!(report.false_denials_with_room, 0, "{report:?}");
+}
+
+/// A node restarts while the owner's bucket state is fresh: a holder's report of tokens it
+/// gave back to an earlier state does not refill the new one, and what it still holds is
+/// counted as out of it.
+#[test]
+fn a_fresh_bucket_state_does_not_refund_an_earlier_states_returns() {
+    let mut c = SimConfig::new(policy(2, 171, 329));
+    c.nodes = 2;
+    c.gossip_interval_ns = 17_000_000;
+    c.latency_ns = 6_000_000;
+    c.jitter_ns = 6_000_000;
+    c.duplication = 0.0694;
+    c.skew_ns = 7_000_000;
+    c.traffic = Traffic::Bursty;
+    c.demand = 3.3525;
+    c.max_cost = 5;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 12_018_525_537_161_786_679;
+    c.crashes.push(Crash {
+        node: (c.seed % 2) as usize,
+        at_ns: 1_547_600_000,
+        restart_ns: Some(1_547_600_000 + 823_000_000),
+    });
+    let report = sim::run(&c);
+    assert!(
+        report.policy_overshoot <= report.declared_bound.total() + 1e-9,
+        "{report:?}"
+    );
+}

@@ -32,6 +32,8 @@ use crate::mesh::message::{AuthorityState, HolderRecord, KeyRef, Want};
 use crate::mesh::timing::Offset;
 use crate::policy::{Algorithm, Policy};
 
+mod grants;
+
 /// Rounds of demand a lease covers when the budget is tight.
 pub const SHORT_LEASE_ROUNDS: u64 = 4;
 /// Rounds of demand a lease covers when the budget is plentiful.
@@ -199,9 +201,13 @@ impl Authority {
         if other.kind.is_window() && other.window < self.window {
             return;
         }
+        // Records of the same holder's earlier incarnation or holding are retired, not lost.
+        let mut retired = Vec::new();
         for theirs in &other.holders {
             match self.holders.iter_mut().find(|h| h.node == theirs.node) {
-                Some(mine) if mine.incarnation == theirs.incarnation => {
+                Some(mine)
+                    if (mine.incarnation, mine.holding) == (theirs.incarnation, theirs.holding) =>
+                {
                     mine.granted = mine.granted.max(theirs.granted);
                     mine.returned = mine.returned.max(theirs.returned);
                     mine.used = mine.used.max(theirs.used);
@@ -209,12 +215,20 @@ impl Authority {
                     mine.previous_final &= theirs.previous_final;
                     mine.closed |= theirs.closed;
                 }
-                Some(mine) if mine.incarnation < theirs.incarnation => *mine = *theirs,
-                Some(_) => {}
+                Some(mine)
+                    if (mine.incarnation, mine.holding) < (theirs.incarnation, theirs.holding) =>
+                {
+                    retired.push(*mine);
+                    *mine = *theirs;
+                }
+                Some(_) => retired.push(*theirs),
                 None => self.holders.push(*theirs),
             }
         }
         self.holders.sort_by_key(|h| h.node);
+        for h in retired {
+            self.retire(h);
+        }
         self.previous = self.previous.max(other.previous);
         self.level_ns = self.level_ns.min(other.level_ns);
         self.end = self.end.min(other.end);
@@ -254,6 +268,22 @@ impl Authority {
     /// Return the newest want of `node` this authority saw.
     pub fn seq_of(&self, node: NodeId) -> u32 {
         self.seqs.get(&node).copied().unwrap_or(0)
+    }
+
+    /// Return which of `node`'s holdings its record counts for.
+    pub fn holding_of(&self, node: NodeId) -> u64 {
+        self.holders
+            .iter()
+            .find(|h| h.node == node)
+            .map_or(0, |h| h.holding)
+    }
+
+    /// Tell whether `want` comes from a holding of `node` older than the one its record
+    /// counts for (delayed or duplicated after the holding was forgotten and made again).
+    pub fn is_stale(&self, node: NodeId, incarnation: u64, want: &Want) -> bool {
+        self.holders
+            .iter()
+            .any(|h| h.node == node && h.incarnation == incarnation && h.holding > want.holding)
     }
 
     /// Return the holders' records.
@@ -392,26 +422,21 @@ impl Authority {
     }
 
     /// Tokens granted to `node` that its want does not count yet (grants on their way to it
-    /// when it asked): they serve part of the want's need (window policies). A want about the
-    /// window before has seen none of this window's grants (a holding that starts afresh,
-    /// window 0, counts nothing).
+    /// when it asked): they serve part of the want's need. A want about an earlier window
+    /// (or from a holding with no grant yet, window 0) has seen none of this window's
+    /// grants; another holding's record has nothing on its way to this one.
     pub fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
         self.roll(now);
-        // A bucket counts grants since its holder record began, and a holding may start
-        // afresh (granted 0) against an older record: that difference is not in flight.
-        if !self.kind.is_window() && want.granted == 0 {
-            return 0;
-        }
         let seen = if !self.kind.is_window() || want.window == self.window {
             want.granted
-        } else if want.window > 0 && want.window + 1 == self.window {
+        } else if want.window < self.window {
             0
         } else {
             return 0;
         };
         self.holders
             .iter()
-            .find(|h| h.node == node)
+            .find(|h| h.node == node && h.holding == want.holding)
             .map_or(0, |h| h.granted.saturating_sub(seen))
     }
 
@@ -445,6 +470,12 @@ impl Authority {
 
     fn forget_holder_at(&mut self, i: usize) {
         let h = self.holders.remove(i);
+        self.retire(h);
+    }
+
+    /// A record no holder will report on again (the holder died, restarted or forgot its
+    /// holding): a window keeps what it leased counted under a ghost id.
+    fn retire(&mut self, h: HolderRecord) {
         if self.kind.is_window() {
             // Its lease stays counted in the window (it may have spent it): keep a record
             // under a node id no member has, so the window's totals do not change.
@@ -495,6 +526,15 @@ impl Authority {
         let mut granted_unseen = 0;
         let mut news = false;
         {
+            // A holding made afresh (the holder forgot the key while idle): the earlier
+            // holding's record is retired and the new one counts from zero.
+            if let Ok(i) = self.holders.binary_search_by_key(&node, |h| h.node)
+                && self.holders[i].incarnation == incarnation
+                && self.holders[i].holding < want.holding
+            {
+                self.forget_holder_at(i);
+                self.seqs.remove(&node);
+            }
             if want.smallest > 0 {
                 self.smallest.insert(node, want.smallest);
             }
@@ -505,6 +545,7 @@ impl Authority {
                 .iter()
                 .any(|h| h.node == node && h.incarnation == incarnation);
             let r = self.record_mut(node, incarnation);
+            r.holding = r.holding.max(want.holding);
             r.demand = want.demand;
             if !kind.is_window() || want.window == window {
                 // A bucket taken over from a backup learns here of grants made after the
@@ -512,6 +553,17 @@ impl Authority {
                 // grants, so the maximum below is enough there).
                 if kind == MeshKind::Bucket && known && want.granted > r.granted {
                     granted_unseen = want.granted - r.granted;
+                }
+                // A holder this state has no record of (a fresh authority, or one taken
+                // over from a backup made before the holder's first grant): what it gave
+                // back went back into another state's bucket, and what it still holds is
+                // out of this one.
+                if kind == MeshKind::Bucket && !known {
+                    granted_unseen = want
+                        .granted
+                        .saturating_sub(want.returned)
+                        .saturating_sub(want.used);
+                    r.returned = want.returned;
                 }
                 // The holder's counts are authoritative for what it received and gave back:
                 // a grant is always made on top of its latest report.
@@ -574,370 +626,13 @@ impl Authority {
         self.version += 1;
         news || returned_tokens > 0
     }
-
-    /// Serve a request of `need` tokens from `node` (whose report was applied just before):
-    /// grant, wait for recalled tokens (until `deadline`), or deny with a retry time.
-    pub fn request(
-        &mut self,
-        now: Nanos,
-        node: NodeId,
-        incarnation: u64,
-        need: u64,
-        deadline: Nanos,
-    ) -> Answer {
-        self.roll(now);
-        if self.kind.is_window() && now >= self.end && now < self.next_start {
-            // After a handover, the next window starts a little later than this one ended.
-            self.enqueue(now, node, need, deadline);
-            return Answer::Wait;
-        }
-        self.offer(now, node, incarnation, need, deadline)
-    }
-
-    /// Grant what `need` gets now: all of it (with a lease on top), or what is free while
-    /// the rest waits for recalled tokens, or what is free with a denial of the rest.
-    fn offer(
-        &mut self,
-        now: Nanos,
-        node: NodeId,
-        incarnation: u64,
-        need: u64,
-        deadline: Nanos,
-    ) -> Answer {
-        let available = self.available(now);
-        if need <= available {
-            let extra = self.lease_extra(node, available - need);
-            return self.grant(node, incarnation, need + extra, 0);
-        }
-        let recoverable = if now < deadline {
-            self.recoverable(now, node)
-        } else {
-            0
-        };
-        // What is free now serves the first waiting requests; as much of the rest as a
-        // recall may bring back waits; the rest is denied now.
-        let coming = (need - available).min(recoverable);
-        if coming > 0 {
-            self.enqueue(now, node, coming, deadline);
-        }
-        let denied = available + coming < need;
-        if available == 0 && !denied {
-            return Answer::Wait;
-        }
-        let answer = self.grant_more(node, incarnation, available, 0, coming);
-        if !denied {
-            return answer;
-        }
-        // When the cheapest of the requests left could fit, after this grant.
-        let smallest = self
-            .smallest
-            .get(&node)
-            .copied()
-            .unwrap_or(need)
-            .clamp(1, need);
-        let retry = self.retry_after(now, smallest);
-        match answer {
-            Answer::Grant {
-                window,
-                granted,
-                ends_at,
-                more_coming,
-                ..
-            } => Answer::Grant {
-                window,
-                granted,
-                ends_at,
-                retry_after: retry,
-                more_coming,
-            },
-            Answer::Wait => Answer::Wait,
-        }
-    }
-
-    fn enqueue(&mut self, now: Nanos, node: NodeId, need: u64, deadline: Nanos) {
-        let wake = now
-            .saturating_add(self.retry_after(now, need))
-            .min(deadline);
-        match self.waiting.iter_mut().find(|w| w.node == node) {
-            Some(w) => {
-                w.need = w.need.max(need);
-                w.deadline = w.deadline.max(deadline);
-                w.wake = w.wake.min(wake);
-            }
-            None => self.waiting.push_back(Waiter {
-                node,
-                need,
-                deadline,
-                wake,
-            }),
-        }
-    }
-
-    fn grant(&mut self, node: NodeId, incarnation: u64, tokens: u64, retry_after: Nanos) -> Answer {
-        self.grant_more(node, incarnation, tokens, retry_after, 0)
-    }
-
-    fn grant_more(
-        &mut self,
-        node: NodeId,
-        incarnation: u64,
-        tokens: u64,
-        retry_after: Nanos,
-        more_coming: u64,
-    ) -> Answer {
-        let interval = self.interval();
-        let kind = self.kind;
-        let r = self.record_mut(node, incarnation);
-        r.granted += tokens;
-        let granted = r.granted;
-        if kind == MeshKind::Bucket {
-            self.level_ns = self
-                .level_ns
-                .saturating_sub(tokens.saturating_mul(interval));
-        }
-        if tokens > 0 {
-            self.version += 1;
-        }
-        Answer::Grant {
-            window: if kind.is_window() { self.window } else { 0 },
-            granted,
-            ends_at: if kind.is_window() { self.end } else { 0 },
-            retry_after,
-            more_coming,
-        }
-    }
-
-    /// Tokens a wait may free at `now`: what other holders sit on, as far as their reports
-    /// tell (a recall brings it back), and, for a sliding window, the weight of what the
-    /// previous window leased but may not have used (the final counts are on their way).
-    fn recoverable(&self, now: Nanos, except: NodeId) -> u64 {
-        let unspent_leases: u64 = self
-            .holders
-            .iter()
-            .filter(|h| h.node != except && h.incarnation != 0)
-            .map(unspent)
-            .sum();
-        let pending_finals = if self.kind == MeshKind::SlidingWindow {
-            let unconfirmed: u64 = self
-                .holders
-                .iter()
-                .filter(|h| !h.previous_final)
-                .map(|h| h.previous_held)
-                .sum();
-            let w = self.policy.window_ns();
-            let elapsed = now.saturating_sub(self.start).min(w);
-            (u128::from(unconfirmed) * u128::from(w - elapsed)).div_ceil(u128::from(w)) as u64
-        } else {
-            0
-        };
-        unspent_leases + pending_finals
-    }
-
-    /// Return the holders to ask for tokens back, with what each may keep, when requests
-    /// wait: what they hold beyond a round of their demand if that is enough, else all of
-    /// it. At most once per `min_gap` ns.
-    pub fn recall_targets(&mut self, now: Nanos, min_gap: Nanos) -> Vec<(NodeId, u64)> {
-        if self.waiting.is_empty() || now < self.recalled_at.saturating_add(min_gap) {
-            return Vec::new();
-        }
-        let waiting: Vec<NodeId> = self.waiting.iter().map(|w| w.node).collect();
-        let wanted: u64 = self.waiting.iter().map(|w| w.need).sum();
-        let shortfall = wanted.saturating_sub(self.available(now));
-        let round = |h: &HolderRecord| u64::from(h.demand).div_ceil(16);
-        let candidates: Vec<&HolderRecord> = self
-            .holders
-            .iter()
-            .filter(|h| h.incarnation != 0 && !waiting.contains(&h.node) && unspent(h) > 0)
-            .collect();
-        let beyond_a_round: u64 = candidates
-            .iter()
-            .map(|h| unspent(h).saturating_sub(round(h)))
-            .sum();
-        let keep_a_round = beyond_a_round >= shortfall;
-        let targets: Vec<(NodeId, u64)> = candidates
-            .into_iter()
-            .filter(|h| !keep_a_round || unspent(h) > round(h))
-            .map(|h| (h.node, if keep_a_round { round(h) } else { 0 }))
-            .collect();
-        if !targets.is_empty() {
-            self.recalled_at = now;
-        }
-        targets
-    }
-
-    /// Serve the waiting requests that can be served at `now` (after returns, or a new
-    /// window), and deny those past their deadline; return the answers by node.
-    pub fn serve_waiting(&mut self, now: Nanos) -> Vec<(NodeId, u64, Answer)> {
-        let mut answers = Vec::new();
-        let mut still = VecDeque::new();
-        while let Some(w) = self.waiting.pop_front() {
-            let incarnation = self
-                .holders
-                .iter()
-                .find(|h| h.node == w.node)
-                .map_or(0, |h| h.incarnation);
-            if self.kind.is_window() && now >= self.end && now < self.next_start {
-                if now >= w.deadline {
-                    let retry = self.next_start - now;
-                    answers.push((
-                        w.node,
-                        incarnation,
-                        self.grant(w.node, incarnation, 0, retry),
-                    ));
-                } else {
-                    still.push_back(Waiter {
-                        wake: self.next_start.min(w.deadline),
-                        ..w
-                    });
-                }
-                continue;
-            }
-            if self.available(now) == 0
-                && now < w.deadline
-                && self.recoverable(now, w.node) >= w.need
-            {
-                let wake = now.saturating_add(self.retry_after(now, w.need));
-                still.push_back(Waiter {
-                    wake: wake.min(w.deadline),
-                    ..w
-                });
-                continue;
-            }
-            let before = self.waiting.len();
-            let answer = self.offer(now, w.node, incarnation, w.need, w.deadline);
-            // `offer` queued the rest at the back: keep this waiter's place instead.
-            if self.waiting.len() > before
-                && let Some(rest) = self.waiting.pop_back()
-            {
-                still.push_back(rest);
-            }
-            if answer != Answer::Wait {
-                answers.push((w.node, incarnation, answer));
-            }
-        }
-        self.waiting = still;
-        answers
-    }
-
-    /// Look at the waiting requests no sooner than `at` (while the authority may not grant,
-    /// only their deadlines matter).
-    pub fn defer_wakes(&mut self, at: Nanos) {
-        for w in &mut self.waiting {
-            w.wake = w.wake.max(at).min(w.deadline);
-        }
-    }
-
-    /// Deny the waiting requests past their deadline (while the authority may not grant).
-    pub fn deny_overdue(&mut self, now: Nanos) -> Vec<(NodeId, Answer)> {
-        let mut answers = Vec::new();
-        let overdue: Vec<Waiter> = self
-            .waiting
-            .iter()
-            .copied()
-            .filter(|w| w.deadline <= now)
-            .collect();
-        self.waiting.retain(|w| w.deadline > now);
-        for w in overdue {
-            let incarnation = self
-                .holders
-                .iter()
-                .find(|h| h.node == w.node)
-                .map_or(0, |h| h.incarnation);
-            let retry = self.retry_after(now, w.need);
-            answers.push((w.node, self.grant(w.node, incarnation, 0, retry)));
-        }
-        answers
-    }
-
-    /// Answer `node` with what it holds now, granting nothing (an acknowledgement).
-    pub fn current(&mut self, now: Nanos, node: NodeId) -> Answer {
-        self.roll(now);
-        let granted = self
-            .holders
-            .iter()
-            .find(|h| h.node == node)
-            .map_or(0, |h| h.granted);
-        Answer::Grant {
-            window: if self.kind.is_window() {
-                self.window
-            } else {
-                0
-            },
-            granted,
-            ends_at: if self.kind.is_window() { self.end } else { 0 },
-            retry_after: 0,
-            more_coming: 0,
-        }
-    }
-
-    /// How many tokens beyond `need` to lease to `node`, out of `headroom` (none while
-    /// others wait: what is free goes to them first).
-    fn lease_extra(&self, node: NodeId, headroom: u64) -> u64 {
-        let Some(r) = self.holders.iter().find(|h| h.node == node) else {
-            return 0;
-        };
-        if r.demand == 0 || headroom == 0 || self.waiting.iter().any(|w| w.node != node) {
-            return 0;
-        }
-        let total: u64 = self
-            .holders
-            .iter()
-            .filter(|h| h.incarnation != 0)
-            .map(|h| u64::from(h.demand))
-            .sum::<u64>()
-            .max(1);
-        let demand = u64::from(r.demand);
-        let plentiful =
-            u128::from(headroom) * 16 >= u128::from(total) * u128::from(4 * LONG_LEASE_ROUNDS);
-        let rounds = if plentiful {
-            LONG_LEASE_ROUNDS
-        } else {
-            SHORT_LEASE_ROUNDS
-        };
-        let target = (demand * rounds).div_ceil(16);
-        let unspent = r.granted.saturating_sub(r.returned).saturating_sub(r.used);
-        let cap = (u128::from(headroom) * u128::from(demand) / u128::from(total) / 2) as u64;
-        target.saturating_sub(unspent).min(cap)
-    }
-
-    /// When `need` tokens could be had at the earliest (from `now`), in ns (at least 1 ms).
-    pub fn retry_after(&mut self, now: Nanos, need: u64) -> Nanos {
-        let limit = self.policy.capacity();
-        let retry = match self.kind {
-            MeshKind::Bucket => {
-                self.refill(now);
-                need.saturating_mul(self.interval())
-                    .saturating_sub(self.level_ns)
-            }
-            MeshKind::FixedWindow => self.next_start.saturating_sub(now),
-            MeshKind::SlidingWindow => {
-                let allocated = self.allocated();
-                let w = self.policy.window_ns();
-                if allocated + need > limit || self.previous == 0 {
-                    self.next_start.saturating_sub(now)
-                } else {
-                    // previous · (w − e) / w ≤ limit − allocated − need.
-                    let room = limit - allocated - need;
-                    let e = w
-                        - (u128::from(room) * u128::from(w) / u128::from(self.previous))
-                            .min(u128::from(w)) as u64;
-                    (self.start + e).saturating_sub(now)
-                }
-            }
-        };
-        retry.max(1_000_000)
-    }
-}
-
-/// Tokens a holder was leased and has not reported spent or given back.
-fn unspent(h: &HolderRecord) -> u64 {
-    h.granted.saturating_sub(h.returned).saturating_sub(h.used)
 }
 
 fn blank(node: NodeId, incarnation: u64) -> HolderRecord {
     HolderRecord {
         node,
         incarnation,
+        holding: 0,
         granted: 0,
         returned: 0,
         used: 0,
@@ -949,175 +644,4 @@ fn blank(node: NodeId, incarnation: u64) -> HolderRecord {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    const KEY: KeyRef = KeyRef { policy: 0, key: 7 };
-    const S: Nanos = 1_000_000_000;
-
-    fn want(window: u64, granted: u64, used: u64, demand: u32) -> Want {
-        Want {
-            key: KEY,
-            window,
-            granted,
-            returned: 0,
-            used,
-            closed: false,
-            need: 0,
-            smallest: 0,
-            seq: 0,
-            refill: false,
-            demand,
-            previous_used: None,
-        }
-    }
-
-    fn granted(answer: Answer) -> (u64, Nanos) {
-        match answer {
-            Answer::Grant {
-                granted,
-                retry_after,
-                ..
-            } => (granted, retry_after),
-            Answer::Wait => panic!("waits"),
-        }
-    }
-
-    #[test]
-    fn a_fixed_window_never_leases_more_than_the_limit() {
-        let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-        let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-        let mut total = 0;
-        for i in 0..300u64 {
-            let node = i % 3;
-            let before = a
-                .holders()
-                .iter()
-                .find(|h| h.node == node)
-                .map_or(0, |h| h.granted);
-            a.report(10 * S + i, node, 1, &want(10, before, before, 32));
-            let (g, _) = granted(a.request(10 * S + i, node, 1, 1, 0));
-            total += g - before;
-        }
-        assert_eq!(total, 100);
-        // The next window starts afresh.
-        let (g, retry) = granted(a.request(11 * S, 0, 1, 5, 0));
-        assert_eq!(retry, 0);
-        assert!(g >= 5);
-    }
-
-    #[test]
-    fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts() {
-        let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-        let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
-        a.report(10 * S, 1, 1, &want(10, 0, 0, 0));
-        granted(a.request(10 * S, 1, 1, 80, 0));
-        // Half-way through the next window, 80 · 0.5 = 40 of the previous still weighs.
-        assert_eq!(a.available(11 * S + S / 2), 60);
-        // The holder reports it only used 20: the previous count shrinks.
-        let mut w = want(10, 80, 20, 0);
-        w.closed = true;
-        a.report(11 * S + S / 2, 1, 1, &w);
-        assert_eq!(a.available(11 * S + S / 2), 90);
-    }
-
-    #[test]
-    fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
-        let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-        let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
-        a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
-        granted(a.request(10 * S, 1, 1, 60, 0));
-        assert_eq!(a.available(10 * S), 40);
-        // A second later the bucket would be full, but 60 tokens are still leased.
-        assert_eq!(a.available(11 * S), 40);
-        // The holder reports it spent them: the cap rises, the level refills from there.
-        a.report(11 * S, 1, 1, &want(0, 60, 60, 0));
-        assert_eq!(a.available(11 * S), 40);
-        assert_eq!(a.available(11 * S + S / 2), 90);
-        // A dead holder's lease counts as spent.
-        granted(a.request(12 * S, 1, 1, 50, 0));
-        a.forget_holder(1);
-        assert_eq!(a.available(12 * S), 50);
-        assert_eq!(a.available(13 * S), 100);
-    }
-
-    #[test]
-    fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
-        let policy = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
-        let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-        a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
-        granted(a.request(10 * S, 1, 1, 10, 0));
-        a.report(10 * S, 2, 1, &want(0, 0, 0, 0));
-        assert_eq!(a.request(10 * S, 2, 1, 3, 11 * S), Answer::Wait);
-        assert_eq!(a.recall_targets(10 * S, 0), vec![(1, 0)]);
-        // Node 1 gives 5 back.
-        let window = a.frame().0;
-        let mut back = want(window, 10, 2, 0);
-        back.returned = 5;
-        a.report(10 * S + 1, 1, 1, &back);
-        let answers = a.serve_waiting(10 * S + 1);
-        assert_eq!(answers.len(), 1);
-        assert_eq!(granted(answers[0].2), (3, 0));
-        // Node 3 needs 5: the 2 left are granted, 3 more may come back from node 1 (it holds
-        // 3 unspent): the rest of its requests wait for them.
-        a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0));
-        match a.request(10 * S + 2, 3, 1, 5, 11 * S) {
-            Answer::Grant {
-                granted,
-                retry_after,
-                more_coming,
-                ..
-            } => assert_eq!((granted, retry_after, more_coming), (2, 0, 3)),
-            Answer::Wait => panic!("waits"),
-        }
-        // Node 1 spent them after all: node 3's waiting need cannot be met, it is denied
-        // with the window's end.
-        a.report(10 * S + 3, 1, 1, &want(window, 10, 5, 0));
-        a.report(10 * S + 3, 2, 1, &want(window, 3, 3, 0));
-        let answers = a.serve_waiting(10 * S + 3);
-        assert_eq!(answers.len(), 1);
-        let (_, retry) = granted(answers[0].2);
-        assert!(retry > 3000 * S, "{retry}");
-    }
-
-    #[test]
-    fn leases_follow_demand_and_shrink_near_the_limit() {
-        let policy = Policy::fixed_window(10_000, Duration::from_secs(1)).unwrap();
-        let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-        // 10 tokens per round: plenty of room, a long lease.
-        a.report(10 * S, 1, 1, &want(0, 0, 0, 160));
-        let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
-        assert_eq!(g, 1 + 250);
-        // Near the limit: at most half of the headroom.
-        let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-        let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-        a.report(10 * S, 1, 1, &want(0, 0, 0, 160));
-        let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
-        assert_eq!(g, 1 + 40);
-    }
-
-    #[test]
-    fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
-        let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-        let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-        a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
-        granted(a.request(10 * S, 1, 1, 30, 0));
-        // The receiver's clock is 5 s behind, known within 2 ms.
-        let offset = Offset {
-            offset: 5 * S as i64,
-            error: 2_000_000,
-            round_trip: 4_000_000,
-        };
-        let mut b = Authority::from_state(&a.state(), policy, MeshKind::FixedWindow, offset, 5 * S);
-        let (window, _, end) = b.frame();
-        assert_eq!(window, 10);
-        assert_eq!(end, 6 * S - 2_000_000);
-        assert_eq!(b.available(5 * S), 70);
-        // Between its end and the next start, requests wait.
-        assert_eq!(b.request(6 * S, 2, 1, 1, 7 * S), Answer::Wait);
-        let answers = b.serve_waiting(6 * S + 2_000_000);
-        assert_eq!(answers.len(), 1);
-    }
-}
+mod tests;

@@ -56,6 +56,8 @@ pub enum Slow {
 #[derive(Debug)]
 pub struct Holding {
     key: KeyRef,
+    /// Numbers this holding among the node's holdings of the key (see [`Want::holding`]).
+    id: u64,
     cell: Arc<LeaseCell>,
     kind: MeshKind,
     policy: Policy,
@@ -77,6 +79,11 @@ pub struct Holding {
     /// cost as much are denied here until then, without asking again.
     denied_until: Nanos,
     denied_cost: u64,
+    /// When the oldest want not answered yet went out, and the newest want answered: a
+    /// denial answering a later want counts its retry time from there (the authority
+    /// decided no earlier).
+    want_at: Nanos,
+    answered: u32,
     /// Cost offered per round, exponentially averaged, in sixteenths.
     demand: u32,
     used_at_tick: u64,
@@ -94,8 +101,9 @@ pub struct Holding {
 }
 
 impl Holding {
-    /// A key this node has no lease for yet.
-    pub fn new(key: KeyRef, policy: Policy, kind: MeshKind) -> Self {
+    /// A key this node has no lease for yet; `id` is larger than any earlier holding's of
+    /// the key on this node.
+    pub fn new(key: KeyRef, policy: Policy, kind: MeshKind, id: u64) -> Self {
         let cell = LeaseCell::new();
         if !kind.is_window() {
             // A bucket's lease never expires: its tokens stay counted until spent or given
@@ -104,6 +112,7 @@ impl Holding {
         }
         Holding {
             key,
+            id,
             cell: Arc::new(cell),
             kind,
             policy,
@@ -118,6 +127,8 @@ impl Holding {
             waiting: VecDeque::new(),
             denied_until: 0,
             denied_cost: 0,
+            want_at: 0,
+            answered: 0,
             demand: 0,
             used_at_tick: 0,
             offered: 0,
@@ -265,6 +276,9 @@ impl Holding {
             self.want_sent_at = Some(now + resend_after);
             self.want_need = need;
         }
+        if self.answered == self.want_seq {
+            self.want_at = now;
+        }
         self.want_seq = self.want_seq.wrapping_add(1).max(1);
         for w in self.waiting.iter_mut().filter(|w| w.asked == 0) {
             w.asked = self.want_seq;
@@ -287,6 +301,7 @@ impl Holding {
             refill,
             demand: self.demand,
             previous_used: self.previous_used,
+            holding: self.id,
         }
     }
 
@@ -299,6 +314,11 @@ impl Holding {
         grant: &Grant,
         expiry: Nanos,
     ) -> Vec<(u64, Decision)> {
+        // A grant for an earlier holding of the key (on its way when that holding was
+        // forgotten) was counted for that holding: not this one's.
+        if grant.holding != self.id {
+            return Vec::new();
+        }
         // An answer about a window whose lease already ended here (it came late, or out of
         // order) says nothing about the requests waiting now: they ask again.
         let stale = self.kind.is_window()
@@ -311,6 +331,14 @@ impl Holding {
             self.want_need = self.need();
             return Vec::new();
         }
+        // The authority's retry time counts from its decision, a trip before now: from the
+        // oldest want not answered yet, if this answers one of those.
+        let decided_at = if (grant.answers.wrapping_sub(self.answered) as i32) > 0 {
+            self.answered = grant.answers;
+            self.want_at
+        } else {
+            now
+        };
         let granted_before = (self.window, self.granted);
         if self.kind.is_window() {
             if grant.window > self.window || (self.closed && self.granted == 0 && self.window == 0)
@@ -371,7 +399,7 @@ impl Holding {
             }
             self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
-                self.denied_until = now + grant.retry_after;
+                self.denied_until = decided_at.saturating_add(grant.retry_after);
                 self.denied_cost = min;
             }
             for w in denied {
@@ -474,7 +502,8 @@ impl Holding {
         self.offered = 0;
         self.used_at_tick = if self.closed { 0 } else { used };
         let sample = u32::try_from(offered.saturating_mul(16)).unwrap_or(u32::MAX);
-        self.demand = self.demand - self.demand / 8 + sample / 8;
+        // div_ceil: with nothing offered the average reaches 0 (a floor would stop at 7).
+        self.demand = self.demand - self.demand.div_ceil(8) + sample / 8;
         if self.demand < 2 && offered == 0 {
             self.demand = 0;
         }
@@ -489,7 +518,10 @@ impl Holding {
         }
         let unspent = self.unspent();
         let per_round = u64::from(self.demand).div_ceil(16);
+        // Only while requests come: a lease refilled for a key that went quiet would only
+        // be given back.
         let refill = self.demand > 0
+            && self.idle_rounds == 0
             && self.waiting.is_empty()
             && now >= self.denied_until
             && unspent * 2 < per_round * SHORT_LEASE_ROUNDS;
@@ -519,9 +551,15 @@ impl Holding {
         self.previous_used = None;
     }
 
-    /// Tell whether the holding can be forgotten at `now`: nothing waits, nothing leased.
+    /// Tell whether the holding can be forgotten at `now`: nothing waits, nothing leased,
+    /// and (windows) its last lease is older than the window before the current one, so
+    /// the authority no longer counts it (a sliding window weighs the previous window).
     pub fn is_idle(&self, now: Nanos) -> bool {
-        self.waiting.is_empty()
+        let window_done = !self.kind.is_window()
+            || self.window == 0
+            || now >= self.expiry.saturating_add(self.policy.window_ns());
+        window_done
+            && self.waiting.is_empty()
             && self.demand == 0
             && self.idle_rounds >= IDLE_ROUNDS
             && now >= self.denied_until
@@ -555,13 +593,14 @@ mod tests {
             retry_after,
             more_coming: 0,
             answers: 1,
+            holding: 1,
         }
     }
 
     #[test]
     fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
         let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-        let mut h = Holding::new(KEY, policy, MeshKind::FixedWindow);
+        let mut h = Holding::new(KEY, policy, MeshKind::FixedWindow, 1);
         assert_eq!(h.slow(10 * S, 1, 3, 11 * S), Slow::Waits);
         assert_eq!(h.slow(10 * S, 2, 2, 11 * S), Slow::Waits);
         assert_eq!(h.need(), 5);
@@ -587,7 +626,7 @@ mod tests {
     #[test]
     fn a_denial_decides_the_waiting_and_later_requests_until_the_retry() {
         let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-        let mut h = Holding::new(KEY, policy, MeshKind::Bucket);
+        let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
         h.slow(S, 1, 4, 2 * S);
         h.slow(S, 2, 4, 2 * S);
         assert_eq!(h.want(S, 1, false, 1).need, 8);
@@ -611,7 +650,7 @@ mod tests {
     #[test]
     fn costs_above_the_capacity_cannot_fit_and_deadlines_deny() {
         let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-        let mut h = Holding::new(KEY, policy, MeshKind::Bucket);
+        let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
         assert!(
             matches!(h.slow(S, 1, 11, 2 * S), Slow::Decided(d) if d.verdict == crate::Verdict::CannotFit)
         );
@@ -625,7 +664,7 @@ mod tests {
     #[test]
     fn an_idle_lease_is_given_back() {
         let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-        let mut h = Holding::new(KEY, policy, MeshKind::Bucket);
+        let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
         h.slow(S, 1, 1, 2 * S);
         h.apply_grant(S, &grant(0, 6, 0), 0);
         for round in 0..IDLE_ROUNDS as u64 + 1 {
@@ -633,5 +672,34 @@ mod tests {
         }
         assert_eq!(h.cell().remaining(), 0);
         assert_eq!(h.want(2 * S, 100, false, 1).returned, 5);
+    }
+
+    #[test]
+    fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
+        let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+        let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+        h.slow(S, 1, 1, 2 * S);
+        h.apply_grant(S, &grant(0, 1, 0), 0);
+        // A steady stream: 3 requests a round, served from the lease.
+        let mut granted = 1;
+        for round in 0..50u64 {
+            for _ in 0..3 {
+                if h.cell().take(S + round, 1).is_err() {
+                    granted += 3;
+                    h.apply_grant(S + round, &grant(0, granted, 0), 0);
+                    h.cell().take(S + round, 1).unwrap();
+                }
+            }
+            h.tick(S + round, round);
+        }
+        // The stream stops: no refill is asked for, the demand decays to nothing and the
+        // holding can be forgotten.
+        let mut refills = 0;
+        for round in 50..200u64 {
+            let (_, refill) = h.tick(S + round, round);
+            refills += u32::from(refill);
+        }
+        assert_eq!(refills, 0);
+        assert!(h.is_idle(S + 200), "{h:?}");
     }
 }

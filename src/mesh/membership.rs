@@ -193,7 +193,13 @@ impl Membership {
         let Some(peer) = self.peers.get_mut(&from) else {
             return changes;
         };
-        if peer.incarnation.is_some_and(|i| i != header.incarnation) {
+        let restarted = peer.incarnation.is_some_and(|i| i != header.incarnation);
+        if peer.left && !restarted && !header.leaving {
+            // An older frame of the incarnation that left, overtaken by its leaving frames
+            // (datagrams and streams are not ordered): it says nothing new.
+            return changes;
+        }
+        if restarted {
             peer.clock.reset();
             peer.confirmed = 0;
             peer.last_received = None;
@@ -448,6 +454,12 @@ mod tests {
         leaving.leaving = true;
         assert_eq!(m.heard(30, 2, &leaving), vec![Change::Left(2)]);
         assert_eq!(m.alive_count(), 2);
+        // A frame it sent before leaving, overtaken by the leaving one, brings it back
+        // neither alive nor restarted; a new incarnation does.
+        assert!(m.heard(31, 2, &header(2, 25)).is_empty());
+        assert_eq!(m.alive_count(), 2);
+        assert!(m.heard(40, 2, &header(3, 40)).contains(&Change::Restarted(2)));
+        assert_eq!(m.alive_count(), 3);
     }
 
     #[test]

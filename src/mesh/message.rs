@@ -133,6 +133,9 @@ pub struct Want {
     /// The sender's final count of the window before `window` (windows), until the
     /// authority has it.
     pub previous_used: Option<u64>,
+    /// Which of the sender's holdings of the key the counts are for: a holding forgotten
+    /// while idle and made again later starts its counts afresh, under a larger number.
+    pub holding: u64,
 }
 
 /// The authority's answer to a holder.
@@ -156,6 +159,9 @@ pub struct Grant {
     /// The newest want of the receiver's the authority had seen (a denial answering an
     /// older one, duplicated or delayed, is ignored).
     pub answers: u32,
+    /// The receiver's holding the counts are for (see [`Want::holding`]): another holding's
+    /// grant is ignored.
+    pub holding: u64,
 }
 
 /// The per-holder record of an authority.
@@ -165,6 +171,8 @@ pub struct HolderRecord {
     pub node: NodeId,
     /// The holder's incarnation when the record was made.
     pub incarnation: u64,
+    /// The holder's holding the counts are for ([`Want::holding`]).
+    pub holding: u64,
     /// Granted in the current window (cumulative).
     pub granted: u64,
     /// Returned in the current window (cumulative).

@@ -31,105 +31,22 @@ use std::sync::Arc;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::mesh::NodeId;
-use crate::mesh::authority::{Answer, Authority, MeshKind};
+use crate::mesh::authority::{Authority, MeshKind};
 use crate::mesh::baseline::{Admission, Baseline};
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::lease::MAX_LEASE_TOKENS;
-use crate::mesh::membership::{Change, Membership};
-use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef, Want};
+use crate::mesh::membership::Membership;
+use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
 use crate::mesh::outbox::{self, FrameError, Outbox, Transmit};
 use crate::mesh::timing::Offset;
 use crate::policy::Policy;
 
-/// The least time between two recalls of one key's leases.
-const RECALL_GAP_NS: Nanos = 1_000_000;
+mod config;
+mod owner;
+mod recovery;
 
-/// A node's configuration.
-#[derive(Debug, Clone)]
-pub struct NodeConfig {
-    /// This node.
-    pub id: NodeId,
-    /// The members it starts with; it may include `id`.
-    pub seeds: Vec<NodeId>,
-    /// The number of members a majority is counted over (at least the seeds and this node;
-    /// 0: exactly those).
-    pub cluster_size: usize,
-    /// The gossip interval in ns (one round).
-    pub gossip_interval_ns: Nanos,
-    /// Rounds of silence after which a member is declared dead.
-    pub dead_after_rounds: u64,
-    /// The longest a request waits for its key's owner before it is denied, in ns.
-    pub max_wait_ns: Nanos,
-    /// The largest datagram, in bytes.
-    pub max_datagram_bytes: usize,
-    /// The rule of admission (the baselines are for the simulator).
-    pub admission: Admission,
-    /// The most keys a node holds.
-    pub max_keys: usize,
-    /// The cluster's global policies, indexed by position (the same list on every node).
-    pub policies: Vec<Policy>,
-    /// This run's incarnation (0: derived from the clock at start); must change on restart.
-    pub incarnation: u64,
-}
-
-impl NodeConfig {
-    /// A configuration with the defaults for `id` among `seeds`.
-    pub fn new(id: NodeId, seeds: Vec<NodeId>, policies: Vec<Policy>) -> Self {
-        NodeConfig {
-            id,
-            seeds,
-            cluster_size: 0,
-            gossip_interval_ns: 20_000_000,
-            dead_after_rounds: 10,
-            max_wait_ns: 100_000_000,
-            max_datagram_bytes: 1150,
-            admission: Admission::Leases,
-            max_keys: 1_000_000,
-            policies,
-            incarnation: 0,
-        }
-    }
-
-    /// Rounds an authority stays valid after the frame its successor last confirmed: one
-    /// round less than the silence after which the successor may declare it dead (the
-    /// successor heard that frame no earlier than it was sent), so it lapses first. The
-    /// round trip plus a round must stay below it, or the owner stalls.
-    pub fn authority_lease_rounds(&self) -> u64 {
-        self.dead_after_rounds.saturating_sub(1).max(1)
-    }
-}
-
-/// Why a node could not be built.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum MeshError {
-    /// A policy the mesh cannot share.
-    #[error(
-        "policy {index}: the mesh shares token buckets, GCRA, fixed and sliding windows, not {algorithm}"
-    )]
-    UnsupportedAlgorithm {
-        /// The policy's index.
-        index: usize,
-        /// Its algorithm.
-        algorithm: &'static str,
-    },
-    /// A limit above what a lease holds.
-    #[error("policy {index}: a mesh limit is at most {MAX_LEASE_TOKENS}, got {limit}")]
-    LimitTooLarge {
-        /// The policy's index.
-        index: usize,
-        /// Its limit.
-        limit: u64,
-    },
-    /// A setting out of range.
-    #[error("{field}: {reason}")]
-    Invalid {
-        /// The field.
-        field: &'static str,
-        /// What is wrong.
-        reason: &'static str,
-    },
-}
+pub use config::{MeshError, NodeConfig};
 
 /// How a request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,6 +135,8 @@ pub struct Node {
     round: u64,
     next_tick: Nanos,
     next_id: u64,
+    /// The number the next holding of a key gets ([`crate::mesh::message::Want::holding`]).
+    next_holding: u64,
     /// How deep the current call re-asks through this node's own authority.
     local_depth: u8,
     /// Authorities changed since their last backup.
@@ -324,6 +243,7 @@ impl Node {
             round: now / g,
             next_tick: (now / g + 1) * g,
             next_id: 1,
+            next_holding: 1,
             local_depth: 0,
             dirty: BTreeSet::new(),
             running: sync_waiting.is_empty(),
@@ -464,7 +384,8 @@ impl Node {
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
         if !self.holdings.contains_key(&key) {
             let (policy, kind) = self.policy(key.policy)?;
-            let h = Holding::new(key, policy, kind);
+            let h = Holding::new(key, policy, kind, self.next_holding);
+            self.next_holding += 1;
             self.cells.insert(key, Arc::clone(h.cell()));
             self.holdings.insert(key, h);
         }
@@ -532,63 +453,6 @@ impl Node {
         }
     }
 
-    /// Make sure this node keeps the key's authority if it should and may; tell whether it
-    /// can grant from it now.
-    fn authority_ready(&mut self, key: KeyRef, now: Nanos) -> bool {
-        let (owner, successor) = self.membership.owner_and_successor(key.key);
-        if owner != self.config.id {
-            if self.authorities.contains_key(&key) {
-                self.hand_off(key, owner);
-            }
-            return false;
-        }
-        if !self.lease_holds(key.key, successor, now) {
-            return false;
-        }
-        if self.authorities.contains_key(&key) {
-            return true;
-        }
-        if !self.running {
-            return false;
-        }
-        let Some((policy, kind)) = self.policy(key.policy) else {
-            return false;
-        };
-        let authority = match self.backups.remove(&key) {
-            Some((from, state)) => {
-                self.stats.promotions += 1;
-                let offset = self.offset_or_guess(from, now);
-                Authority::from_state(&state, policy, kind, offset, now)
-            }
-            None => Authority::fresh(key, policy, kind, now),
-        };
-        self.authorities.insert(key, authority);
-        self.dirty.insert(key);
-        self.note_frame(key, None);
-        true
-    }
-
-    /// Tell whether this node may grant from `key` as its owner at `now`: its successor
-    /// confirmed hearing it within the authority lease and, by the view it last told, ranks
-    /// it first for the key too (two nodes that each count the other dead cannot both lean on
-    /// one successor), and it heard a majority of the members within the lease.
-    fn lease_holds(&self, key: u64, successor: Option<NodeId>, now: Nanos) -> bool {
-        let lease = self.config.authority_lease_rounds() * self.config.gossip_interval_ns;
-        if let Some(s) = successor {
-            let confirmed = self.membership.peer(s).map_or(0, |p| p.confirmed);
-            if confirmed.saturating_add(lease) <= now || !self.membership.agrees_i_own(s, key) {
-                return false;
-            }
-        }
-        let heard = 1 + self
-            .membership
-            .peers()
-            .values()
-            .filter(|p| !p.left && p.heard_at.saturating_add(lease) > now)
-            .count();
-        heard * 2 > self.membership.configured()
-    }
-
     /// Tell whether this node could grant from a key's budget at `now` (it keeps the key's
     /// authority, owns the key, and its authority lease holds).
     pub fn can_grant(&self, policy: u32, key: u64, now: Nanos) -> bool {
@@ -605,120 +469,6 @@ impl Node {
         self.backups
             .get(&KeyRef { policy, key })
             .map(|(_, state)| state)
-    }
-
-    /// A peer's clock offset, or a wide guess (a dead node's clock cannot be asked): the
-    /// whole failure detection time either way.
-    fn offset_or_guess(&self, from: NodeId, now: Nanos) -> Offset {
-        self.membership.offset(from, now).unwrap_or(Offset {
-            offset: 0,
-            error: self.config.dead_after_rounds * self.config.gossip_interval_ns,
-            round_trip: 0,
-        })
-    }
-
-    fn note_frame(&mut self, key: KeyRef, before: Option<u64>) {
-        if let Some(a) = self.authorities.get(&key)
-            && self.kinds[key.policy as usize].is_window()
-        {
-            let (window, start, _) = a.frame();
-            if before != Some(window) {
-                self.events.push_back(Event::Window { key, window, start });
-            }
-        }
-    }
-
-    /// A holder's want reached this node (the key's owner, as the holder sees it).
-    fn on_want(&mut self, now: Nanos, from: NodeId, incarnation: u64, want: Want) {
-        let key = want.key;
-        self.touched.push(key);
-        if !self.authority_ready(key, now) {
-            let owner = self.membership.owner_and_successor(key.key).0;
-            if owner != self.config.id && from != self.config.id {
-                self.outbox.push(from, Item::NotOwner(key));
-            }
-            return;
-        }
-        let max_wait = self.config.max_wait_ns;
-        let a = self.authorities.get_mut(&key).expect("made ready above");
-        let before = Some(a.frame().0);
-        // Grants already on their way serve part of the need (a holder asks again as more
-        // requests queue, before the first answer arrives); the answer then only repeats
-        // what was granted, which also makes up for a lost grant.
-        let in_flight = a.in_flight(now, from, &want);
-        let news = a.report(now, from, incarnation, &want);
-        let need = want.need.saturating_sub(in_flight);
-        let answer = if need > 0 {
-            Some(a.request(now, from, incarnation, need, now + max_wait))
-        } else if want.need > 0 {
-            Some(a.current(now, from))
-        } else if want.refill {
-            Some(a.request(now, from, incarnation, 0, now))
-        } else if news || want.previous_used.is_some() {
-            Some(a.current(now, from))
-        } else {
-            None
-        };
-        let recall = a.recall_targets(now, RECALL_GAP_NS);
-        self.dirty.insert(key);
-        self.note_frame(key, before);
-        if let Some(answer) = answer {
-            self.answer(now, key, from, answer);
-        }
-        // A report may free tokens for whoever waits, or show that none can be had.
-        self.serve_waiting(key, now);
-        self.recall(now, key, recall);
-    }
-
-    fn recall(&mut self, now: Nanos, key: KeyRef, targets: Vec<(NodeId, u64)>) {
-        for (n, keep) in targets {
-            if n == self.config.id {
-                if let Some(h) = self.holdings.get_mut(&key) {
-                    h.recall(keep);
-                    self.ask(key, now, false);
-                }
-            } else {
-                self.outbox.push(n, Item::Recall { key, keep });
-            }
-        }
-    }
-
-    fn answer(&mut self, now: Nanos, key: KeyRef, to: NodeId, answer: Answer) {
-        let Answer::Grant {
-            window,
-            granted,
-            ends_at,
-            retry_after,
-            more_coming,
-        } = answer
-        else {
-            return;
-        };
-        self.stats.grants += 1;
-        let answers = self.authorities.get(&key).map_or(0, |a| a.seq_of(to));
-        let grant = Grant {
-            key,
-            window,
-            granted,
-            ends_at,
-            retry_after,
-            more_coming,
-            answers,
-        };
-        if to == self.config.id {
-            // Other holders report what they were granted to whoever takes over after a
-            // crash; this node cannot, so its own grants reach the backup at once.
-            if let (Some(a), (_, Some(successor))) = (
-                self.authorities.get(&key),
-                self.membership.owner_and_successor(key.key),
-            ) {
-                self.stats.backups_sent += 1;
-                self.outbox.push_backup(successor, a.state());
-            }
-            self.on_grant(now, to, grant);
-        } else {
-            self.outbox.push(to, Item::Grant(grant));
-        }
     }
 
     fn on_grant(&mut self, now: Nanos, from: NodeId, grant: Grant) {
@@ -753,64 +503,6 @@ impl Node {
             self.local_depth += 1;
             self.ask(grant.key, now, false);
             self.local_depth -= 1;
-        }
-    }
-
-    fn hand_off(&mut self, key: KeyRef, to: NodeId) {
-        if let Some(a) = self.authorities.remove(&key) {
-            self.stats.handoffs_sent += 1;
-            self.outbox.push_reliable(to, Item::Handoff(a.state()));
-            self.dirty.remove(&key);
-        }
-    }
-
-    fn on_handoff(&mut self, now: Nanos, from: NodeId, state: AuthorityState) {
-        self.stats.handoffs_received += 1;
-        let offset = self.offset_or_guess(from, now);
-        self.install(now, from, offset, state);
-    }
-
-    /// Take over an authority's state (a handoff, or a restore after a restart), merged with
-    /// what this node keeps of the key; times are converted with `offset`.
-    fn install(&mut self, now: Nanos, _from: NodeId, offset: Offset, state: AuthorityState) {
-        let key = state.key;
-        self.touched.push(key);
-        let Some((policy, kind)) = self.policy(key.policy) else {
-            return;
-        };
-        self.backups.remove(&key);
-        let incoming = Authority::from_state(&state, policy, kind, offset, now);
-        let before = self.authorities.get(&key).map(|a| a.frame().0);
-        match self.authorities.get_mut(&key) {
-            Some(a) => a.merge(&incoming),
-            None => {
-                self.authorities.insert(key, incoming);
-            }
-        }
-        self.dirty.insert(key);
-        self.note_frame(key, before);
-        // Pass it on if this node is not the owner (any more).
-        let owner = self.membership.owner_and_successor(key.key).0;
-        if owner != self.config.id {
-            self.hand_off(key, owner);
-        } else {
-            self.serve_waiting(key, now);
-        }
-    }
-
-    fn serve_waiting(&mut self, key: KeyRef, now: Nanos) {
-        self.touched.push(key);
-        let Some(a) = self.authorities.get_mut(&key) else {
-            return;
-        };
-        if !a.has_waiters() {
-            return;
-        }
-        let before = Some(a.frame().0);
-        let answers = a.serve_waiting(now);
-        self.note_frame(key, before);
-        for (node, _, answer) in answers {
-            self.answer(now, key, node, answer);
         }
     }
 
@@ -899,134 +591,6 @@ impl Node {
             }
         }
         Ok(())
-    }
-
-    /// A peer that declared this node dead may have taken over the authorities it backs up:
-    /// hand them to it (it merges them with what it granted since) and let it hand them back.
-    fn check_deaths(&mut self, from: NodeId) {
-        let Some(deaths) = self.membership.peer(from).map(|p| p.my_deaths) else {
-            return;
-        };
-        let seen = self.deaths_seen.entry(from).or_insert(0);
-        if deaths <= *seen {
-            return;
-        }
-        *seen = deaths;
-        let keys: Vec<KeyRef> = self
-            .authorities
-            .keys()
-            .copied()
-            .filter(|k| self.membership.owner_and_successor(k.key).1 == Some(from))
-            .collect();
-        for key in keys {
-            self.hand_off(key, from);
-        }
-    }
-
-    /// Send a starting peer what it should hold: the authorities it owns, the backups of the
-    /// keys it would take over.
-    fn answer_sync(&mut self, to: NodeId, incarnation: u64) {
-        self.answered_sync.insert(to, incarnation);
-        let owned: Vec<KeyRef> = self
-            .authorities
-            .keys()
-            .copied()
-            .filter(|k| self.membership.owner_and_successor(k.key).0 == to)
-            .collect();
-        for key in owned {
-            self.hand_off(key, to);
-        }
-        let backed: Vec<AuthorityState> = self
-            .authorities
-            .iter()
-            .filter(|(k, _)| self.membership.owner_and_successor(k.key).1 == Some(to))
-            .map(|(_, a)| a.state())
-            .collect();
-        for state in backed {
-            self.stats.backups_sent += 1;
-            self.outbox.push_reliable(to, Item::Backup(state));
-        }
-        // What it kept before it restarted: the backups it sent this node.
-        let restored: Vec<AuthorityState> = self
-            .backups
-            .iter()
-            .filter(|(k, (from, _))| {
-                *from == to && self.membership.owner_and_successor(k.key).0 == to
-            })
-            .map(|(_, (_, state))| state.clone())
-            .collect();
-        for state in restored {
-            self.outbox.push_reliable(to, Item::Restore(state));
-        }
-        self.outbox.push_reliable(to, Item::SyncDone);
-    }
-
-    fn finish_sync(&mut self) {
-        if !self.running && self.sync_waiting.is_empty() {
-            self.running = true;
-            self.membership.set_syncing(false);
-            self.events.push_back(Event::Recovered);
-        }
-    }
-
-    fn apply_changes(&mut self, now: Nanos, changes: &[Change]) {
-        for &change in changes {
-            match change {
-                Change::Down(p) | Change::Left(p) => {
-                    self.events.push_back(if matches!(change, Change::Down(_)) {
-                        Event::PeerDown(p)
-                    } else {
-                        Event::PeerLeft(p)
-                    });
-                    for a in self.authorities.values_mut() {
-                        a.forget_holder(p);
-                    }
-                    self.sync_waiting.remove(&p);
-                }
-                Change::Up(p) => self.events.push_back(Event::PeerUp(p)),
-                Change::Restarted(p) => {
-                    self.events.push_back(Event::PeerRestarted(p));
-                    for a in self.authorities.values_mut() {
-                        a.forget_holder(p);
-                    }
-                    if let Some(b) = &mut self.baseline {
-                        b.forget(p);
-                    }
-                    self.answered_sync.remove(&p);
-                    self.deaths_seen.remove(&p);
-                }
-            }
-        }
-        if !changes.is_empty() {
-            self.finish_sync();
-        }
-        if self.membership.version() != self.membership_version {
-            self.membership_version = self.membership.version();
-            self.rebalance(now);
-        }
-    }
-
-    /// The live members changed: move authorities to their owners, back up to the new
-    /// successors, and tell the new owners of this node's keys what it holds.
-    fn rebalance(&mut self, now: Nanos) {
-        let keys: Vec<KeyRef> = self.authorities.keys().copied().collect();
-        for key in keys {
-            let owner = self.membership.owner_and_successor(key.key).0;
-            if owner != self.config.id {
-                self.hand_off(key, owner);
-            } else {
-                self.dirty.insert(key);
-            }
-        }
-        let keys: Vec<KeyRef> = self.holdings.keys().copied().collect();
-        for key in keys {
-            let h = self.holdings.get_mut(&key).expect("listed");
-            h.report_due();
-            if h.waiting() > 0 {
-                self.ask(key, now, false);
-            }
-        }
-        // Backups of keys this node now owns are taken over when a holder asks.
     }
 
     /// Run the node's timer at `now`: a round's work when a round began, and the deadlines.

@@ -277,6 +277,7 @@ mod tests {
             retry_after: 0,
             more_coming: 0,
             answers: 0,
+            holding: 1 << 40,
         })
     }
 

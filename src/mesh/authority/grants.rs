@@ -1,0 +1,371 @@
+//! How an authority answers holders: grants with a lease on top, waits for recalled or
+//! refilled tokens, denials with a retry time, and recalls of unused leases.
+
+use std::collections::VecDeque;
+
+use super::{Answer, Authority, LONG_LEASE_ROUNDS, MeshKind, SHORT_LEASE_ROUNDS, Waiter};
+use crate::clock::Nanos;
+use crate::mesh::NodeId;
+use crate::mesh::message::HolderRecord;
+
+impl Authority {
+    /// Serve a request of `need` tokens from `node` (whose report was applied just before):
+    /// grant, wait for recalled tokens (until `deadline`), or deny with a retry time.
+    pub fn request(
+        &mut self,
+        now: Nanos,
+        node: NodeId,
+        incarnation: u64,
+        need: u64,
+        deadline: Nanos,
+    ) -> Answer {
+        self.roll(now);
+        if self.kind.is_window() && now >= self.end && now < self.next_start {
+            // After a handover, the next window starts a little later than this one ended.
+            self.enqueue(now, node, need, deadline);
+            return Answer::Wait;
+        }
+        self.offer(now, node, incarnation, need, deadline)
+    }
+
+    /// Grant what `need` gets now: all of it (with a lease on top), or what is free while
+    /// the rest waits for recalled tokens, or what is free with a denial of the rest.
+    fn offer(
+        &mut self,
+        now: Nanos,
+        node: NodeId,
+        incarnation: u64,
+        need: u64,
+        deadline: Nanos,
+    ) -> Answer {
+        let available = self.available(now);
+        if need <= available {
+            let extra = self.lease_extra(node, available - need);
+            return self.grant(node, incarnation, need + extra, 0);
+        }
+        let recoverable = if now < deadline {
+            self.recoverable(now, node)
+        } else {
+            0
+        };
+        // What is free now serves the first waiting requests; as much of the rest as a
+        // recall may bring back waits; the rest is denied now.
+        let coming = (need - available).min(recoverable);
+        if coming > 0 {
+            self.enqueue(now, node, coming, deadline);
+        }
+        let denied = available + coming < need;
+        if available == 0 && !denied {
+            return Answer::Wait;
+        }
+        let answer = self.grant_more(node, incarnation, available, 0, coming);
+        if !denied {
+            return answer;
+        }
+        // When the cheapest of the requests left could fit, after this grant and with what
+        // the recall brings back (the holder asks again then; a later estimate would deny
+        // it requests there is room for).
+        let smallest = self
+            .smallest
+            .get(&node)
+            .copied()
+            .unwrap_or(need)
+            .clamp(1, need);
+        let retry = self.retry_after(now, smallest.saturating_sub(coming).max(1));
+        match answer {
+            Answer::Grant {
+                window,
+                granted,
+                ends_at,
+                more_coming,
+                ..
+            } => Answer::Grant {
+                window,
+                granted,
+                ends_at,
+                retry_after: retry,
+                more_coming,
+            },
+            Answer::Wait => Answer::Wait,
+        }
+    }
+
+    fn enqueue(&mut self, now: Nanos, node: NodeId, need: u64, deadline: Nanos) {
+        let wake = now
+            .saturating_add(self.retry_after(now, need))
+            .min(deadline);
+        match self.waiting.iter_mut().find(|w| w.node == node) {
+            Some(w) => {
+                w.need = w.need.max(need);
+                w.deadline = w.deadline.max(deadline);
+                w.wake = w.wake.min(wake);
+            }
+            None => self.waiting.push_back(Waiter {
+                node,
+                need,
+                deadline,
+                wake,
+            }),
+        }
+    }
+
+    fn grant(&mut self, node: NodeId, incarnation: u64, tokens: u64, retry_after: Nanos) -> Answer {
+        self.grant_more(node, incarnation, tokens, retry_after, 0)
+    }
+
+    fn grant_more(
+        &mut self,
+        node: NodeId,
+        incarnation: u64,
+        tokens: u64,
+        retry_after: Nanos,
+        more_coming: u64,
+    ) -> Answer {
+        let interval = self.interval();
+        let kind = self.kind;
+        let r = self.record_mut(node, incarnation);
+        r.granted += tokens;
+        let granted = r.granted;
+        if kind == MeshKind::Bucket {
+            self.level_ns = self
+                .level_ns
+                .saturating_sub(tokens.saturating_mul(interval));
+        }
+        if tokens > 0 {
+            self.version += 1;
+        }
+        Answer::Grant {
+            window: if kind.is_window() { self.window } else { 0 },
+            granted,
+            ends_at: if kind.is_window() { self.end } else { 0 },
+            retry_after,
+            more_coming,
+        }
+    }
+
+    /// Tokens a wait may free at `now`: what other holders sit on, as far as their reports
+    /// tell (a recall brings it back), and, for a sliding window, the weight of what the
+    /// previous window leased but may not have used (the final counts are on their way).
+    fn recoverable(&self, now: Nanos, except: NodeId) -> u64 {
+        let unspent_leases: u64 = self
+            .holders
+            .iter()
+            .filter(|h| h.node != except && h.incarnation != 0)
+            .map(unspent)
+            .sum();
+        let pending_finals = if self.kind == MeshKind::SlidingWindow {
+            let unconfirmed: u64 = self
+                .holders
+                .iter()
+                .filter(|h| !h.previous_final)
+                .map(|h| h.previous_held)
+                .sum();
+            let w = self.policy.window_ns();
+            let elapsed = now.saturating_sub(self.start).min(w);
+            (u128::from(unconfirmed) * u128::from(w - elapsed)).div_ceil(u128::from(w)) as u64
+        } else {
+            0
+        };
+        unspent_leases + pending_finals
+    }
+
+    /// Return the holders to ask for tokens back, with what each may keep, when requests
+    /// wait: what they hold beyond a round of their demand if that is enough, else all of
+    /// it. At most once per `min_gap` ns.
+    pub fn recall_targets(&mut self, now: Nanos, min_gap: Nanos) -> Vec<(NodeId, u64)> {
+        if self.waiting.is_empty() || now < self.recalled_at.saturating_add(min_gap) {
+            return Vec::new();
+        }
+        let waiting: Vec<NodeId> = self.waiting.iter().map(|w| w.node).collect();
+        let wanted: u64 = self.waiting.iter().map(|w| w.need).sum();
+        let shortfall = wanted.saturating_sub(self.available(now));
+        let round = |h: &HolderRecord| u64::from(h.demand).div_ceil(16);
+        let candidates: Vec<&HolderRecord> = self
+            .holders
+            .iter()
+            .filter(|h| h.incarnation != 0 && !waiting.contains(&h.node) && unspent(h) > 0)
+            .collect();
+        let beyond_a_round: u64 = candidates
+            .iter()
+            .map(|h| unspent(h).saturating_sub(round(h)))
+            .sum();
+        let keep_a_round = beyond_a_round >= shortfall;
+        let targets: Vec<(NodeId, u64)> = candidates
+            .into_iter()
+            .filter(|h| !keep_a_round || unspent(h) > round(h))
+            .map(|h| (h.node, if keep_a_round { round(h) } else { 0 }))
+            .collect();
+        if !targets.is_empty() {
+            self.recalled_at = now;
+        }
+        targets
+    }
+
+    /// Serve the waiting requests that can be served at `now` (after returns, or a new
+    /// window), and deny those past their deadline; return the answers by node.
+    pub fn serve_waiting(&mut self, now: Nanos) -> Vec<(NodeId, u64, Answer)> {
+        let mut answers = Vec::new();
+        let mut still = VecDeque::new();
+        while let Some(w) = self.waiting.pop_front() {
+            let incarnation = self
+                .holders
+                .iter()
+                .find(|h| h.node == w.node)
+                .map_or(0, |h| h.incarnation);
+            if self.kind.is_window() && now >= self.end && now < self.next_start {
+                if now >= w.deadline {
+                    let retry = self.next_start - now;
+                    answers.push((
+                        w.node,
+                        incarnation,
+                        self.grant(w.node, incarnation, 0, retry),
+                    ));
+                } else {
+                    still.push_back(Waiter {
+                        wake: self.next_start.min(w.deadline),
+                        ..w
+                    });
+                }
+                continue;
+            }
+            if self.available(now) == 0
+                && now < w.deadline
+                && self.recoverable(now, w.node) >= w.need
+            {
+                let wake = now.saturating_add(self.retry_after(now, w.need));
+                still.push_back(Waiter {
+                    wake: wake.min(w.deadline),
+                    ..w
+                });
+                continue;
+            }
+            let before = self.waiting.len();
+            let answer = self.offer(now, w.node, incarnation, w.need, w.deadline);
+            // `offer` queued the rest at the back: keep this waiter's place instead.
+            if self.waiting.len() > before
+                && let Some(rest) = self.waiting.pop_back()
+            {
+                still.push_back(rest);
+            }
+            if answer != Answer::Wait {
+                answers.push((w.node, incarnation, answer));
+            }
+        }
+        self.waiting = still;
+        answers
+    }
+
+    /// Look at the waiting requests no sooner than `at` (while the authority may not grant,
+    /// only their deadlines matter).
+    pub fn defer_wakes(&mut self, at: Nanos) {
+        for w in &mut self.waiting {
+            w.wake = w.wake.max(at).min(w.deadline);
+        }
+    }
+
+    /// Deny the waiting requests past their deadline (while the authority may not grant).
+    pub fn deny_overdue(&mut self, now: Nanos) -> Vec<(NodeId, Answer)> {
+        let mut answers = Vec::new();
+        let overdue: Vec<Waiter> = self
+            .waiting
+            .iter()
+            .copied()
+            .filter(|w| w.deadline <= now)
+            .collect();
+        self.waiting.retain(|w| w.deadline > now);
+        for w in overdue {
+            let incarnation = self
+                .holders
+                .iter()
+                .find(|h| h.node == w.node)
+                .map_or(0, |h| h.incarnation);
+            let retry = self.retry_after(now, w.need);
+            answers.push((w.node, self.grant(w.node, incarnation, 0, retry)));
+        }
+        answers
+    }
+
+    /// Answer `node` with what it holds now, granting nothing (an acknowledgement).
+    pub fn current(&mut self, now: Nanos, node: NodeId) -> Answer {
+        self.roll(now);
+        let granted = self
+            .holders
+            .iter()
+            .find(|h| h.node == node)
+            .map_or(0, |h| h.granted);
+        Answer::Grant {
+            window: if self.kind.is_window() {
+                self.window
+            } else {
+                0
+            },
+            granted,
+            ends_at: if self.kind.is_window() { self.end } else { 0 },
+            retry_after: 0,
+            more_coming: 0,
+        }
+    }
+
+    /// How many tokens beyond `need` to lease to `node`, out of `headroom` (none while
+    /// others wait: what is free goes to them first).
+    fn lease_extra(&self, node: NodeId, headroom: u64) -> u64 {
+        let Some(r) = self.holders.iter().find(|h| h.node == node) else {
+            return 0;
+        };
+        if r.demand == 0 || headroom == 0 || self.waiting.iter().any(|w| w.node != node) {
+            return 0;
+        }
+        let total: u64 = self
+            .holders
+            .iter()
+            .filter(|h| h.incarnation != 0)
+            .map(|h| u64::from(h.demand))
+            .sum::<u64>()
+            .max(1);
+        let demand = u64::from(r.demand);
+        let plentiful =
+            u128::from(headroom) * 16 >= u128::from(total) * u128::from(4 * LONG_LEASE_ROUNDS);
+        let rounds = if plentiful {
+            LONG_LEASE_ROUNDS
+        } else {
+            SHORT_LEASE_ROUNDS
+        };
+        let target = (demand * rounds).div_ceil(16);
+        let unspent = r.granted.saturating_sub(r.returned).saturating_sub(r.used);
+        let cap = (u128::from(headroom) * u128::from(demand) / u128::from(total) / 2) as u64;
+        target.saturating_sub(unspent).min(cap)
+    }
+
+    /// When `need` tokens could be had at the earliest (from `now`), in ns (at least 1 ms).
+    pub fn retry_after(&mut self, now: Nanos, need: u64) -> Nanos {
+        let limit = self.policy.capacity();
+        let retry = match self.kind {
+            MeshKind::Bucket => {
+                self.refill(now);
+                need.saturating_mul(self.interval())
+                    .saturating_sub(self.level_ns)
+            }
+            MeshKind::FixedWindow => self.next_start.saturating_sub(now),
+            MeshKind::SlidingWindow => {
+                let allocated = self.allocated();
+                let w = self.policy.window_ns();
+                if allocated + need > limit || self.previous == 0 {
+                    self.next_start.saturating_sub(now)
+                } else {
+                    // previous · (w − e) / w ≤ limit − allocated − need.
+                    let room = limit - allocated - need;
+                    let e = w
+                        - (u128::from(room) * u128::from(w) / u128::from(self.previous))
+                            .min(u128::from(w)) as u64;
+                    (self.start + e).saturating_sub(now)
+                }
+            }
+        };
+        retry.max(1_000_000)
+    }
+}
+
+/// Tokens a holder was leased and has not reported spent or given back.
+fn unspent(h: &HolderRecord) -> u64 {
+    h.granted.saturating_sub(h.returned).saturating_sub(h.used)
+}

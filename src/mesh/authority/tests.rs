@@ -1,0 +1,190 @@
+use std::time::Duration;
+
+use super::*;
+
+const KEY: KeyRef = KeyRef { policy: 0, key: 7 };
+const S: Nanos = 1_000_000_000;
+
+fn want(window: u64, granted: u64, used: u64, demand: u32) -> Want {
+    Want {
+        key: KEY,
+        window,
+        granted,
+        returned: 0,
+        used,
+        closed: false,
+        need: 0,
+        smallest: 0,
+        seq: 0,
+        refill: false,
+        demand,
+        previous_used: None,
+        holding: 1,
+    }
+}
+
+fn granted(answer: Answer) -> (u64, Nanos) {
+    match answer {
+        Answer::Grant {
+            granted,
+            retry_after,
+            ..
+        } => (granted, retry_after),
+        Answer::Wait => panic!("waits"),
+    }
+}
+
+#[test]
+fn a_fixed_window_never_leases_more_than_the_limit() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    let mut total = 0;
+    for i in 0..300u64 {
+        let node = i % 3;
+        let before = a
+            .holders()
+            .iter()
+            .find(|h| h.node == node)
+            .map_or(0, |h| h.granted);
+        a.report(10 * S + i, node, 1, &want(10, before, before, 32));
+        let (g, _) = granted(a.request(10 * S + i, node, 1, 1, 0));
+        total += g - before;
+    }
+    assert_eq!(total, 100);
+    // The next window starts afresh.
+    let (g, retry) = granted(a.request(11 * S, 0, 1, 5, 0));
+    assert_eq!(retry, 0);
+    assert!(g >= 5);
+}
+
+#[test]
+fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts() {
+    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
+    a.report(10 * S, 1, 1, &want(10, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 80, 0));
+    // Half-way through the next window, 80 · 0.5 = 40 of the previous still weighs.
+    assert_eq!(a.available(11 * S + S / 2), 60);
+    // The holder reports it only used 20: the previous count shrinks.
+    let mut w = want(10, 80, 20, 0);
+    w.closed = true;
+    a.report(11 * S + S / 2, 1, 1, &w);
+    assert_eq!(a.available(11 * S + S / 2), 90);
+}
+
+#[test]
+fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
+    let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 60, 0));
+    assert_eq!(a.available(10 * S), 40);
+    // A second later the bucket would be full, but 60 tokens are still leased.
+    assert_eq!(a.available(11 * S), 40);
+    // The holder reports it spent them: the cap rises, the level refills from there.
+    a.report(11 * S, 1, 1, &want(0, 60, 60, 0));
+    assert_eq!(a.available(11 * S), 40);
+    assert_eq!(a.available(11 * S + S / 2), 90);
+    // A dead holder's lease counts as spent.
+    granted(a.request(12 * S, 1, 1, 50, 0));
+    a.forget_holder(1);
+    assert_eq!(a.available(12 * S), 50);
+    assert_eq!(a.available(13 * S), 100);
+}
+
+#[test]
+fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
+    let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    assert_eq!(a.available(10 * S), 100);
+    // A holder leased 715 tokens from an earlier state of this key, gave 91 back and
+    // spent 600: 24 are still in its lease, and its 91 returned tokens went back into
+    // the earlier state's bucket, not into this one.
+    let mut w = want(0, 715, 600, 0);
+    w.returned = 91;
+    a.report(10 * S, 0, 1, &w);
+    assert_eq!(a.available(10 * S), 76);
+    // Once its lease is spent, later reports change nothing until the bucket refills.
+    let mut w = want(0, 715, 624, 0);
+    w.returned = 91;
+    a.report(10 * S, 0, 1, &w);
+    assert_eq!(a.available(10 * S), 76);
+}
+
+#[test]
+fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
+    let policy = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 10, 0));
+    a.report(10 * S, 2, 1, &want(0, 0, 0, 0));
+    assert_eq!(a.request(10 * S, 2, 1, 3, 11 * S), Answer::Wait);
+    assert_eq!(a.recall_targets(10 * S, 0), vec![(1, 0)]);
+    // Node 1 gives 5 back.
+    let window = a.frame().0;
+    let mut back = want(window, 10, 2, 0);
+    back.returned = 5;
+    a.report(10 * S + 1, 1, 1, &back);
+    let answers = a.serve_waiting(10 * S + 1);
+    assert_eq!(answers.len(), 1);
+    assert_eq!(granted(answers[0].2), (3, 0));
+    // Node 3 needs 5: the 2 left are granted, 3 more may come back from node 1 (it holds
+    // 3 unspent): the rest of its requests wait for them.
+    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0));
+    match a.request(10 * S + 2, 3, 1, 5, 11 * S) {
+        Answer::Grant {
+            granted,
+            retry_after,
+            more_coming,
+            ..
+        } => assert_eq!((granted, retry_after, more_coming), (2, 0, 3)),
+        Answer::Wait => panic!("waits"),
+    }
+    // Node 1 spent them after all: node 3's waiting need cannot be met, it is denied
+    // with the window's end.
+    a.report(10 * S + 3, 1, 1, &want(window, 10, 5, 0));
+    a.report(10 * S + 3, 2, 1, &want(window, 3, 3, 0));
+    let answers = a.serve_waiting(10 * S + 3);
+    assert_eq!(answers.len(), 1);
+    let (_, retry) = granted(answers[0].2);
+    assert!(retry > 3000 * S, "{retry}");
+}
+
+#[test]
+fn leases_follow_demand_and_shrink_near_the_limit() {
+    let policy = Policy::fixed_window(10_000, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    // 10 tokens per round: plenty of room, a long lease.
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 160));
+    let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
+    assert_eq!(g, 1 + 250);
+    // Near the limit: at most half of the headroom.
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 160));
+    let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
+    assert_eq!(g, 1 + 40);
+}
+
+#[test]
+fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 30, 0));
+    // The receiver's clock is 5 s behind, known within 2 ms.
+    let offset = Offset {
+        offset: 5 * S as i64,
+        error: 2_000_000,
+        round_trip: 4_000_000,
+    };
+    let mut b = Authority::from_state(&a.state(), policy, MeshKind::FixedWindow, offset, 5 * S);
+    let (window, _, end) = b.frame();
+    assert_eq!(window, 10);
+    assert_eq!(end, 6 * S - 2_000_000);
+    assert_eq!(b.available(5 * S), 70);
+    // Between its end and the next start, requests wait.
+    assert_eq!(b.request(6 * S, 2, 1, 1, 7 * S), Answer::Wait);
+    let answers = b.serve_waiting(6 * S + 2_000_000);
+    assert_eq!(answers.len(), 1);
+}

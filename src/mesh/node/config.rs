@@ -1,0 +1,93 @@
+//! A node's configuration and the errors that refuse it.
+
+use crate::clock::Nanos;
+use crate::mesh::NodeId;
+use crate::mesh::baseline::Admission;
+use crate::mesh::lease::MAX_LEASE_TOKENS;
+use crate::policy::Policy;
+
+/// A node's configuration.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node.
+    pub id: NodeId,
+    /// The members it starts with; it may include `id`.
+    pub seeds: Vec<NodeId>,
+    /// The number of members a majority is counted over (at least the seeds and this node;
+    /// 0: exactly those).
+    pub cluster_size: usize,
+    /// The gossip interval in ns (one round).
+    pub gossip_interval_ns: Nanos,
+    /// Rounds of silence after which a member is declared dead.
+    pub dead_after_rounds: u64,
+    /// The longest a request waits for its key's owner before it is denied, in ns.
+    pub max_wait_ns: Nanos,
+    /// The largest datagram, in bytes.
+    pub max_datagram_bytes: usize,
+    /// The rule of admission (the baselines are for the simulator).
+    pub admission: Admission,
+    /// The most keys a node holds.
+    pub max_keys: usize,
+    /// The cluster's global policies, indexed by position (the same list on every node).
+    pub policies: Vec<Policy>,
+    /// This run's incarnation (0: derived from the clock at start); must change on restart.
+    pub incarnation: u64,
+}
+
+impl NodeConfig {
+    /// A configuration with the defaults for `id` among `seeds`.
+    pub fn new(id: NodeId, seeds: Vec<NodeId>, policies: Vec<Policy>) -> Self {
+        NodeConfig {
+            id,
+            seeds,
+            cluster_size: 0,
+            gossip_interval_ns: 20_000_000,
+            dead_after_rounds: 10,
+            max_wait_ns: 100_000_000,
+            max_datagram_bytes: 1150,
+            admission: Admission::Leases,
+            max_keys: 1_000_000,
+            policies,
+            incarnation: 0,
+        }
+    }
+
+    /// Rounds an authority stays valid after the frame its successor last confirmed: one
+    /// round less than the silence after which the successor may declare it dead (the
+    /// successor heard that frame no earlier than it was sent), so it lapses first. The
+    /// round trip plus a round must stay below it, or the owner stalls.
+    pub fn authority_lease_rounds(&self) -> u64 {
+        self.dead_after_rounds.saturating_sub(1).max(1)
+    }
+}
+
+/// Why a node could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MeshError {
+    /// A policy the mesh cannot share.
+    #[error(
+        "policy {index}: the mesh shares token buckets, GCRA, fixed and sliding windows, not {algorithm}"
+    )]
+    UnsupportedAlgorithm {
+        /// The policy's index.
+        index: usize,
+        /// Its algorithm.
+        algorithm: &'static str,
+    },
+    /// A limit above what a lease holds.
+    #[error("policy {index}: a mesh limit is at most {MAX_LEASE_TOKENS}, got {limit}")]
+    LimitTooLarge {
+        /// The policy's index.
+        index: usize,
+        /// Its limit.
+        limit: u64,
+    },
+    /// A setting out of range.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}

@@ -1,0 +1,210 @@
+//! A node as the owner of keys: whether it may grant (its authority lease), and how it
+//! answers holders' wants with grants, waits, denials and recalls.
+
+use super::{Event, Node};
+use crate::clock::Nanos;
+use crate::mesh::NodeId;
+use crate::mesh::authority::{Answer, Authority};
+use crate::mesh::message::{Grant, Item, KeyRef, Want};
+use crate::mesh::timing::Offset;
+
+/// The least time between two recalls of one key's leases.
+const RECALL_GAP_NS: Nanos = 1_000_000;
+
+impl Node {
+    /// Make sure this node keeps the key's authority if it should and may; tell whether it
+    /// can grant from it now.
+    pub(super) fn authority_ready(&mut self, key: KeyRef, now: Nanos) -> bool {
+        let (owner, successor) = self.membership.owner_and_successor(key.key);
+        if owner != self.config.id {
+            if self.authorities.contains_key(&key) {
+                self.hand_off(key, owner);
+            }
+            return false;
+        }
+        if !self.lease_holds(key.key, successor, now) {
+            return false;
+        }
+        if self.authorities.contains_key(&key) {
+            return true;
+        }
+        if !self.running {
+            return false;
+        }
+        let Some((policy, kind)) = self.policy(key.policy) else {
+            return false;
+        };
+        let authority = match self.backups.remove(&key) {
+            Some((from, state)) => {
+                self.stats.promotions += 1;
+                let offset = self.offset_or_guess(from, now);
+                Authority::from_state(&state, policy, kind, offset, now)
+            }
+            None => Authority::fresh(key, policy, kind, now),
+        };
+        self.authorities.insert(key, authority);
+        self.dirty.insert(key);
+        self.note_frame(key, None);
+        true
+    }
+
+    /// Tell whether this node may grant from `key` as its owner at `now`: its successor
+    /// confirmed hearing it within the authority lease and, by the view it last told, ranks
+    /// it first for the key too (two nodes that each count the other dead cannot both lean on
+    /// one successor), and it heard a majority of the members within the lease.
+    pub(super) fn lease_holds(&self, key: u64, successor: Option<NodeId>, now: Nanos) -> bool {
+        let lease = self.config.authority_lease_rounds() * self.config.gossip_interval_ns;
+        if let Some(s) = successor {
+            let confirmed = self.membership.peer(s).map_or(0, |p| p.confirmed);
+            if confirmed.saturating_add(lease) <= now || !self.membership.agrees_i_own(s, key) {
+                return false;
+            }
+        }
+        let heard = 1 + self
+            .membership
+            .peers()
+            .values()
+            .filter(|p| !p.left && p.heard_at.saturating_add(lease) > now)
+            .count();
+        heard * 2 > self.membership.configured()
+    }
+
+    /// A peer's clock offset, or a wide guess (a dead node's clock cannot be asked): the
+    /// whole failure detection time either way.
+    pub(super) fn offset_or_guess(&self, from: NodeId, now: Nanos) -> Offset {
+        self.membership.offset(from, now).unwrap_or(Offset {
+            offset: 0,
+            error: self.config.dead_after_rounds * self.config.gossip_interval_ns,
+            round_trip: 0,
+        })
+    }
+
+    pub(super) fn note_frame(&mut self, key: KeyRef, before: Option<u64>) {
+        if let Some(a) = self.authorities.get(&key)
+            && self.kinds[key.policy as usize].is_window()
+        {
+            let (window, start, _) = a.frame();
+            if before != Some(window) {
+                self.events.push_back(Event::Window { key, window, start });
+            }
+        }
+    }
+
+    /// A holder's want reached this node (the key's owner, as the holder sees it).
+    pub(super) fn on_want(&mut self, now: Nanos, from: NodeId, incarnation: u64, want: Want) {
+        let key = want.key;
+        self.touched.push(key);
+        if !self.authority_ready(key, now) {
+            let owner = self.membership.owner_and_successor(key.key).0;
+            if owner != self.config.id && from != self.config.id {
+                self.outbox.push(from, Item::NotOwner(key));
+            }
+            return;
+        }
+        let max_wait = self.config.max_wait_ns;
+        let a = self.authorities.get_mut(&key).expect("made ready above");
+        if a.is_stale(from, incarnation, &want) {
+            // From a holding the node has since forgotten (delayed or duplicated): the
+            // current holding speaks for itself.
+            return;
+        }
+        let before = Some(a.frame().0);
+        // Grants already on their way serve part of the need (a holder asks again as more
+        // requests queue, before the first answer arrives); the answer then only repeats
+        // what was granted, which also makes up for a lost grant.
+        let in_flight = a.in_flight(now, from, &want);
+        let news = a.report(now, from, incarnation, &want);
+        let need = want.need.saturating_sub(in_flight);
+        let answer = if need > 0 {
+            Some(a.request(now, from, incarnation, need, now + max_wait))
+        } else if want.need > 0 {
+            Some(a.current(now, from))
+        } else if want.refill {
+            Some(a.request(now, from, incarnation, 0, now))
+        } else if news || want.previous_used.is_some() {
+            Some(a.current(now, from))
+        } else {
+            None
+        };
+        let recall = a.recall_targets(now, RECALL_GAP_NS);
+        self.dirty.insert(key);
+        self.note_frame(key, before);
+        if let Some(answer) = answer {
+            self.answer(now, key, from, answer);
+        }
+        // A report may free tokens for whoever waits, or show that none can be had.
+        self.serve_waiting(key, now);
+        self.recall(now, key, recall);
+    }
+
+    pub(super) fn recall(&mut self, now: Nanos, key: KeyRef, targets: Vec<(NodeId, u64)>) {
+        for (n, keep) in targets {
+            if n == self.config.id {
+                if let Some(h) = self.holdings.get_mut(&key) {
+                    h.recall(keep);
+                    self.ask(key, now, false);
+                }
+            } else {
+                self.outbox.push(n, Item::Recall { key, keep });
+            }
+        }
+    }
+
+    pub(super) fn answer(&mut self, now: Nanos, key: KeyRef, to: NodeId, answer: Answer) {
+        let Answer::Grant {
+            window,
+            granted,
+            ends_at,
+            retry_after,
+            more_coming,
+        } = answer
+        else {
+            return;
+        };
+        self.stats.grants += 1;
+        let (answers, holding) = self
+            .authorities
+            .get(&key)
+            .map_or((0, 0), |a| (a.seq_of(to), a.holding_of(to)));
+        let grant = Grant {
+            key,
+            window,
+            granted,
+            ends_at,
+            retry_after,
+            more_coming,
+            answers,
+            holding,
+        };
+        if to == self.config.id {
+            // Other holders report what they were granted to whoever takes over after a
+            // crash; this node cannot, so its own grants reach the backup at once.
+            if let (Some(a), (_, Some(successor))) = (
+                self.authorities.get(&key),
+                self.membership.owner_and_successor(key.key),
+            ) {
+                self.stats.backups_sent += 1;
+                self.outbox.push_backup(successor, a.state());
+            }
+            self.on_grant(now, to, grant);
+        } else {
+            self.outbox.push(to, Item::Grant(grant));
+        }
+    }
+
+    pub(super) fn serve_waiting(&mut self, key: KeyRef, now: Nanos) {
+        self.touched.push(key);
+        let Some(a) = self.authorities.get_mut(&key) else {
+            return;
+        };
+        if !a.has_waiters() {
+            return;
+        }
+        let before = Some(a.frame().0);
+        let answers = a.serve_waiting(now);
+        self.note_frame(key, before);
+        for (node, _, answer) in answers {
+            self.answer(now, key, node, answer);
+        }
+    }
+}
