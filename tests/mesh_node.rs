@@ -226,6 +226,32 @@ fn the_cluster_admits_its_limit_and_no_more() {
 }
 
 #[test]
+fn a_cluster_that_shrinks_by_clean_leaves_keeps_admitting() {
+    let mut c = Cluster::new(5);
+    let key = c.key_owned_by(0);
+    c.send(1, key, 10);
+    // Three of five members drain and leave, one after the other.
+    for leaving in [4, 3, 2] {
+        let now = c.now;
+        c.node(leaving).leave(now);
+        c.deliver();
+        c.run_ms(30);
+        c.crash(leaving);
+        c.run_ms(500);
+    }
+    // The two left are a majority of the members that did not leave: the owner keeps
+    // granting and the other node keeps being served.
+    for _ in 0..200 {
+        for i in 0..2 {
+            c.decide(i, key);
+        }
+        c.run_ms(1);
+    }
+    c.run_ms(200);
+    assert_eq!(c.total_admitted(), 410, "{:?} {:?}", c.admitted, c.denied);
+}
+
+#[test]
 fn a_key_forgotten_while_idle_does_not_take_its_old_grants_again() {
     // 10 tokens a second, a burst of 100: the bucket refills slowly, so the owner keeps the
     // key's record while node 1 forgets its idle holding.

@@ -518,10 +518,10 @@ impl Holding {
         }
         let unspent = self.unspent();
         let per_round = u64::from(self.demand).div_ceil(16);
-        // Only while requests come: a lease refilled for a key that went quiet would only
-        // be given back.
+        // Only while requests come: a key quiet for `IDLE_ROUNDS` gives its lease back, and
+        // refilling it then would only be given back again.
         let refill = self.demand > 0
-            && self.idle_rounds == 0
+            && self.idle_rounds < IDLE_ROUNDS
             && self.waiting.is_empty()
             && now >= self.denied_until
             && unspent * 2 < per_round * SHORT_LEASE_ROUNDS;
@@ -692,12 +692,14 @@ mod tests {
             }
             h.tick(S + round, round);
         }
-        // The stream stops: no refill is asked for, the demand decays to nothing and the
-        // holding can be forgotten.
+        // The stream stops: once the lease is given back no refill is asked for, the
+        // demand decays to nothing and the holding can be forgotten.
         let mut refills = 0;
         for round in 50..200u64 {
             let (_, refill) = h.tick(S + round, round);
-            refills += u32::from(refill);
+            if round >= 50 + u64::from(IDLE_ROUNDS) {
+                refills += u32::from(refill);
+            }
         }
         assert_eq!(refills, 0);
         assert!(h.is_idle(S + 200), "{h:?}");

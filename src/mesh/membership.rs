@@ -145,6 +145,20 @@ impl Membership {
         self.configured
     }
 
+    /// Return the number of members a majority is counted over: the configured ones less
+    /// those that left (a clean leave, announced; a member that died still counts, since
+    /// silence cannot tell a death from a cut). Two sides that each saw some of the leaves
+    /// still cannot both hold a majority: every leave either saw is a real one.
+    pub fn quorum_of(&self) -> usize {
+        let left = self.peers.values().filter(|p| p.left).count();
+        self.configured.saturating_sub(left).max(1)
+    }
+
+    /// Tell whether `heard` members (this node included) are a majority.
+    pub fn is_majority(&self, heard: usize) -> bool {
+        heard * 2 > self.quorum_of()
+    }
+
     /// Return the number of live members (this node included).
     pub fn alive_count(&self) -> usize {
         1 + self.peers.values().filter(|p| p.alive).count()
@@ -152,7 +166,7 @@ impl Membership {
 
     /// Tell whether this node sees a majority of the members alive.
     pub fn has_majority(&self) -> bool {
-        self.alive_count() * 2 > self.configured
+        self.is_majority(self.alive_count())
     }
 
     /// Tell whether `id` is a live member (this node always is).
@@ -255,7 +269,7 @@ impl Membership {
             .values()
             .filter(|p| !p.left && now.saturating_sub(p.heard_at) < fresh)
             .count();
-        if heard * 2 <= self.configured {
+        if !self.is_majority(heard) {
             self.cut_off = true;
             return changes;
         }
@@ -458,8 +472,31 @@ mod tests {
         // neither alive nor restarted; a new incarnation does.
         assert!(m.heard(31, 2, &header(2, 25)).is_empty());
         assert_eq!(m.alive_count(), 2);
-        assert!(m.heard(40, 2, &header(3, 40)).contains(&Change::Restarted(2)));
+        assert!(
+            m.heard(40, 2, &header(3, 40))
+                .contains(&Change::Restarted(2))
+        );
         assert_eq!(m.alive_count(), 3);
+    }
+
+    #[test]
+    fn the_majority_is_counted_over_the_members_that_did_not_leave() {
+        let mut m = Membership::new(1, 7, &[1, 2, 3, 4, 5], DEAD, 0);
+        for p in 2..=5 {
+            m.heard(10, p, &header(1, 10));
+        }
+        let mut leaving = header(1, 20);
+        leaving.leaving = true;
+        for p in [3, 4, 5] {
+            m.heard(20, p, &leaving);
+        }
+        // Two of the five configured, both of the two that stayed.
+        assert_eq!(m.quorum_of(), 2);
+        assert!(m.has_majority());
+        assert!(m.check(30).is_empty());
+        // A member that dies still counts: one of two is no majority.
+        assert!(m.check(10 + DEAD).is_empty());
+        assert!(!m.is_majority(1));
     }
 
     #[test]

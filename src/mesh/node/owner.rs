@@ -66,7 +66,7 @@ impl Node {
             .values()
             .filter(|p| !p.left && p.heard_at.saturating_add(lease) > now)
             .count();
-        heard * 2 > self.membership.configured()
+        self.membership.is_majority(heard)
     }
 
     /// A peer's clock offset, or a wide guess (a dead node's clock cannot be asked): the
