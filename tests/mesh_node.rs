@@ -41,7 +41,17 @@ impl Cluster {
     }
 
     fn with(n: usize, policy: Policy) -> Self {
-        let nodes = (0..n).map(|i| Some(start(i, n, START, policy))).collect();
+        Cluster::with_max_keys(n, policy, 1_000_000)
+    }
+
+    fn with_max_keys(n: usize, policy: Policy, max_keys: usize) -> Self {
+        let nodes = (0..n)
+            .map(|i| {
+                let mut config = config(i, n, START, policy);
+                config.max_keys = max_keys;
+                Some(Node::new(config, START).unwrap())
+            })
+            .collect();
         let mut c = Cluster {
             nodes,
             policy,
@@ -147,9 +157,13 @@ impl Cluster {
 }
 
 fn start(i: usize, n: usize, now: u64, policy: Policy) -> Node {
+    Node::new(config(i, n, now, policy), now).unwrap()
+}
+
+fn config(i: usize, n: usize, now: u64, policy: Policy) -> NodeConfig {
     let mut config = NodeConfig::new(i as u64, (0..n as u64).collect(), vec![policy]);
     config.incarnation = now / MS + i as u64;
-    Node::new(config, now).unwrap()
+    config
 }
 
 /// Everything observable about a node's state for one key.
@@ -223,6 +237,30 @@ fn the_cluster_admits_its_limit_and_no_more() {
         Admit::Now(d) => assert_eq!(d.verdict, Verdict::CannotFit),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn keys_beyond_the_cap_are_held_to_the_nodes_share_without_gossip() {
+    let mut c = Cluster::with_max_keys(2, hour_policy(), 100);
+    // 200 distinct keys on node 1: 100 are held (and gossiped about); the others are
+    // decided by node 1 alone, each within its share of the limit.
+    for key in 1..=200 {
+        c.decide(1, key);
+        c.run_ms(1);
+    }
+    c.run_ms(100);
+    assert_eq!(
+        c.node(1).key_count(),
+        100,
+        "{} authorities",
+        c.node(1).authority_count()
+    );
+    assert_eq!(c.node(1).stats().overflow, 100);
+    assert_eq!(c.admitted[1], 200, "denied {:?}", c.denied);
+    // One overflowing key sent 1000 times: node 1's share (half of the limit) and no more.
+    let before = c.admitted[1];
+    c.send(1, 150, 1000);
+    assert_eq!(c.admitted[1] - before, LIMIT / 2 - 1);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Three mesh nodes over real QUIC with mutual TLS on loopback, with an hour-long window of
 //! 1000 per key: fresh keys are admitted on every node, one key gets its limit and no more,
-//! the owner's crash, drain and a partition keep within the bound, and a node whose
-//! certificate comes from another CA is refused and changes nothing.
+//! the owner's crash, drain and a partition keep within the bound, a cluster drained from
+//! five nodes to two keeps admitting, and a node whose certificate comes from another CA is
+//! refused and changes nothing.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -61,6 +62,22 @@ async fn three_nodes() -> (ClusterCerts, [u64; 3], Vec<MeshNet>) {
         nodes.push(start(&certs, id, &members).await);
     }
     (certs, members, nodes)
+}
+
+/// `n` nodes (ids 1..=n) that know each other and have recovered.
+async fn connected_nodes(n: u64) -> Vec<MeshNet> {
+    let certs = certs::generate("test", n).unwrap();
+    let members: Vec<u64> = (1..=n).collect();
+    let mut nodes = Vec::new();
+    for &id in &members {
+        nodes.push(start(&certs, id, &members).await);
+    }
+    connect(&nodes);
+    wait_until("every node to recover from its peers", || {
+        nodes.iter().all(MeshNet::is_running)
+    })
+    .await;
+    nodes
 }
 
 /// Three nodes that know each other and have recovered.
@@ -363,4 +380,45 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
     for (_, relay) in relays {
         relay.task.abort();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_drained_from_five_nodes_to_two_keeps_admitting() {
+    let mut nodes = connected_nodes(5).await;
+    let used = key("tenant-shrink");
+    let all: Vec<&MeshNet> = nodes.iter().collect();
+    assert_eq!(send(&all, used, 100).await, 100);
+    // Three members drain and leave, one after the other, the key's owner among them.
+    for gone in 1..=3 {
+        let owner_id = nodes[0].with_node(|n| n.owner_of(used));
+        let at = nodes
+            .iter()
+            .position(|n| n.with_node(|n| n.id()) == owner_id)
+            .unwrap_or(0);
+        let node = nodes.remove(at);
+        node.leave().await;
+        node.shutdown().await;
+        wait_until("the survivors to see the leave", || {
+            nodes.iter().all(|n| left_count(n) >= gone)
+        })
+        .await;
+    }
+    // Two of five configured members, both of the two that stayed: still a majority. A
+    // key used before and a fresh one are both served up to the limit.
+    let survivors: Vec<&MeshNet> = nodes.iter().collect();
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.with_node(|n| n.membership().has_majority()))
+    );
+    assert_eq!(send(&survivors, used, 400).await, 400);
+    assert_eq!(send(&survivors, key("tenant-fresh"), 400).await, 400);
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+/// Members that left, as `node` sees them.
+fn left_count(node: &MeshNet) -> usize {
+    node.with_node(|n| n.membership().peers().values().filter(|p| p.left).count())
 }

@@ -222,6 +222,15 @@ fn a_bad_node_file_is_refused_with_file_line_and_field() {
         "this node",
     );
     check(&format!("speed = 3\n{good}"), "speed", "unknown field");
+    check(
+        &format!("mesh_max_keys = 0\n{good}"),
+        "mesh_max_keys",
+        "between 1 and",
+    );
+    let path = dir.path().join("capped.toml");
+    std::fs::write(&path, format!("mesh_max_keys = 5000\n{good}")).unwrap();
+    let file = NodeFile::from_file(&path).unwrap();
+    assert_eq!(file.node_config().max_keys, 5000);
 
     // Another node's certificate: refused at start, naming the field.
     let path = dir.path().join("swapped.toml");

@@ -9,6 +9,7 @@
 //! policy_file = "policies.toml"    # relative to this file; the same file on every node
 //! drain_grace = "5s"               # on SIGTERM: /health says 503 while serving, this long
 //! drain = "5s"                     # then: finish in-flight requests for at most this
+//! mesh_max_keys = 1000000          # mesh keys a node holds; beyond, its share alone decides
 //!
 //! # Instead of `http = "…"`, an `[http]` table with its settings (defaults shown):
 //! # [http]
@@ -57,6 +58,10 @@ pub const MAX_GOSSIP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The most members a cluster has.
 pub const MAX_CLUSTER_SIZE: usize = 1024;
+/// Mesh keys a node holds by default.
+const DEFAULT_MESH_MAX_KEYS: usize = 1_000_000;
+/// The most `mesh_max_keys` a node file may ask for.
+const MAX_MESH_MAX_KEYS: i64 = 100_000_000;
 
 /// The longest `drain` or `drain_grace` a node accepts.
 pub const MAX_DRAIN: Duration = Duration::from_secs(3600);
@@ -98,6 +103,8 @@ pub struct NodeFile {
     pub peers: Vec<(NodeId, SocketAddr)>,
     /// The most members the cluster has (default: this node and its peers).
     pub cluster_size: usize,
+    /// The most mesh keys the node holds (beyond, a key is decided by its share alone).
+    pub mesh_max_keys: usize,
     /// The cluster CA, this node's certificate and key (PEM files).
     pub tls: TlsFiles,
     /// The policy file's path.
@@ -184,6 +191,7 @@ struct RawNodeFile {
     drain: Option<Spanned<String>>,
     drain_grace: Option<Spanned<String>>,
     cluster_size: Option<Spanned<usize>>,
+    mesh_max_keys: Option<Spanned<i64>>,
     policy_file: Spanned<String>,
     tls: Spanned<RawTls>,
     #[serde(default)]
@@ -345,6 +353,17 @@ impl NodeFile {
                 format!("a cluster has at most {MAX_CLUSTER_SIZE} members"),
             ));
         }
+        let mesh_max_keys = match &raw.mesh_max_keys {
+            None => DEFAULT_MESH_MAX_KEYS,
+            Some(n) if (1..=MAX_MESH_MAX_KEYS).contains(n.get_ref()) => *n.get_ref() as usize,
+            Some(n) => {
+                return Err(source.error(
+                    at(n.span()),
+                    "mesh_max_keys",
+                    format!("between 1 and {MAX_MESH_MAX_KEYS}, got {}", n.get_ref()),
+                ));
+            }
+        };
         let cluster_size = match &raw.cluster_size {
             None => members,
             Some(size) if *size.get_ref() > MAX_CLUSTER_SIZE => {
@@ -410,6 +429,7 @@ impl NodeFile {
             http_settings,
             peers,
             cluster_size,
+            mesh_max_keys,
             tls,
             policy_file,
             gateway,
@@ -431,6 +451,7 @@ impl NodeFile {
             .collect();
         let mut config = NodeConfig::new(self.id, members, policies);
         config.cluster_size = self.cluster_size;
+        config.max_keys = self.mesh_max_keys;
         config.gossip_interval_ns = duration_to_nanos(self.gossip_interval);
         config
     }

@@ -58,7 +58,8 @@ pub struct Baseline {
     keys: HashMap<KeyRef, BaseKey>,
 }
 
-fn scaled(policy: &Policy, nodes: usize) -> Policy {
+/// `policy` with a `1 / nodes` share of its limit (and rate).
+pub(crate) fn scaled(policy: &Policy, nodes: usize) -> Policy {
     let n = nodes.max(1) as u64;
     let share = |x: u64| (x / n).max(1);
     match MeshKind::of(policy) {

@@ -556,7 +556,7 @@ impl Holding {
     /// the authority no longer counts it (a sliding window weighs the previous window).
     pub fn is_idle(&self, now: Nanos) -> bool {
         let window_done = !self.kind.is_window()
-            || self.window == 0
+            || self.expiry == 0
             || now >= self.expiry.saturating_add(self.policy.window_ns());
         window_done
             && self.waiting.is_empty()

@@ -30,9 +30,10 @@ use std::sync::Arc;
 
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::local::Store;
 use crate::mesh::NodeId;
 use crate::mesh::authority::{Authority, MeshKind};
-use crate::mesh::baseline::{Admission, Baseline};
+use crate::mesh::baseline::{Admission, Baseline, scaled};
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::lease::MAX_LEASE_TOKENS;
@@ -115,6 +116,8 @@ pub struct NodeStats {
     pub handoffs_received: u64,
     /// Backups sent.
     pub backups_sent: u64,
+    /// Requests for keys beyond `max_keys`, decided by the node's share alone.
+    pub overflow: u64,
 }
 
 /// One mesh node.
@@ -156,6 +159,9 @@ pub struct Node {
     armed: HashMap<KeyRef, Nanos>,
     /// Keys changed since the last call: their timers are armed before it returns.
     touched: Vec<KeyRef>,
+    /// Per policy, the keys beyond `max_keys`: each limited here to this node's share
+    /// (`limit / members`), in a store of at most `max_keys` keys of its own.
+    overflow: Vec<Option<Store<u64>>>,
 }
 
 impl Node {
@@ -250,6 +256,7 @@ impl Node {
             timers: BinaryHeap::new(),
             armed: HashMap::new(),
             touched: Vec::new(),
+            overflow: Vec::new(),
             sync_waiting,
             answered_sync: HashMap::new(),
             deaths_seen: BTreeMap::new(),
@@ -381,6 +388,23 @@ impl Node {
         ))
     }
 
+    /// Decide a request for a key beyond `max_keys` (a flood of new keys, or more keys in
+    /// use than the node is sized for): this node's share of the limit, with no gossip; the
+    /// cluster then admits at most the limit for such a key, and may deny a key whose
+    /// traffic leans on one node.
+    fn overflow_decide(&mut self, key: KeyRef, policy: Policy, cost: u64, now: Nanos) -> Decision {
+        self.stats.overflow += 1;
+        let index = key.policy as usize;
+        if self.overflow.len() <= index {
+            self.overflow.resize_with(index + 1, || None);
+        }
+        let members = self.membership.configured();
+        let max_keys = self.config.max_keys.max(1);
+        self.overflow[index]
+            .get_or_insert_with(|| Store::new(scaled(&policy, members), max_keys))
+            .decide(&key.key, now, cost)
+    }
+
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
         if !self.holdings.contains_key(&key) {
             let (policy, kind) = self.policy(key.policy)?;
@@ -407,6 +431,9 @@ impl Node {
         }
         if cost == 0 || cost > p.capacity() {
             return Admit::Now(Decision::cannot_fit(p.capacity()));
+        }
+        if self.holdings.len() >= self.config.max_keys && !self.holdings.contains_key(&kr) {
+            return Admit::Now(self.overflow_decide(kr, p, cost, now));
         }
         let id = self.next_id;
         self.next_id += 1;
