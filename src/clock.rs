@@ -122,11 +122,13 @@ impl Clock for ManualClock {
 /// Follow tokio's clock, including `tokio::time::pause()` and `advance()`; for async tests.
 ///
 /// Reports nanoseconds since the clock was created.
+#[cfg(feature = "tokio")]
 #[derive(Clone, Copy, Debug)]
 pub struct TokioClock {
     origin: tokio::time::Instant,
 }
 
+#[cfg(feature = "tokio")]
 impl TokioClock {
     /// Create a clock that reads 0 now.
     pub fn new() -> Self {
@@ -136,12 +138,14 @@ impl TokioClock {
     }
 }
 
+#[cfg(feature = "tokio")]
 impl Default for TokioClock {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(feature = "tokio")]
 impl Clock for TokioClock {
     fn now_ns(&self) -> Nanos {
         duration_to_nanos(tokio::time::Instant::now().duration_since(self.origin))

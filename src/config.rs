@@ -878,6 +878,13 @@ fn build_policy(
                     "a shadow policy cannot use the `mesh` backend".into(),
                 ));
             }
+            if !cfg!(feature = "mesh") {
+                return Err(fail(
+                    "backend",
+                    "backend `mesh` needs ratemesh built with its `mesh` feature".into(),
+                ));
+            }
+            #[cfg(feature = "mesh")]
             if crate::mesh::MeshKind::of(&policy).is_none() {
                 return Err(fail(
                     "algorithm",

@@ -42,22 +42,34 @@
 #![deny(missing_docs)]
 
 pub mod algorithm;
+#[cfg(any(feature = "http", feature = "quic"))]
 pub mod backend;
 pub mod clock;
+#[cfg(feature = "http")]
 pub mod config;
+#[cfg(feature = "node")]
 pub mod daemon;
 pub mod decision;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod limiter;
 pub mod local;
+#[cfg(feature = "mesh")]
 pub mod mesh;
+#[cfg(feature = "quic")]
 pub mod net;
 pub mod policy;
+#[cfg(feature = "http")]
 pub mod rules;
+#[cfg(feature = "mesh")]
 pub mod sim;
 mod sync;
 
-pub use clock::{Clock, ManualClock, Nanos, SystemClock, TokioClock};
+#[cfg(feature = "tokio")]
+pub use clock::TokioClock;
+pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use decision::{Decision, Verdict};
-pub use limiter::{Limiter, LimiterBuilder, LimiterError, WaitError};
+#[cfg(feature = "tokio")]
+pub use limiter::WaitError;
+pub use limiter::{Limiter, LimiterBuilder, LimiterError};
 pub use policy::{Algorithm, Policy, PolicyError};

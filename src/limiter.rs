@@ -8,10 +8,15 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
+#[cfg(feature = "tokio")]
 use std::time::Duration;
 
-use crate::clock::{Clock, Nanos, SystemClock, duration_to_nanos};
-use crate::decision::{Decision, Verdict};
+#[cfg(feature = "tokio")]
+use crate::clock::duration_to_nanos;
+use crate::clock::{Clock, Nanos, SystemClock};
+use crate::decision::Decision;
+#[cfg(feature = "tokio")]
+use crate::decision::Verdict;
 use crate::local::{Charge, DEFAULT_MAX_KEYS, DefaultHasher, Store, StoreStats};
 use crate::policy::{Algorithm, Policy};
 
@@ -41,6 +46,7 @@ pub enum LimiterError {
 }
 
 /// Why `until_ready` gave up. Nothing was charged.
+#[cfg(feature = "tokio")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WaitError {
     /// The cost exceeds a policy's capacity; no wait can help.
@@ -241,6 +247,7 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
     /// The future holds no tokens while it sleeps: it checks, sleeps until the earliest
     /// instant a retry can succeed, and checks again. Dropping it (a timeout, a client that
     /// went away) therefore leaves no charge. Waiters are not served in FIFO order.
+    #[cfg(feature = "tokio")]
     pub async fn until_ready<Q>(
         &self,
         key: &Q,

@@ -18,11 +18,14 @@ use siphasher::sip::SipHasher13;
 use siphasher::sip128::SipHasher13 as SipHasher13x128;
 
 use crate::backend::mesh::{GlobalLimits, MeshDecision};
+#[cfg(feature = "redis")]
 use crate::backend::redis::{
     BackendError, RedisConnection, RedisLimiter, record_failover, redis_key,
 };
+#[cfg(feature = "redis")]
 use crate::backend::token_cache::TokenCache;
 use crate::clock::Nanos;
+#[cfg(feature = "redis")]
 use crate::config::FailMode;
 use crate::config::{GatewayConfig, IdentityConfig, IdentitySource, NamedPolicy};
 use crate::decision::{Decision, Verdict};
@@ -37,8 +40,12 @@ pub const NO_TIER_POLICY: &str = "no_tier";
 #[derive(Debug, thiserror::Error)]
 pub enum RulesError {
     /// The Redis backend could not be set up.
+    #[cfg(feature = "redis")]
     #[error("redis backend: {0}")]
     Backend(#[from] BackendError),
+    /// The file has a `[redis]` section but ratemesh was built without its `redis` feature.
+    #[error("the file has a `[redis]` section: build ratemesh with its `redis` feature")]
+    RedisFeatureOff,
     /// A tier and a route together apply two `redis` (or two `mesh`) policies; a request
     /// passes at most one of each.
     #[error(
@@ -245,14 +252,24 @@ struct CompiledPolicy {
     /// This node's counters: the policy itself when local, the fail-open fallback when exact.
     store: Arc<Store<u64>>,
     /// The exact backend of a `backend = "redis"` policy.
+    #[cfg(feature = "redis")]
     redis: Option<RedisLimiter>,
     /// The local cache of tokens granted by `redis`, when the policy asks for one.
+    #[cfg(feature = "redis")]
     token_cache: Option<Arc<TokenCache>>,
     /// The mesh policy number of a `backend = "mesh"` policy.
     mesh: Option<u32>,
 }
 
 impl CompiledPolicy {
+    /// Whether Redis decides this policy (`backend = "redis"`).
+    fn is_exact(&self) -> bool {
+        #[cfg(feature = "redis")]
+        return self.redis.is_some();
+        #[cfg(not(feature = "redis"))]
+        false
+    }
+
     /// `now` on this policy's time axis: shifted by the zone's UTC offset, so that a fixed
     /// window of a day starts at local midnight.
     fn local_now(&self, now: Nanos) -> Nanos {
@@ -314,6 +331,7 @@ struct CompiledTier {
 /// A policy file compiled for deciding requests; cheap to share behind an `Arc`.
 pub struct Rules {
     config: GatewayConfig,
+    #[cfg(feature = "redis")]
     redis_connection: Option<RedisConnection>,
     mesh: Option<Arc<dyn GlobalLimits>>,
     hasher: KeyHasher,
@@ -403,6 +421,7 @@ impl Rules {
                 .position(|p| p.name == name)
                 .map(|i| i as u32)
         };
+        #[cfg(feature = "redis")]
         let redis_connection = match (&config.redis, previous) {
             (None, _) => None,
             (Some(redis), Some(old)) if old.config.redis.as_ref() == Some(redis) => {
@@ -410,6 +429,10 @@ impl Rules {
             }
             (Some(redis), _) => Some(RedisConnection::from_config(redis)?),
         };
+        #[cfg(not(feature = "redis"))]
+        if config.redis.is_some() {
+            return Err(RulesError::RedisFeatureOff);
+        }
         let hasher = match &config.key_secret {
             Some(secret) => KeyHasher::from_secret(secret),
             None => previous.map_or_else(KeyHasher::random, |p| p.hasher.clone()),
@@ -420,6 +443,7 @@ impl Rules {
             .map(|named| -> Result<CompiledPolicy, RulesError> {
                 let old = previous.and_then(|p| p.policies.iter().find(|old| old.named == *named));
                 let kept = old.map(|old| Arc::clone(&old.store));
+                #[cfg(feature = "redis")]
                 let redis = match (named.backend, &redis_connection) {
                     (crate::config::Backend::Redis, Some(connection)) => {
                         Some(RedisLimiter::new(connection.clone(), named.policy)?)
@@ -428,7 +452,9 @@ impl Rules {
                 };
                 // Tokens already granted stay usable across a reload that keeps the policy and
                 // the Redis deployment.
+                #[cfg(feature = "redis")]
                 let same_redis = previous.is_some_and(|p| p.config.redis == config.redis);
+                #[cfg(feature = "redis")]
                 let token_cache = match (&redis, named.token_cache) {
                     (Some(redis), Some(cache)) => Some(
                         match old
@@ -449,7 +475,9 @@ impl Rules {
                     sf_name: Arc::from(crate::http::headers::sf_string(&named.name)),
                     store: kept
                         .unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
+                    #[cfg(feature = "redis")]
                     redis,
+                    #[cfg(feature = "redis")]
                     token_cache,
                     mesh: mesh_number(&named.name),
                 })
@@ -464,7 +492,7 @@ impl Rules {
             for i in names.iter().filter_map(index) {
                 if policies[i].named.shadow {
                     shadow.push(i);
-                } else if policies[i].redis.is_some() {
+                } else if policies[i].is_exact() {
                     exact.push(i);
                 } else if policies[i].mesh.is_some() {
                     global.push(i);
@@ -556,6 +584,7 @@ impl Rules {
             .collect();
         Ok(Rules {
             config,
+            #[cfg(feature = "redis")]
             redis_connection,
             mesh,
             hasher,
@@ -857,26 +886,40 @@ impl Rules {
         }
         // `plan.exact` only ever names a policy with a Redis limiter; resolve it before any
         // local charge is taken.
-        let Some((p, key, policy, redis)) = plan.exact.and_then(|(p, key)| {
+        #[cfg(feature = "redis")]
+        if let Some((p, key, policy, redis)) = plan.exact.and_then(|(p, key)| {
             let policy = &self.policies[p];
             policy.redis.as_ref().map(|redis| (p, key, policy, redis))
-        }) else {
-            let mut layers = plan.enforced.clone();
-            layers.extend(plan.exact);
-            let (decision, reports, _) = self.decide_local_then_mesh(&plan, &layers, now).await;
-            return self.outcome(
-                &plan,
-                decision.verdict == Verdict::Allowed,
-                decision.delay_ns,
-                reports,
-                now,
-            );
-        };
-        let (local, mut reports, charges) = self
-            .decide_local_then_mesh(&plan, &plan.enforced, now)
-            .await;
+        }) {
+            return self.decide_redis(&plan, (p, key), policy, redis, now).await;
+        }
+        let mut layers = plan.enforced.clone();
+        layers.extend(plan.exact);
+        let (decision, reports, _) = self.decide_local_then_mesh(&plan, &layers, now).await;
+        self.outcome(
+            &plan,
+            decision.verdict == Verdict::Allowed,
+            decision.delay_ns,
+            reports,
+            now,
+        )
+    }
+
+    /// The local and mesh layers of `plan`, then its `redis` policy `policy` (number `p`,
+    /// key `key`), refunding the local charges when Redis denies or fails closed.
+    #[cfg(feature = "redis")]
+    async fn decide_redis(
+        &self,
+        plan: &Plan<'_>,
+        (p, key): (usize, u64),
+        policy: &CompiledPolicy,
+        redis: &RedisLimiter,
+        now: Nanos,
+    ) -> Outcome {
+        let (local, mut reports, charges) =
+            self.decide_local_then_mesh(plan, &plan.enforced, now).await;
         if local.verdict != Verdict::Allowed {
-            return self.outcome(&plan, false, 0, reports, now);
+            return self.outcome(plan, false, 0, reports, now);
         }
         let route = plan
             .route
@@ -896,7 +939,7 @@ impl Rules {
                     FailMode::Open => policy.store.decide(&key, policy.local_now(now), plan.cost),
                     FailMode::Closed => {
                         self.refund_local(&plan.enforced, &charges, plan.cost, now);
-                        let mut outcome = self.outcome(&plan, false, 0, reports, now);
+                        let mut outcome = self.outcome(plan, false, 0, reports, now);
                         outcome.backend_unavailable = Some(Arc::clone(&policy.name));
                         return outcome;
                     }
@@ -906,9 +949,9 @@ impl Rules {
         reports.push(policy.report(exact));
         if exact.verdict != Verdict::Allowed {
             self.refund_local(&plan.enforced, &charges, plan.cost, now);
-            return self.outcome(&plan, false, 0, reports, now);
+            return self.outcome(plan, false, 0, reports, now);
         }
-        self.outcome(&plan, true, local.delay_ns, reports, now)
+        self.outcome(plan, true, local.delay_ns, reports, now)
     }
 
     /// Tell whether a request may have to wait for IO: a `redis` policy, or a `mesh` policy
@@ -920,7 +963,7 @@ impl Rules {
 
     /// Tell whether any policy uses the `redis` backend.
     pub fn has_exact_policies(&self) -> bool {
-        self.config.redis.is_some() && self.policies.iter().any(|p| p.redis.is_some())
+        self.config.redis.is_some() && self.policies.iter().any(CompiledPolicy::is_exact)
     }
 }
 

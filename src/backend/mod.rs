@@ -5,5 +5,7 @@
 //! [`mesh`] is the cluster-wide limit kept by the nodes' gossip, as the policy file uses it.
 
 pub mod mesh;
+#[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
 pub mod token_cache;
