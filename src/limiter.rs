@@ -35,6 +35,9 @@ pub enum LimiterError {
         /// How many were given.
         count: usize,
     },
+    /// `max_keys(0)`: a store of no keys would put every key on its shared overflow cell.
+    #[error("max_keys must be at least 1 (0 would make every key share one limit)")]
+    ZeroMaxKeys,
     /// Two shaping leaky buckets: only one can decide when a request is released.
     #[error("policies {first} and {second} are both shaping leaky buckets; a limiter takes one")]
     TwoShapers {
@@ -85,7 +88,8 @@ impl<C: Clock, S: BuildHasher + Clone> LimiterBuilder<C, S> {
         self
     }
 
-    /// Hold at most `max_keys` keys per policy (see [`Store`] for the rule at the cap).
+    /// Hold at most `max_keys` keys per policy (see [`Store`] for the rule at the cap); 0 is
+    /// refused by [`LimiterBuilder::build`].
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -119,6 +123,9 @@ impl<C: Clock, S: BuildHasher + Clone> LimiterBuilder<C, S> {
         }
         if count > MAX_POLICIES {
             return Err(LimiterError::TooManyPolicies { count });
+        }
+        if self.max_keys == 0 {
+            return Err(LimiterError::ZeroMaxKeys);
         }
         let is_shaper = |p: &Policy| matches!(p.algorithm(), Algorithm::LeakyBucketShape { .. });
         let shapers: Vec<usize> = (0..count)

@@ -406,6 +406,14 @@ fn a_limiter_takes_one_shaper_and_checks_it_last() {
         Limiter::builder().build::<u64>().unwrap_err(),
         LimiterError::NoPolicy
     );
+    assert_eq!(
+        Limiter::builder()
+            .policy(bucket)
+            .max_keys(0)
+            .build::<u64>()
+            .unwrap_err(),
+        LimiterError::ZeroMaxKeys
+    );
     let clock = ManualClock::new(SECOND);
     let limiter = Limiter::builder()
         .policy(shaper)
