@@ -472,7 +472,7 @@ impl Rules {
                 Ok(CompiledPolicy {
                     named: named.clone(),
                     name: Arc::from(named.name.as_str()),
-                    sf_name: Arc::from(crate::http::headers::sf_string(&named.name)),
+                    sf_name: Arc::from(crate::http::sf::sf_string(&named.name)),
                     store: kept
                         .unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
                     #[cfg(feature = "redis")]
@@ -843,7 +843,7 @@ impl Rules {
     fn refused(&self, plan: &Plan<'_>) -> Outcome {
         let report = PolicyReport {
             name: Arc::from(NO_TIER_POLICY),
-            sf_name: Arc::from(crate::http::headers::sf_string(NO_TIER_POLICY)),
+            sf_name: Arc::from(crate::http::sf::sf_string(NO_TIER_POLICY)),
             decision: Decision::cannot_fit(0),
             window_s: 0,
             shadow: false,

@@ -5,11 +5,10 @@
 //! `q` (quota, tokens) and `w` (window, seconds), or `r` (remaining tokens) and `t` (seconds
 //! until the quota is whole again). `Retry-After` is in whole seconds, rounded up.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
-use sfv::{ItemSerializer, StringRef};
-
 use crate::clock::Nanos;
+pub use crate::http::sf::sf_string;
 use crate::rules::{Outcome, PolicyReport};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// `RateLimit-Policy`.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -29,19 +28,6 @@ pub fn ceil_seconds(ns: Nanos) -> u64 {
 
 /// sf-integers stop at 15 digits.
 const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
-
-/// Serialize a policy name as an sf-string, once (names are fixed when a file is loaded).
-/// Characters outside printable ASCII become `?`.
-pub fn sf_string(name: &str) -> String {
-    let printable: String = name
-        .chars()
-        .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
-        .collect();
-    match StringRef::from_str(&printable) {
-        Ok(string) => ItemSerializer::new().bare_item(string).finish(),
-        Err(_) => "\"?\"".to_string(),
-    }
-}
 
 /// Write a list of `sf_name;k1=v1;k2=v2` items (the names already serialized).
 fn list<'a>(

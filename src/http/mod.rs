@@ -7,6 +7,7 @@ pub mod client;
 pub mod headers;
 pub mod identity;
 mod layer;
+pub mod sf;
 
 pub use identity::{AuthenticatedUser, ClientAddr, ClientTier};
 pub use layer::{DenialHook, RateLimitLayer, RateLimitService, ReloadError};
