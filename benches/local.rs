@@ -166,5 +166,16 @@ fn algorithms(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, local, floor, algorithms);
+/// One hot key of a string type, checked through a borrowed `&str` (no allocation).
+fn key_types(c: &mut Criterion) {
+    let mut group = c.benchmark_group("key_type");
+    let policy = Policy::token_bucket(RATE_PER_S, Duration::from_secs(1), BURST).unwrap();
+    let strings = Limiter::builder().policy(policy).build::<String>().unwrap();
+    group.bench_function("hot_key/string_by_str", |b| {
+        b.iter(|| black_box(strings.check(black_box("tenant-42"), 1)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, local, floor, algorithms, key_types);
 criterion_main!(benches);

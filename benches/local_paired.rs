@@ -1,10 +1,10 @@
 //! ratemesh against governor on one hot key and on a million keys, in alternating rounds.
 //!
 //! `cargo bench --bench local_paired` (`RATEMESH_BENCH_ROUNDS`, default 31). Criterion's
-//! `local/hot_key*` ids measure one limiter for seconds and then the other, and this VM's
-//! speed drifts by tens of percent between such runs; here the two take turns in short
-//! rounds (A B B A …), each round gives a ratio, and the median ratio is reported with its
-//! quartiles. Same quota, hasher (ahash), clock (quanta) and keys as `benches/local.rs`.
+//! `local/hot_key*` ids measure one limiter for seconds and then the other, and a shared
+//! machine's speed drifts by tens of percent between such runs; here the two take turns in
+//! short rounds (A B B A …), each round gives a ratio, and the median ratio is reported with
+//! its quartiles. Same quota, hasher (ahash), clock (quanta) and keys as `benches/local.rs`.
 
 use std::hint::black_box;
 use std::sync::Barrier;

@@ -4,9 +4,14 @@
 //! operating system. The system clock counts nanoseconds since the UNIX epoch so that
 //! fixed windows line up with wall-clock seconds, minutes and days (UTC), but it advances
 //! monotonically: a wall-clock step after start-up does not move it.
+//!
+//! A clock also tells a waiter how to wait for an instant ([`Clock::wake_at`]): a clock that
+//! moves only when told ([`ManualClock`]) wakes its waiters itself as it moves; a clock that
+//! follows real time leaves them to a timer (`Limiter::until_ready` sleeps on tokio's).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Nanoseconds: an instant (since the clock's epoch) or a duration, depending on the name.
@@ -27,12 +32,30 @@ pub fn duration_to_nanos(duration: Duration) -> Nanos {
 pub trait Clock: Send + Sync + 'static {
     /// Return the current instant in nanoseconds since this clock's epoch.
     fn now_ns(&self) -> Nanos;
+
+    /// Arrange for `waker` to be woken once this clock reads `at` or later, and return
+    /// `true`; or return `false` if the clock follows real time, so that a waiter sleeps on a
+    /// timer for `at − now_ns()` and then reads the clock again.
+    ///
+    /// The default returns `false`, which is right for a clock that advances with real time
+    /// (or with tokio's time, as [`TokioClock`] does). A clock that moves only when told must
+    /// wake its waiters as it moves, as [`ManualClock`] does; otherwise a waiter would sleep
+    /// in real time while the clock stands still. If `now_ns() >= at` already, wake `waker`
+    /// at once.
+    fn wake_at(&self, at: Nanos, waker: &Waker) -> bool {
+        let _ = (at, waker);
+        false
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
     #[inline]
     fn now_ns(&self) -> Nanos {
         (**self).now_ns()
+    }
+
+    fn wake_at(&self, at: Nanos, waker: &Waker) -> bool {
+        (**self).wake_at(at, waker)
     }
 }
 
@@ -82,23 +105,36 @@ impl Clock for SystemClock {
 /// Hold a time that only moves when told to; for tests, simulations and replays.
 ///
 /// Cloning shares the same time, so a test can keep one handle and give another to a
-/// limiter.
+/// limiter. Moving the clock wakes the waiters whose instant it reached
+/// ([`Clock::wake_at`]), so `Limiter::until_ready` on this clock returns once another task
+/// advances it far enough, and never sleeps in real time.
 #[derive(Clone, Debug, Default)]
 pub struct ManualClock {
-    now_ns: Arc<AtomicU64>,
+    shared: Arc<Manual>,
+}
+
+#[derive(Debug, Default)]
+struct Manual {
+    now_ns: AtomicU64,
+    /// Waiters and the instant each waits for.
+    alarms: Mutex<Vec<(Nanos, Waker)>>,
 }
 
 impl ManualClock {
     /// Create a clock that reads `start_ns`.
     pub fn new(start_ns: Nanos) -> Self {
         ManualClock {
-            now_ns: Arc::new(AtomicU64::new(start_ns)),
+            shared: Arc::new(Manual {
+                now_ns: AtomicU64::new(start_ns),
+                alarms: Mutex::new(Vec::new()),
+            }),
         }
     }
 
     /// Move the clock forward by `delta_ns` nanoseconds.
     pub fn advance_ns(&self, delta_ns: Nanos) {
-        self.now_ns.fetch_add(delta_ns, Ordering::SeqCst);
+        let before = self.shared.now_ns.fetch_add(delta_ns, Ordering::SeqCst);
+        self.ring(before.wrapping_add(delta_ns));
     }
 
     /// Move the clock forward by `delta`.
@@ -108,14 +144,59 @@ impl ManualClock {
 
     /// Set the clock to `now_ns`; it never moves backwards, so an earlier value is ignored.
     pub fn set_ns(&self, now_ns: Nanos) {
-        self.now_ns.fetch_max(now_ns, Ordering::SeqCst);
+        let before = self.shared.now_ns.fetch_max(now_ns, Ordering::SeqCst);
+        self.ring(before.max(now_ns));
+    }
+
+    /// Wake the waiters whose instant `now` reached (outside the lock).
+    fn ring(&self, now: Nanos) {
+        let mut due = Vec::new();
+        {
+            let mut alarms = self.alarms();
+            if alarms.is_empty() {
+                return;
+            }
+            alarms.retain(|(at, waker)| {
+                if *at <= now {
+                    due.push(waker.clone());
+                }
+                *at > now
+            });
+        }
+        due.into_iter().for_each(Waker::wake);
+    }
+
+    fn alarms(&self) -> std::sync::MutexGuard<'_, Vec<(Nanos, Waker)>> {
+        // The list stays consistent even if a waker panicked while it was held.
+        self.shared
+            .alarms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
 impl Clock for ManualClock {
     #[inline]
     fn now_ns(&self) -> Nanos {
-        self.now_ns.load(Ordering::SeqCst)
+        self.shared.now_ns.load(Ordering::SeqCst)
+    }
+
+    fn wake_at(&self, at: Nanos, waker: &Waker) -> bool {
+        let mut alarms = self.alarms();
+        // Read under the lock: a move either happened before (seen here) or rings after.
+        if self.now_ns() >= at {
+            drop(alarms);
+            waker.wake_by_ref();
+            return true;
+        }
+        // A waiter polled again for the same instant keeps one alarm.
+        if !alarms
+            .iter()
+            .any(|(when, known)| *when == at && known.will_wake(waker))
+        {
+            alarms.push((at, waker.clone()));
+        }
+        true
     }
 }
 
@@ -152,6 +233,50 @@ impl Clock for TokioClock {
     }
 }
 
+/// No timer to wait on (see [`wait_until`]).
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NoTimer;
+
+/// Wait until `clock` reads `at` or later: woken by the clock itself if it can
+/// ([`Clock::wake_at`]), else on tokio's timer, reading the clock again after each sleep.
+///
+/// A real-time clock needs a tokio runtime with timers (`enable_time`); without one this
+/// returns `NoTimer` instead of sleeping.
+#[cfg(feature = "tokio")]
+pub(crate) async fn wait_until<C: Clock + ?Sized>(clock: &C, at: Nanos) -> Result<(), NoTimer> {
+    use std::task::Poll;
+    loop {
+        // `None`: reached; `Some(ns)`: a real-time clock, `ns` short of `at`.
+        let short_ns = std::future::poll_fn(|cx| {
+            let now = clock.now_ns();
+            if now >= at {
+                Poll::Ready(None)
+            } else if clock.wake_at(at, cx.waker()) {
+                Poll::Pending
+            } else {
+                Poll::Ready(Some(at - now))
+            }
+        })
+        .await;
+        match short_ns {
+            None => return Ok(()),
+            Some(ns) => tokio_sleep(Duration::from_nanos(ns))?.await,
+        }
+    }
+}
+
+/// Start a sleep on the current tokio runtime's timer, or say there is none.
+#[cfg(feature = "tokio")]
+fn tokio_sleep(duration: Duration) -> Result<tokio::time::Sleep, NoTimer> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(NoTimer);
+    }
+    // Tokio has no way to ask whether the runtime was built with timers: creating the sleep
+    // panics when it was not. Catch that (tokio's message still reaches the panic hook).
+    std::panic::catch_unwind(|| tokio::time::sleep(duration)).map_err(|_| NoTimer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +289,34 @@ mod tests {
         let b = clock.now_ns();
         assert!(b >= a);
         assert!(a.abs_diff(wall) < 5 * NANOS_PER_SEC, "{a} vs {wall}");
+    }
+
+    #[test]
+    fn manual_clock_wakes_its_waiters_as_it_reaches_their_instant() {
+        use std::sync::atomic::AtomicUsize;
+        use std::task::Wake;
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&count));
+        let woken = || count.0.load(Ordering::SeqCst);
+        let clock = ManualClock::new(100);
+        assert!(clock.wake_at(200, &waker));
+        assert!(clock.wake_at(200, &waker), "polled again: one alarm");
+        clock.advance_ns(50);
+        assert_eq!(woken(), 0);
+        clock.set_ns(200);
+        assert_eq!(woken(), 1);
+        clock.advance_ns(1_000);
+        assert_eq!(woken(), 1, "an alarm rings once");
+        assert!(clock.wake_at(300, &waker), "an instant already passed");
+        assert_eq!(woken(), 2);
+        // A real-time clock leaves waiting to a timer.
+        assert!(!SystemClock::new().wake_at(u64::MAX, &waker));
     }
 
     #[test]

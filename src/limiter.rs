@@ -5,19 +5,24 @@
 //! one denies, the charges already taken from the earlier ones are given back, so a denied
 //! request leaves no charge anywhere. A shaping leaky bucket (at most one per limiter) is
 //! always checked last, so its reserved slot never needs to be given back.
+//!
+//! Keys are taken borrowed, as `HashMap::get` takes them (see [`ToKey`]): a
+//! `Limiter<String>` (or `Limiter<Arc<str>>`) is checked with a `&str`. A cost of 0 is a
+//! peek: it reports the key's state, admitted or denied as a request of one token would be
+//! now, and takes nothing.
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 #[cfg(feature = "tokio")]
 use std::time::Duration;
 
-#[cfg(feature = "tokio")]
-use crate::clock::duration_to_nanos;
 use crate::clock::{Clock, Nanos, SystemClock};
+#[cfg(feature = "tokio")]
+use crate::clock::{duration_to_nanos, wait_until};
 use crate::decision::Decision;
 #[cfg(feature = "tokio")]
 use crate::decision::Verdict;
-use crate::local::{Charge, DEFAULT_MAX_KEYS, DefaultHasher, Store, StoreStats};
+use crate::local::{Charge, DEFAULT_MAX_KEYS, DefaultHasher, Store, StoreStats, ToKey};
 use crate::policy::{Algorithm, Policy};
 
 /// The most policies one limiter layers.
@@ -59,6 +64,14 @@ pub enum WaitError {
     /// it could be (`retry_after_ns`, from the moment of giving up).
     #[error("not admitted within the maximum wait; retry after {} ns", .0.retry_after_ns)]
     WaitTooLong(Decision),
+    /// The request had to wait, and there is no timer to wait on: the limiter's clock follows
+    /// real time and the future is not polled inside a tokio runtime with timers enabled
+    /// (`Builder::enable_time`, or `enable_all`). A clock that wakes its own waiters
+    /// ([`ManualClock`](crate::ManualClock)) needs no timer.
+    #[error(
+        "until_ready has to wait but there is no timer: poll it inside a tokio runtime with timers enabled"
+    )]
+    NoTimer,
 }
 
 /// Build a [`Limiter`].
@@ -205,12 +218,20 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
 
     /// Decide a request of `cost` tokens for `key` now.
     ///
-    /// A cost of 0 takes nothing and reports the current state.
+    /// `key` is any borrowed form of `K` that [`ToKey`] turns into a `K` (a `&str` for
+    /// `String`, `Box<str>`, `Arc<str>` or `&str` keys; `&K` for any `K: Clone`). Only a key
+    /// never seen before is turned into a `K`; a known key costs no allocation.
+    ///
+    /// A cost of 0 is a peek: it takes nothing and reports the key's state now. It is
+    /// `Allowed` when a request of one token would be (with `remaining` the tokens left, and
+    /// for a shaping bucket the `delay_ns` that request would wait), and `Denied` with
+    /// `retry_after_ns` when the key is exhausted, under every algorithm. A peek at a key
+    /// never seen reports a fresh key and stores nothing.
     #[inline]
-    pub fn check<Q>(&self, key: &Q, cost: u64) -> Decision
+    pub fn check<'a, Q>(&self, key: &'a Q, cost: u64) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         self.decide(key, cost, self.clock.now_ns(), true)
     }
@@ -218,29 +239,28 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
     /// Decide a request of `cost` tokens for `key` at `now` (nanoseconds on this limiter's
     /// clock), for callers that already read the clock.
     #[inline]
-    pub fn check_at<Q>(&self, key: &Q, cost: u64, now: Nanos) -> Decision
+    pub fn check_at<'a, Q>(&self, key: &'a Q, cost: u64, now: Nanos) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         self.decide(key, cost, now, true)
     }
 
     /// Report every policy's state for `key` without charging, in the order the policies
-    /// were given (allocates: for status pages and tests, not the request path).
-    pub fn peek_each<Q>(&self, key: &Q) -> Vec<Decision>
+    /// were given: each policy's peek, as `check(key, 0)` reports the tightest
+    /// (allocates: for status pages and tests, not the request path).
+    pub fn peek_each<'a, Q>(&self, key: &'a Q) -> Vec<Decision>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         let now = self.clock.now_ns();
         let mut decisions: Vec<Decision> = self
             .layers
             .iter()
             .map(|layer| {
-                let mut decision = layer
-                    .store
-                    .decide_charge(key, now, 0, false, &mut Charge::Key);
+                let mut decision = layer.store.decide(key, now, 0);
                 decision.policy_index = layer.index;
                 decision
             })
@@ -249,21 +269,27 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
         decisions
     }
 
-    /// Wait until a request of `cost` tokens for `key` is admitted, at most `max_wait`.
+    /// Wait until a request of `cost` tokens for `key` is admitted, at most `max_wait` on the
+    /// limiter's clock.
     ///
-    /// The future holds no tokens while it sleeps: it checks, sleeps until the earliest
+    /// The future holds no tokens while it waits: it checks, waits until the earliest
     /// instant a retry can succeed, and checks again. Dropping it (a timeout, a client that
     /// went away) therefore leaves no charge. Waiters are not served in FIFO order.
+    ///
+    /// It waits on the limiter's clock ([`Clock::wake_at`]): a [`ManualClock`](crate::ManualClock)
+    /// wakes it when another task advances the clock far enough; a clock that follows real
+    /// time sleeps on tokio's timer, and without a tokio runtime with timers it returns
+    /// [`WaitError::NoTimer`] (only when it has to wait; an admission needs no timer).
     #[cfg(feature = "tokio")]
-    pub async fn until_ready<Q>(
+    pub async fn until_ready<'a, Q>(
         &self,
-        key: &Q,
+        key: &'a Q,
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, WaitError>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         let start = self.clock.now_ns();
         let deadline = start.saturating_add(duration_to_nanos(max_wait));
@@ -274,10 +300,13 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
                 Verdict::Allowed => return Ok(decision),
                 Verdict::CannotFit => return Err(WaitError::CannotFit(decision)),
                 Verdict::Denied => {
-                    if now.saturating_add(decision.retry_after_ns) > deadline {
+                    let retry_at = now.saturating_add(decision.retry_after_ns);
+                    if retry_at > deadline {
                         return Err(WaitError::WaitTooLong(decision));
                     }
-                    tokio::time::sleep(Duration::from_nanos(decision.retry_after_ns)).await;
+                    wait_until(&self.clock, retry_at)
+                        .await
+                        .map_err(|_| WaitError::NoTimer)?;
                     now = self.clock.now_ns();
                 }
             }
@@ -291,10 +320,10 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
     }
 
     #[inline]
-    fn decide<Q>(&self, key: &Q, cost: u64, now: Nanos, reserve: bool) -> Decision
+    fn decide<'a, Q>(&self, key: &'a Q, cost: u64, now: Nanos, reserve: bool) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         if let [only] = &self.layers[..] {
             let mut decision = only
@@ -308,10 +337,10 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
 
     /// Decide against two or more layers, giving back earlier charges on a denial.
     #[inline(never)]
-    fn decide_layered<Q>(&self, key: &Q, cost: u64, now: Nanos, reserve: bool) -> Decision
+    fn decide_layered<'a, Q>(&self, key: &'a Q, cost: u64, now: Nanos, reserve: bool) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         decide_in_layers(
             self.layers.len(),
@@ -326,10 +355,47 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
     }
 }
 
+/// What the layers of one decision took, so that a denial (by a later layer, or a remote
+/// one) can give it back: how many layers charged, and which of them charged their store's
+/// overflow cell instead of the key's own. Nothing allocated: one bit per layer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Charges {
+    count: usize,
+    /// Bit i set: layer i charged the overflow cell.
+    overflow: u64,
+}
+
+impl Charges {
+    /// Note that layer `layer`, the one after those noted so far, took `charge` (for
+    /// `rules`, whose remote layers may deny after the local ones admitted).
+    #[cfg(feature = "http")]
+    #[inline]
+    pub(crate) fn note(&mut self, layer: usize, charge: Charge) {
+        if charge == Charge::Overflow {
+            self.overflow |= 1 << layer;
+        }
+        self.count = layer + 1;
+    }
+
+    /// Give back every charge with `refund(layer, charge)`, latest first: the one way earlier
+    /// layers are refunded.
+    #[inline(always)]
+    pub(crate) fn refund(self, refund: &mut impl FnMut(usize, Charge)) {
+        for layer in (0..self.count).rev() {
+            let charge = if self.overflow & (1 << layer) != 0 {
+                Charge::Overflow
+            } else {
+                Charge::Key
+            };
+            refund(layer, charge);
+        }
+    }
+}
+
 /// Decide `count` layers in order with `decide(i, &mut charge)`; when layer `i` denies, give
-/// back what layers `0..i` took with `refund(j, charge)` (latest first) and return the denial.
-/// Otherwise return the tightest admission (fewest tokens left, then the latest reset), with
-/// the longest shaping delay of all. `count` is at most [`MAX_POLICIES`].
+/// back what layers `0..i` took with `refund(j, charge)` ([`Charges::refund`]) and return the
+/// denial. Otherwise return the tightest admission (fewest tokens left, then the latest
+/// reset), with the longest shaping delay of all. `count` is at most [`MAX_POLICIES`].
 pub(crate) fn decide_in_layers(
     count: usize,
     mut decide: impl FnMut(usize, &mut Charge) -> Decision,
@@ -339,23 +405,16 @@ pub(crate) fn decide_in_layers(
     // The neutral element: every real decision is at least as tight.
     let mut result = Decision::allowed(u64::MAX, u64::MAX, 0);
     // Bit i set: layer i charged the overflow cell instead of the key's own.
-    let mut overflow_charges: u64 = 0;
+    let mut overflow = 0;
     for i in 0..count.min(MAX_POLICIES) {
         let mut charge = Charge::Key;
         let decision = decide(i, &mut charge);
         if !decision.is_allowed() {
-            for j in (0..i).rev() {
-                let charge = if overflow_charges & (1 << j) != 0 {
-                    Charge::Overflow
-                } else {
-                    Charge::Key
-                };
-                refund(j, charge);
-            }
+            Charges { count: i, overflow }.refund(&mut refund);
             return decision;
         }
         if charge == Charge::Overflow {
-            overflow_charges |= 1 << i;
+            overflow |= 1 << i;
         }
         let delay_ns = result.delay_ns.max(decision.delay_ns);
         if !result.is_tighter_than(&decision) {

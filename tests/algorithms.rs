@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratemesh::algorithm::KeyMachine;
-use ratemesh::{Decision, Policy, Verdict};
+use ratemesh::algorithm::KeyState;
+use ratemesh::{Algorithm, Decision, Policy, Verdict};
 
 const SECOND: u64 = 1_000_000_000;
 
@@ -111,6 +112,52 @@ fn rate_policy() -> impl Strategy<Value = (u64, u64)> {
         prop::sample::select(vec![1u64, 2, 4, 5, 8, 10, 20, 25, 40, 50, 100, 125, 200])
     ];
     (rate, 1u64..40)
+}
+
+/// A cost of 0 is a peek, the same for every algorithm: between any two arrivals it is
+/// admitted exactly when a request of one token would be, reports that request's retry time
+/// when denied (and its delay when shaped), counts the tokens before it, and changes no
+/// later decision.
+fn check_a_peek_tells_the_truth(
+    policy: Policy,
+    arrivals: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let shaping = matches!(policy.algorithm(), Algorithm::LeakyBucketShape { .. });
+    let mut peeked = KeyMachine::new(policy);
+    let mut plain = KeyMachine::new(policy);
+    let mut now = SECOND;
+    for &(gap, cost) in arrivals {
+        // Peek halfway through the gap and just before the arrival.
+        for at in [now + gap / 2, now + gap] {
+            let mut probe = peeked.clone();
+            let one = probe.decide(at, 1);
+            let peek = peeked.decide(at, 0);
+            prop_assert_eq!(peek.verdict, one.verdict, "{:?} at {}", policy, at);
+            prop_assert_eq!(peek.limit, one.limit);
+            if one.is_allowed() {
+                prop_assert_eq!(peek.delay_ns, one.delay_ns);
+                if !shaping {
+                    prop_assert_eq!(peek.remaining, one.remaining + 1, "{:?} at {}", policy, at);
+                }
+            } else {
+                prop_assert_eq!(
+                    peek.retry_after_ns,
+                    one.retry_after_ns,
+                    "{:?} at {}",
+                    policy,
+                    at
+                );
+                prop_assert_eq!(peek.remaining, one.remaining);
+            }
+        }
+        now += gap;
+        prop_assert_eq!(
+            peeked.decide(now, cost),
+            plain.decide(now, cost),
+            "a peek changed a decision"
+        );
+    }
+    Ok(())
 }
 
 proptest! {
@@ -285,6 +332,30 @@ proptest! {
     }
 
     #[test]
+    fn a_zero_cost_is_a_peek_that_tells_the_truth(
+        (rate, burst) in rate_policy(),
+        arrivals in arrivals(SECOND / 8, 4),
+    ) {
+        let second = Duration::from_secs(1);
+        let limit = burst + 4;
+        for policy in [
+            Policy::token_bucket(rate, second, burst).unwrap(),
+            Policy::gcra(rate, second, burst).unwrap(),
+            Policy::leaky_bucket_police(rate, second, burst).unwrap(),
+            Policy::leaky_bucket_shape(rate, second, Duration::from_millis(250)).unwrap(),
+            Policy::fixed_window(limit, second).unwrap(),
+            Policy::sliding_log(limit, second).unwrap(),
+            Policy::sliding_window(limit, second).unwrap(),
+        ] {
+            let arrivals: Vec<(u64, u64)> = arrivals
+                .iter()
+                .map(|&(gap, cost)| (gap, cost.min(policy.capacity())))
+                .collect();
+            check_a_peek_tells_the_truth(policy, &arrivals)?;
+        }
+    }
+
+    #[test]
     fn a_cost_above_capacity_can_never_fit(
         (rate, burst) in rate_policy(),
         extra in 1u64..1000,
@@ -390,4 +461,57 @@ proptest! {
         let ratio = counter.len() as f64 / log.len() as f64;
         prop_assert!((0.85..=1.15).contains(&ratio), "admitted {ratio:.3}x the sliding log");
     }
+}
+
+#[test]
+fn a_peek_at_an_exhausted_key_is_a_denial_with_the_retry_time() {
+    let second = Duration::from_secs(1);
+    for policy in [
+        Policy::token_bucket(10, second, 2).unwrap(),
+        Policy::gcra(10, second, 2).unwrap(),
+        Policy::leaky_bucket_police(10, second, 2).unwrap(),
+        Policy::leaky_bucket_shape(10, second, Duration::from_millis(100)).unwrap(),
+        Policy::fixed_window(2, second).unwrap(),
+        Policy::sliding_log(2, second).unwrap(),
+        Policy::sliding_window(2, second).unwrap(),
+    ] {
+        let mut machine = KeyMachine::new(policy);
+        let now = 10 * SECOND;
+        let fresh = machine.decide(now, 0);
+        assert!(fresh.is_allowed(), "{policy:?}");
+        assert_eq!(fresh.remaining, policy.capacity(), "{policy:?}");
+        while machine.decide(now, 1).is_allowed() {}
+        let peek = machine.decide(now, 0);
+        let one = machine.clone().decide(now, 1);
+        assert_eq!(
+            peek.verdict,
+            Verdict::Denied,
+            "{policy:?}: a peek at an exhausted key"
+        );
+        assert_eq!(peek.remaining, 0, "{policy:?}");
+        assert!(peek.retry_after_ns > 0, "{policy:?}");
+        assert_eq!(peek.retry_after_ns, one.retry_after_ns, "{policy:?}");
+        assert!(
+            machine
+                .clone()
+                .decide(now + peek.retry_after_ns, 1)
+                .is_allowed(),
+            "{policy:?}: a request at the peek's retry time is admitted"
+        );
+    }
+}
+
+#[test]
+fn peeks_add_no_entry_to_a_sliding_log() {
+    let policy = Policy::sliding_log(3, Duration::from_secs(1)).unwrap();
+    let mut machine = KeyMachine::new(policy);
+    assert!(machine.decide(SECOND, 1).is_allowed());
+    for i in 1..=1000 {
+        machine.decide(SECOND + i, 0);
+    }
+    let KeyState::SlidingLog(log) = machine.state() else {
+        panic!("not a log");
+    };
+    assert_eq!(log.len(), 1, "peeks were logged");
+    assert!(machine.is_idle(2 * SECOND));
 }

@@ -102,7 +102,7 @@ fn connect(nodes: &[MeshNet]) {
 }
 
 fn key(name: &str) -> u64 {
-    ratemesh::mesh::key_hash(b"test-cluster-key", name.as_bytes())
+    ratemesh::ids::KeyHasher::from_key(*b"test-cluster-key").key(&[name.as_bytes()])
 }
 
 /// The index in `nodes` of the key's owner.

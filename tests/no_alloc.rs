@@ -138,3 +138,55 @@ fn many_interleaved_hot_keys_do_not_allocate() {
     assert_eq!(count, 0);
     assert_eq!(limiter.stats()[0].hot_keys, 100);
 }
+
+/// Keys kept as `Arc<str>` or `Box<str>` are checked with a `&str`: once known, as cold
+/// keys (through the map) and as hot ones (through the shortcuts), nothing is allocated.
+#[test]
+fn shared_and_boxed_str_keys_checked_with_a_str_do_not_allocate() {
+    fn exercise<K>(limiter: &Limiter<K, ManualClock>, keys: &[String]) -> (u64, u64)
+    where
+        K: std::borrow::Borrow<str> + std::hash::Hash + Eq + Send + Sync,
+        str: for<'a> ratemesh::ToKey<'a, K>,
+    {
+        let pass = || {
+            for key in keys {
+                limiter.check(key.as_str(), 1);
+            }
+        };
+        pass();
+        // A key that a thread happens to note twice in a row moves its cell once (the one
+        // allocation of its life): measure a pass in which no key moved.
+        let moved = || limiter.stats()[0].hot_keys_moved;
+        let cold = (0..20)
+            .find_map(|_| {
+                let before = moved();
+                let count = allocations_during(pass);
+                (moved() == before).then_some(count)
+            })
+            .expect("keys kept moving");
+        for _ in 0..1000 {
+            limiter.check(keys[0].as_str(), 1);
+        }
+        let hot = allocations_during(|| {
+            for _ in 0..1000 {
+                limiter.check(keys[0].as_str(), 1);
+            }
+        });
+        (cold, hot)
+    }
+    let policy = Policy::token_bucket(100, Duration::from_secs(1), 1_000_000).unwrap();
+    let keys: Vec<String> = (0..1000).map(|k| format!("tenant-{k}")).collect();
+    let arcs = Limiter::builder()
+        .policy(policy)
+        .clock(ManualClock::new(1_000_000_000))
+        .build::<std::sync::Arc<str>>()
+        .unwrap();
+    assert_eq!(exercise(&arcs, &keys), (0, 0), "Arc<str> keys");
+    assert_eq!(arcs.stats()[0].hot_keys, 1);
+    let boxes = Limiter::builder()
+        .policy(policy)
+        .clock(ManualClock::new(1_000_000_000))
+        .build::<Box<str>>()
+        .unwrap();
+    assert_eq!(exercise(&boxes, &keys), (0, 0), "Box<str> keys");
+}

@@ -470,6 +470,117 @@ async fn until_ready_gives_up_at_once_when_the_wait_is_too_long_or_the_cost_neve
     assert!(matches!(err, WaitError::CannotFit(_)));
 }
 
+/// Poll `future` to completion on this thread, outside any async runtime.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
+#[tokio::test]
+async fn until_ready_returns_once_a_manual_clock_is_advanced_from_another_task() {
+    let clock = ManualClock::new(SECOND);
+    let limiter = Arc::new(
+        Limiter::builder()
+            .policy(Policy::token_bucket(1, Duration::from_secs(10), 1).unwrap())
+            .clock(clock.clone())
+            .build::<String>()
+            .unwrap(),
+    );
+    assert!(limiter.check("k", 1).is_allowed());
+    let waiter = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.until_ready("k", 1, Duration::from_secs(60)).await }
+    });
+    // The clock stands still: the waiter waits, however long in real time.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished());
+    // Another task moves it halfway: still waiting.
+    let half = clock.clone();
+    tokio::spawn(async move { half.advance(Duration::from_secs(5)) })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished());
+    // Then to the retry time: the waiter is admitted at once (not 10 s of real time later).
+    tokio::spawn(async move { clock.advance(Duration::from_secs(5)) })
+        .await
+        .unwrap();
+    let decision = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("until_ready returns once the clock reaches the retry time")
+        .unwrap()
+        .unwrap();
+    assert!(decision.is_allowed());
+    assert!(
+        !limiter.check("k", 1).is_allowed(),
+        "the waiter took the token"
+    );
+}
+
+#[test]
+fn until_ready_on_a_manual_clock_needs_no_timer() {
+    let clock = ManualClock::new(SECOND);
+    let limiter = Limiter::builder()
+        .policy(Policy::token_bucket(1, Duration::from_secs(1), 1).unwrap())
+        .clock(clock.clone())
+        .build::<String>()
+        .unwrap();
+    let advance_soon = |clock: ManualClock| {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            clock.advance(Duration::from_secs(1));
+        })
+    };
+    // A tokio runtime without timers.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert!(limiter.check("k", 1).is_allowed());
+    let advancer = advance_soon(clock.clone());
+    let waited = runtime.block_on(limiter.until_ready("k", 1, Duration::from_secs(5)));
+    advancer.join().unwrap();
+    assert!(waited.unwrap().is_allowed());
+    // No runtime at all.
+    let advancer = advance_soon(clock.clone());
+    let waited = block_on(limiter.until_ready("k", 1, Duration::from_secs(5)));
+    advancer.join().unwrap();
+    assert!(waited.unwrap().is_allowed());
+}
+
+#[test]
+fn until_ready_without_a_timer_is_an_error_not_a_panic() {
+    let limiter = Limiter::builder()
+        .policy(Policy::token_bucket(1, Duration::from_secs(60), 1).unwrap())
+        .build::<String>()
+        .unwrap();
+    assert!(limiter.check("k", 1).is_allowed());
+    // The system clock follows real time: waiting needs tokio's timer.
+    let outside = block_on(limiter.until_ready("k", 1, Duration::from_secs(120)));
+    assert_eq!(outside, Err(WaitError::NoTimer));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let no_time = runtime.block_on(limiter.until_ready("k", 1, Duration::from_secs(120)));
+    assert_eq!(no_time, Err(WaitError::NoTimer));
+    // Nothing was charged, and an admission needs no timer.
+    assert!(!limiter.check("k", 0).is_allowed());
+    let other = block_on(limiter.until_ready("other", 1, Duration::from_secs(120)));
+    assert!(other.unwrap().is_allowed());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_wait_leaves_no_charge() {
     for policy in [

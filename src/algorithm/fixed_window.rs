@@ -26,8 +26,20 @@ pub fn window_index(policy: &Policy, now: Nanos) -> u32 {
 }
 
 /// Decide a request of `cost` tokens at `now`; return the decision and the next state.
+///
+/// A cost of 0 is a peek: the window's count now, admitted if one more token fits, else the
+/// denial of a request of one token (until the window ends); the state is unchanged.
 #[inline]
 pub fn decide(policy: &Policy, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
+    if cost == 0 {
+        return (peek(policy, state, now), state);
+    }
+    decide_cost(policy, state, now, cost)
+}
+
+/// [`decide`] for a cost of at least 1.
+#[inline(always)]
+fn decide_cost(policy: &Policy, state: u64, now: Nanos, cost: u64) -> (Decision, u64) {
     let limit = policy.capacity();
     if cost > limit {
         return (Decision::cannot_fit(limit), state);
@@ -49,6 +61,20 @@ pub fn decide(policy: &Policy, state: u64, now: Nanos, cost: u64) -> (Decision, 
     let count_after = count + cost;
     let decision = Decision::allowed(limit, limit - count_after, reset_after);
     (decision, pack(index, count_after))
+}
+
+/// Report the window now as a request of one token would find it; change nothing.
+#[inline(always)]
+fn peek(policy: &Policy, state: u64, now: Nanos) -> Decision {
+    let (probe, _) = decide_cost(policy, state, now, 1);
+    if !probe.is_allowed() {
+        return probe;
+    }
+    // The count before that token.
+    Decision {
+        remaining: probe.remaining + 1,
+        ..probe
+    }
 }
 
 /// Give back `cost` tokens taken at `charged_at`, if that window is still the stored one.

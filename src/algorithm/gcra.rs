@@ -10,8 +10,20 @@ use crate::decision::Decision;
 use crate::policy::Policy;
 
 /// Decide a request of `cost` tokens at `now`; return the decision and the next state.
+///
+/// A cost of 0 is a peek: the state now, admitted if a request of one token would conform,
+/// else that request's denial; the state is unchanged.
 #[inline]
 pub fn decide(policy: &Policy, tat_ns: Nanos, now: Nanos, cost: u64) -> (Decision, Nanos) {
+    if cost == 0 {
+        return (peek(policy, tat_ns, now), tat_ns);
+    }
+    decide_cost(policy, tat_ns, now, cost)
+}
+
+/// [`decide`] for a cost of at least 1.
+#[inline(always)]
+fn decide_cost(policy: &Policy, tat_ns: Nanos, now: Nanos, cost: u64) -> (Decision, Nanos) {
     let burst = policy.capacity();
     if cost > burst {
         return (Decision::cannot_fit(burst), tat_ns);
@@ -28,6 +40,23 @@ pub fn decide(policy: &Policy, tat_ns: Nanos, now: Nanos, cost: u64) -> (Decisio
     }
     let remaining = policy.tokens_in(now + tau - new_tat);
     (Decision::allowed(burst, remaining, new_tat - now), new_tat)
+}
+
+/// Report the state now as a request of one token would find it; change nothing.
+#[inline(always)]
+fn peek(policy: &Policy, tat_ns: Nanos, now: Nanos) -> Decision {
+    let (probe, new_tat) = decide_cost(policy, tat_ns, now, 1);
+    if !probe.is_allowed() {
+        return probe;
+    }
+    // The arrival time before that token: `max(tat, now)`.
+    let tat = new_tat - policy.interval_ns();
+    let tau = policy.capacity() * policy.interval_ns();
+    Decision::allowed(
+        policy.capacity(),
+        policy.tokens_in(now + tau - tat),
+        tat - now,
+    )
 }
 
 /// Give back `cost` tokens taken earlier.

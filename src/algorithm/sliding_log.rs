@@ -42,7 +42,20 @@ impl SlidingLog {
     }
 
     /// Decide a request of `cost` tokens at `now`, logging it if admitted.
+    ///
+    /// A cost of 0 is a peek: the log's total now, admitted if one more token fits, else the
+    /// denial of a request of one token; nothing is logged (entries that left the window are
+    /// dropped, which changes no decision).
     pub fn decide(&mut self, policy: &Policy, now: Nanos, cost: u64) -> Decision {
+        if cost == 0 {
+            return self.peek(policy, now);
+        }
+        self.decide_cost(policy, now, cost)
+    }
+
+    /// [`SlidingLog::decide`] for a cost of at least 1.
+    #[inline(always)]
+    fn decide_cost(&mut self, policy: &Policy, now: Nanos, cost: u64) -> Decision {
         let limit = policy.capacity();
         if cost > limit {
             return Decision::cannot_fit(limit);
@@ -68,6 +81,18 @@ impl SlidingLog {
             _ => self.entries.push_back((now, cost)),
         }
         self.total += cost;
+        Decision::allowed(limit, limit - self.total, self.reset_after(window, now))
+    }
+
+    /// Report the log now as a request of one token would find it; log nothing.
+    #[inline(always)]
+    fn peek(&mut self, policy: &Policy, now: Nanos) -> Decision {
+        let (limit, window) = (policy.capacity(), policy.window_ns());
+        self.expire(window, now);
+        if self.total >= limit {
+            // A request of one token is denied, and a denial logs nothing.
+            return self.decide_cost(policy, now, 1);
+        }
         Decision::allowed(limit, limit - self.total, self.reset_after(window, now))
     }
 

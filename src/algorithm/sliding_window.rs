@@ -48,7 +48,19 @@ impl SlidingWindowState {
     }
 
     /// Decide a request of `cost` tokens at `now`, updating the counts if admitted.
+    ///
+    /// A cost of 0 is a peek: the estimate now, admitted if one more token fits, else the
+    /// denial of a request of one token; the counts are unchanged.
     pub fn decide(&mut self, policy: &Policy, now: Nanos, cost: u64) -> Decision {
+        if cost == 0 {
+            return self.peek(policy, now);
+        }
+        self.decide_cost(policy, now, cost)
+    }
+
+    /// [`SlidingWindowState::decide`] for a cost of at least 1.
+    #[inline(always)]
+    fn decide_cost(&mut self, policy: &Policy, now: Nanos, cost: u64) -> Decision {
         let limit = policy.capacity();
         if cost > limit {
             return Decision::cannot_fit(limit);
@@ -79,6 +91,29 @@ impl SlidingWindowState {
         self.current += cost;
         let remaining = ((budget - used) / w) as u64 - cost;
         Decision::allowed(limit, remaining, (2 * w - elapsed) as Nanos)
+    }
+
+    /// Report the estimate now as a request of one token would find it; change nothing.
+    #[inline(always)]
+    fn peek(&self, policy: &Policy, now: Nanos) -> Decision {
+        let mut copy = *self;
+        let probe = copy.decide_cost(policy, now, 1);
+        if !probe.is_allowed() {
+            return probe;
+        }
+        // The estimate before that token, and when the counts as they are drain.
+        let mut counts = *self;
+        counts.roll(policy.window_of(now));
+        let w = policy.window_ns();
+        let elapsed = now.saturating_sub(counts.window_index * w).min(w);
+        let reset_after = if counts.current > 0 {
+            2 * w - elapsed
+        } else if counts.previous > 0 {
+            w - elapsed
+        } else {
+            0
+        };
+        Decision::allowed(policy.capacity(), probe.remaining + 1, reset_after)
     }
 
     /// Compute how long until a request of `cost` fits, assuming no other admissions.

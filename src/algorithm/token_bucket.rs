@@ -9,7 +9,8 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::Policy;
 
-/// Decide a request of `cost` tokens at `now`; return the decision and the next state.
+/// Decide a request of `cost` tokens at `now`; return the decision and the next state. A
+/// cost of 0 is a peek ([`plan`]).
 #[inline]
 pub fn decide(policy: &Policy, full_at_ns: Nanos, now: Nanos, cost: u64) -> (Decision, Nanos) {
     match plan(policy, full_at_ns, now, cost) {
@@ -20,9 +21,27 @@ pub fn decide(policy: &Policy, full_at_ns: Nanos, now: Nanos, cost: u64) -> (Dec
 
 /// Plan a request of `cost` tokens at `now`: the next state and the time still missing until
 /// full after it (for [`admitted`]), or the decision that writes nothing (a denial, a cost
-/// that can never fit). The part of [`decide`] that a compare-and-swap loop must repeat.
+/// that can never fit, a peek). The part of [`decide`] that a compare-and-swap loop must
+/// repeat.
+///
+/// A cost of 0 is a peek: the level now, admitted if a request of one token would be, else
+/// that request's denial.
 #[inline(always)]
 pub fn plan(
+    policy: &Policy,
+    full_at_ns: Nanos,
+    now: Nanos,
+    cost: u64,
+) -> Result<(Nanos, Nanos), Decision> {
+    if cost == 0 {
+        return Err(peek(policy, full_at_ns, now));
+    }
+    plan_cost(policy, full_at_ns, now, cost)
+}
+
+/// [`plan`] for a cost of at least 1.
+#[inline(always)]
+fn plan_cost(
     policy: &Policy,
     full_at_ns: Nanos,
     now: Nanos,
@@ -50,6 +69,20 @@ pub fn plan(
     }
     let deficit_after = deficit_ns + need_ns;
     Ok((now + deficit_after, deficit_after))
+}
+
+/// Report the level now as a request of one token would find it; change nothing.
+#[inline(always)]
+fn peek(policy: &Policy, full_at_ns: Nanos, now: Nanos) -> Decision {
+    match plan_cost(policy, full_at_ns, now, 1) {
+        // The level before that token.
+        Ok((_, deficit_after_ns)) => {
+            let deficit_ns = deficit_after_ns - policy.interval_ns();
+            let level_ns = policy.window_ns() - deficit_ns;
+            Decision::allowed(policy.capacity(), policy.tokens_in(level_ns), deficit_ns)
+        }
+        Err(denial) => denial,
+    }
 }
 
 /// Report an admission that left `deficit_after_ns` missing until full (from [`plan`]).

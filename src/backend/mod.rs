@@ -1,9 +1,15 @@
 //! Backends that keep counters outside this process.
 //!
-//! [`redis`] is the exact backend for low-volume money paths: one atomic Lua script per
-//! decision, time from Redis's own clock, and a fail mode per policy when Redis is away.
-//! [`mesh`] is the cluster-wide limit kept by the nodes' gossip, as the policy file uses it.
+//! A policy file's remote policies reach the rules through one trait per kind, and follow
+//! one path there (local layers charged first, a remote denial gives their charges back):
+//! [`mesh`] ([`mesh::GlobalLimits`]) is the cluster-wide limit kept by the nodes' gossip;
+//! [`exact`] ([`exact::ExactLimits`]) is a limit kept exactly in one remote store, with a
+//! fail mode per policy. [`redis`] is that store: one atomic Lua script per decision, time
+//! from Redis's own clock, for low-volume money paths; [`token_cache`] spares it calls for
+//! hot keys.
 
+#[cfg(feature = "http")]
+pub mod exact;
 pub mod mesh;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -5,6 +5,10 @@
 //! clocks cannot skew the limit. Keys are `rl:{<identity>}:<env>:<policy>[:<route>]`: the
 //! braces are a Redis Cluster hash tag, so every key of one client's decisions lives in one
 //! slot (no CROSSSLOT), and the identity inside them is already a keyed hash (no secret).
+//!
+//! [`RedisLimits`] is a policy file's `redis` policies on one deployment, the
+//! [`ExactLimits`] that the rules ask; [`ExactLimiter`] is one policy with its fail mode, for
+//! callers without a policy file.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,8 +16,11 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
+use crate::backend::exact::{ExactError, ExactFuture, ExactLimits, fail_over};
+use crate::backend::token_cache::TokenCache;
 use crate::clock::Nanos;
-use crate::decision::{Decision, Verdict};
+use crate::config::GatewayConfig;
+use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -41,6 +48,9 @@ pub enum BackendError {
     /// Redis answered something that is not a decision.
     #[error("unexpected reply from the script: {0}")]
     Reply(String),
+    /// A decision named a `redis` policy number that the file does not have.
+    #[error("no redis policy number {0}")]
+    UnknownPolicy(u32),
 }
 
 /// How long a call may take before it counts as a failure.
@@ -284,39 +294,8 @@ fn decision_from_reply(reply: &Value) -> Result<Decision, BackendError> {
     })
 }
 
+pub use crate::backend::exact::ExactDecision;
 pub use crate::config::FailMode;
-
-/// Count and log a Redis failure that `policy` answers with its fail mode.
-pub(crate) fn record_failover(policy: &str, mode: FailMode, error: &BackendError) {
-    let mode = match mode {
-        FailMode::Open => "open",
-        FailMode::Closed => "closed",
-    };
-    metrics::counter!("ratemesh_backend_failovers_total", "policy" => policy.to_string(), "mode" => mode)
-        .increment(1);
-    tracing::warn!(policy, %error, mode, "redis backend failed; applying the fail mode");
-}
-
-/// The outcome of an exact decision, saying which path decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExactDecision {
-    /// Redis decided.
-    Exact(Decision),
-    /// Redis failed; the local fallback limiter decided (fail-open).
-    Fallback(Decision),
-    /// Redis failed and the policy fails closed.
-    Unavailable,
-}
-
-impl ExactDecision {
-    /// Tell whether the request may go on.
-    pub fn is_allowed(&self) -> bool {
-        match self {
-            ExactDecision::Exact(d) | ExactDecision::Fallback(d) => d.verdict == Verdict::Allowed,
-            ExactDecision::Unavailable => false,
-        }
-    }
-}
 
 /// An exact policy with its fail mode and its local fallback (fail-open decides there).
 pub struct ExactLimiter {
@@ -344,22 +323,107 @@ impl ExactLimiter {
 
     /// Decide through Redis, or by the fail mode when Redis fails.
     pub async fn check(&self, key: &str, cost: u64) -> ExactDecision {
-        match self.redis.check(key, cost).await {
-            Ok(decision) => ExactDecision::Exact(decision),
-            Err(error) => {
-                self.fallbacks
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                record_failover(
-                    self.redis.policy().algorithm().name(),
-                    self.fail_mode,
-                    &error,
-                );
-                match self.fail_mode {
-                    FailMode::Open => ExactDecision::Fallback(self.fallback.check(key, cost)),
-                    FailMode::Closed => ExactDecision::Unavailable,
-                }
-            }
+        let answer = self.redis.check(key, cost).await;
+        if answer.is_err() {
+            self.fallbacks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        let name = self.redis.policy().algorithm().name();
+        fail_over(name, self.fail_mode, answer, || {
+            self.fallback.check(key, cost)
+        })
+    }
+}
+
+/// One `redis` policy of a file: its script, and its token cache if the file asks for one.
+struct RedisPolicy {
+    name: String,
+    limiter: RedisLimiter,
+    cache: Option<TokenCache>,
+}
+
+/// The `redis` policies of a policy file on the deployment its `[redis]` section names: what
+/// [`crate::rules::Rules`] asks through [`ExactLimits`] (fail modes are the rules' part).
+pub struct RedisLimits {
+    env: String,
+    /// In the order of [`GatewayConfig::redis_policies`].
+    policies: Vec<RedisPolicy>,
+}
+
+impl std::fmt::Debug for RedisLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimits")
+            .field(
+                "policies",
+                &self.policies.iter().map(|p| &p.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl RedisLimits {
+    /// Prepare the `redis` policies of `config` (connecting lazily, inside a tokio runtime);
+    /// `None` if the file has no `[redis]` section.
+    pub fn from_config(config: &GatewayConfig) -> Result<Option<Self>, BackendError> {
+        let Some(redis) = &config.redis else {
+            return Ok(None);
+        };
+        let connection = RedisConnection::from_config(redis)?;
+        let policies = config
+            .redis_policies()
+            .into_iter()
+            .map(|named| {
+                let limiter = RedisLimiter::new(connection.clone(), named.policy)?;
+                let cache = match named.token_cache {
+                    Some(cache) => Some(TokenCache::new(limiter.clone(), cache.batch, cache.ttl)?),
+                    None => None,
+                };
+                Ok(RedisPolicy {
+                    name: named.name.clone(),
+                    limiter,
+                    cache,
+                })
+            })
+            .collect::<Result<_, BackendError>>()?;
+        Ok(Some(RedisLimits {
+            env: config.env.clone(),
+            policies,
+        }))
+    }
+
+    async fn check(
+        &self,
+        policy: u32,
+        key: u64,
+        route: Option<&str>,
+        cost: u64,
+    ) -> Result<Decision, BackendError> {
+        let named = usize::try_from(policy)
+            .ok()
+            .and_then(|p| self.policies.get(p))
+            .ok_or(BackendError::UnknownPolicy(policy))?;
+        let identity = format!("{key:016x}");
+        let rkey = redis_key(&self.env, &named.name, &identity, route);
+        match &named.cache {
+            Some(cache) => cache.check(&rkey, cost).await,
+            None => named.limiter.check(&rkey, cost).await,
+        }
+    }
+}
+
+impl ExactLimits for RedisLimits {
+    fn decide<'a>(
+        &'a self,
+        policy: u32,
+        key: u64,
+        route: Option<&'a str>,
+        cost: u64,
+    ) -> ExactFuture<'a> {
+        Box::pin(async move {
+            self.check(policy, key, route, cost)
+                .await
+                .map_err(ExactError::new)
+        })
     }
 }
 

@@ -169,7 +169,7 @@ impl LocalCluster {
     pub async fn wait_healthy(&self, index: usize, limit: Duration) -> Option<Duration> {
         let started = Instant::now();
         let url = format!("http://{}/health", self.nodes[index].http);
-        let client = crate::demo::http_client();
+        let client = super::demo::http_client();
         while started.elapsed() < limit {
             if let Ok(uri) = url.parse::<http::Uri>()
                 && let Ok(Ok(response)) =

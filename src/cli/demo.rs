@@ -22,7 +22,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
-use crate::cluster::LocalCluster;
+use super::cluster::LocalCluster;
 
 const API_KEY: &str = "demo-tenant";
 const TICK: Duration = Duration::from_millis(2);
@@ -407,9 +407,9 @@ async fn drive(
         &offered,
         restart_ready_ms,
     );
-    crate::plot::write_svg(
+    super::plot::write_svg(
         &args.plot,
-        &crate::plot::Series {
+        &super::plot::Series {
             seconds: 4 * phase_s,
             limit: args.limit,
             nodes,

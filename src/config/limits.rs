@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{ConfigError, NamedPolicy, RouteRule, Source};
+use super::policy::NamedPolicy;
+use super::routes::RouteRule;
+use super::source::{ConfigError, Source};
 
 /// Refuse a file under which requests would pass no enforced policy at all, unless it says
 /// `allow_unlimited = true`: no tier or route enforces anything, or a client that matches no

@@ -28,10 +28,20 @@
 //! [[peers]]
 //! id = 2
 //! addr = "127.0.0.1:7102"
+//!
+//! # Optional: forward admitted requests under a prefix to an upstream, and answer other
+//! # gateways' forward-auth checks (see [`upstreams`]).
+//! # [[proxy]]
+//! # path_prefix = "/api"
+//! # upstream = "http://127.0.0.1:9000"
+//! # [forward_auth]
+//! # path = "/v1/check"
 //! ```
 //!
 //! Errors name the file, the line, the field and the reason (the policy file's own errors
 //! name the policy file).
+
+pub mod upstreams;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -50,6 +60,7 @@ use crate::net::tls::{
     NodeTls, OwnCertError, certificate_names_node, check_own_certificate, node_tls,
 };
 use crate::net::transport_config;
+pub use upstreams::{ForwardAuth, ProxyRoute};
 
 /// The shortest gossip interval a node accepts.
 pub const MIN_GOSSIP_INTERVAL: Duration = Duration::from_millis(1);
@@ -113,6 +124,10 @@ pub struct NodeFile {
     pub gateway: GatewayConfig,
     /// The SHA-256 of the policy file's bytes, in hex.
     pub policy_sha256: String,
+    /// The `[[proxy]]` routes: admitted requests under their prefixes go to an upstream.
+    pub proxies: Vec<ProxyRoute>,
+    /// The `[forward_auth]` endpoint, if any.
+    pub forward_auth: Option<ForwardAuth>,
 }
 
 /// The `[http]` section of a node file.
@@ -196,6 +211,9 @@ struct RawNodeFile {
     tls: Spanned<RawTls>,
     #[serde(default)]
     peers: Vec<Spanned<RawPeer>>,
+    #[serde(default)]
+    proxy: Vec<Spanned<upstreams::RawProxy>>,
+    forward_auth: Option<Spanned<upstreams::RawForwardAuth>>,
 }
 
 #[derive(Deserialize)]
@@ -416,6 +434,12 @@ impl NodeFile {
                 format!("no file at {}", policy_file.display()),
             ));
         }
+        let proxies = upstreams::proxy_routes(&source, &raw.proxy)?;
+        let forward_auth = raw
+            .forward_auth
+            .as_ref()
+            .map(|table| upstreams::forward_auth(&source, table))
+            .transpose()?;
         let (gateway, policy_sha256) = read_policy_file(&policy_file)?;
 
         Ok(NodeFile {
@@ -434,6 +458,8 @@ impl NodeFile {
             policy_file,
             gateway,
             policy_sha256,
+            proxies,
+            forward_auth,
         })
     }
 

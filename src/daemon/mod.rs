@@ -2,11 +2,13 @@
 //! and an HTTP server that rate-limits every request through the same tower layer library
 //! users embed ([`crate::http::RateLimitLayer`]), plus `/metrics` and `/health`.
 //!
-//! Every path other than `/metrics` and `/health` is the gateway: it answers 200 when the
-//! policies admit the request and 429 (with `Retry-After` and the `RateLimit` fields) when
-//! they do not.
+//! Every path other than `/metrics` and `/health` is the gateway: a request the policies
+//! deny is answered 429 (with `Retry-After` and the `RateLimit` fields); an admitted one is
+//! sent on to its `[[proxy]]` route's upstream (`daemon::proxy`), or answered `200 ok` under
+//! no route. With `[forward_auth]`, checks at its path are decided for another gateway
+//! (`daemon::forward_auth`).
 //!
-//! SIGHUP re-reads the policy file ([`reload`]): a valid file applies, an invalid one is
+//! SIGHUP re-reads the policy file (`daemon::reload`): a valid file applies, an invalid one is
 //! refused and logged, and the node keeps serving either way.
 //!
 //! On SIGTERM the node drains the way load balancers expect: `/health` answers 503 while
@@ -17,6 +19,8 @@
 //! (the keys are still handed over).
 
 pub mod config;
+mod forward_auth;
+mod proxy;
 mod reload;
 mod server;
 mod signals;
@@ -28,17 +32,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use tower::Layer;
 
 use crate::config::ConfigError;
 use crate::daemon::config::NodeFile;
+use crate::daemon::forward_auth::ForwardAuthService;
+use crate::daemon::proxy::{Gateway, Proxy};
 use crate::daemon::reload::PolicyReloader;
 use crate::daemon::server::{Limits, Server};
 use crate::daemon::signals::{Signal, Signals};
-use crate::http::RateLimitLayer;
+use crate::http::{RateLimitLayer, RateLimitService};
 use crate::net::{MeshNet, NetConfig, NetError};
 use crate::rules::RulesError;
 
@@ -92,11 +100,12 @@ pub struct RunningNode {
     drain: Duration,
     drain_grace: Duration,
     limits: Limits,
+    proxy: Arc<Proxy>,
     signals: Signals,
 }
 
 /// Start a node from its file: open the QUIC endpoint, dial the peers, install the
-/// Prometheus recorder and bind the HTTP port. Serve with [`RunningNode::serve_until`].
+/// Prometheus recorder and bind the HTTP port. Serve with [`RunningNode::serve`].
 pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
     // First: from here on SIGHUP, SIGTERM and SIGINT are the node's, never fatal.
     let signals = Signals::install().map_err(DaemonError::Signals)?;
@@ -136,12 +145,19 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
             file.policy_sha256.clone(),
         ),
     });
-    let gateway = Router::new().fallback(admitted).layer(layer);
+    let proxy = Arc::new(Proxy::new(&file.proxies));
+    let front = Front {
+        forward_auth: file
+            .forward_auth
+            .clone()
+            .map(|settings| ForwardAuthService::new(settings, layer.clone())),
+        gateway: layer.layer(Gateway::new(Arc::clone(&proxy), layer.clone())),
+    };
     let app = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .with_state(Arc::clone(&state))
-        .fallback_service(gateway);
+        .fallback_service(front);
     Ok(RunningNode {
         state,
         listener,
@@ -149,6 +165,7 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         drain: file.drain,
         drain_grace: file.drain_grace,
         limits,
+        proxy,
         signals,
     })
 }
@@ -176,9 +193,10 @@ impl RunningNode {
             drain,
             drain_grace,
             limits,
+            proxy,
             mut signals,
         } = self;
-        let server = Server::start(listener, app, limits);
+        let server = Server::start(listener, app, limits, proxy);
 
         // Serving: reload on SIGHUP until told to stop.
         let first = loop {
@@ -241,9 +259,31 @@ async fn wait_or_stop(signals: &mut Signals, state: &NodeState, time: Duration) 
     }
 }
 
-/// The gateway's upstream: a request the policies admitted.
-async fn admitted() -> &'static str {
-    "ok\n"
+/// Every request but `/health` and `/metrics`: forward-auth checks, then the gateway.
+#[derive(Clone)]
+struct Front {
+    forward_auth: Option<ForwardAuthService>,
+    gateway: RateLimitService<Gateway>,
+}
+
+impl tower::Service<axum::http::Request<Body>> for Front {
+    type Response = axum::http::Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = <RateLimitService<Gateway> as tower::Service<axum::http::Request<Body>>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.gateway.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: axum::http::Request<Body>) -> Self::Future {
+        match &mut self.forward_auth {
+            Some(check) if check.takes(request.uri().path()) => check.call(request),
+            _ => self.gateway.call(request),
+        }
+    }
 }
 
 async fn health(State(state): State<Arc<NodeState>>) -> impl IntoResponse {

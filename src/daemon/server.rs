@@ -1,9 +1,15 @@
 //! The node's HTTP/1.1 server: the accept loop with a cap on open connections, and per
 //! connection a watchdog that closes it when a request's head is slow to arrive
 //! (`header_read_timeout`) or a kept-alive connection waits too long for its next request
-//! (`idle_timeout`). Requests in flight are never cut by these timeouts. A request body is
+//! (`idle_timeout`). Requests in flight are never cut by these timeouts, except when the
+//! client takes none of its answer for `idle_timeout` (`write_timeout`). A request body is
 //! read only up to `max_body_bytes` (within the header time): a longer one is answered 413,
 //! a slower one 408, and the connection is closed without reading the rest.
+//!
+//! A request under a `[[proxy]]` route is not read first: its body streams to the upstream
+//! (bounded by the route's `max_body_bytes`, a longer declared `Content-Length` answered 413
+//! at once). A request counts as in flight until its response body has been sent and its
+//! own body dropped, so streams are never cut by the connection's timeouts.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -25,6 +31,7 @@ use tokio::sync::{Semaphore, watch};
 use tower::Service;
 
 use crate::daemon::config::{HttpSettings, RESERVED_FDS};
+use crate::daemon::proxy::Proxy;
 
 /// The server's limits, resolved.
 #[derive(Debug, Clone, Copy)]
@@ -118,6 +125,8 @@ struct Activity {
     idle_since: AtomicU64,
     /// The first byte read since then (0: none yet).
     first_byte: AtomicU64,
+    /// Since when a write has waited for the client to take bytes (0: none waits).
+    write_blocked: AtomicU64,
 }
 
 impl Activity {
@@ -128,6 +137,7 @@ impl Activity {
             served: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
             first_byte: AtomicU64::new(0),
+            write_blocked: AtomicU64::new(0),
         }
     }
 
@@ -148,12 +158,31 @@ impl Activity {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// When the connection is due to close, and why; `None` while a request is in flight.
-    fn deadline(&self, limits: &Limits) -> Option<(u64, &'static str)> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            return None;
+    /// Note a write's result: a client that takes no bytes blocks the writes.
+    fn note_write<T>(&self, result: &Poll<T>) {
+        let blocked = self.write_blocked.load(Ordering::Relaxed);
+        match result {
+            Poll::Pending if blocked == 0 => {
+                self.write_blocked.store(self.now(), Ordering::Release)
+            }
+            Poll::Ready(_) if blocked != 0 => self.write_blocked.store(0, Ordering::Release),
+            _ => {}
         }
+    }
+
+    /// When the connection is due to close, and why. While a request is in flight, only a
+    /// client that has taken none of its answer for `idle_timeout`.
+    fn deadline(&self, limits: &Limits) -> Option<(u64, &'static str)> {
         let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            let blocked = self.write_blocked.load(Ordering::Acquire);
+            return (blocked > 0).then(|| {
+                (
+                    blocked.saturating_add(nanos(limits.idle_timeout)),
+                    "write_timeout",
+                )
+            });
+        }
         let header = nanos(limits.header_read_timeout);
         if self.served.load(Ordering::Acquire) == 0 {
             // A new connection has to send its first request's head in the header time.
@@ -168,6 +197,52 @@ impl Activity {
             idle_since.saturating_add(nanos(limits.idle_timeout)),
             "idle_timeout",
         ))
+    }
+}
+
+/// A request, or its streamed body, in flight on a connection: the connection's timeouts
+/// wait while one is alive.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn begin(activity: &Arc<Activity>) -> InFlight {
+        activity.begin();
+        InFlight(Arc::clone(activity))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
+/// A body that keeps its request in flight until it is dropped (sent, or abandoned).
+struct Tracked<B> {
+    body: B,
+    _in_flight: InFlight,
+}
+
+impl<B> hyper::body::Body for Tracked<B>
+where
+    B: hyper::body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -202,7 +277,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let result = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.activity.note_write(&result);
+        result
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -218,7 +295,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.activity.note_write(&result);
+        result
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -235,8 +314,14 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    /// Accept connections on `listener` and serve `app` on each.
-    pub(crate) fn start(listener: TcpListener, app: Router, limits: Limits) -> Server {
+    /// Accept connections on `listener` and serve `app` on each; the bodies of requests
+    /// under `proxy`'s routes are streamed, not read first.
+    pub(crate) fn start(
+        listener: TcpListener,
+        app: Router,
+        limits: Limits,
+        proxy: Arc<Proxy>,
+    ) -> Server {
         let (stop, stopped) = watch::channel(false);
         let permits = Arc::new(Semaphore::new(limits.max_connections));
         tracing::info!(
@@ -249,6 +334,7 @@ impl Server {
             listener,
             app,
             limits,
+            proxy,
             Arc::clone(&permits),
             stopped,
         ));
@@ -276,6 +362,7 @@ async fn accept_loop(
     listener: TcpListener,
     app: Router,
     limits: Limits,
+    proxy: Arc<Proxy>,
     permits: Arc<Semaphore>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -319,10 +406,11 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
+        let proxy = Arc::clone(&proxy);
         let stopped = stopped.clone();
         tokio::spawn(async move {
             metrics::gauge!("ratemesh_http_connections").increment(1.0);
-            serve_connection(stream, peer, app, limits, stopped).await;
+            serve_connection(stream, peer, app, limits, proxy, stopped).await;
             metrics::gauge!("ratemesh_http_connections").decrement(1.0);
             drop(permit);
         });
@@ -334,6 +422,7 @@ async fn serve_connection(
     peer: SocketAddr,
     app: Router,
     limits: Limits,
+    proxy: Arc<Proxy>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let activity = Arc::new(Activity::new());
@@ -343,19 +432,33 @@ async fn serve_connection(
     });
     let service_activity = Arc::clone(&activity);
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        let activity = Arc::clone(&service_activity);
-        activity.begin();
+        let in_flight = InFlight::begin(&service_activity);
+        // Under a proxy route the body streams (the route's limit); else it is read first.
+        let streamed = proxy
+            .route(request.uri().path())
+            .map(|route| route.max_body_bytes);
+        let body_in_flight = streamed.map(|_| InFlight::begin(&service_activity));
         let mut app = app.clone();
         async move {
-            let response = match bounded_body(request, &limits).await {
+            let request = match (streamed, body_in_flight) {
+                (Some(max), Some(body_in_flight)) => {
+                    streamed_body(request, max, body_in_flight).await
+                }
+                _ => bounded_body(request, &limits).await,
+            };
+            let response = match request {
                 Ok(mut request) => {
                     request.extensions_mut().insert(ConnectInfo(peer));
                     app.call(request).await
                 }
                 Err(refusal) => Ok(refusal),
             };
-            activity.end();
-            response
+            response.map(|response| {
+                response.map(|body| Tracked {
+                    body,
+                    _in_flight: in_flight,
+                })
+            })
         }
     });
     let connection = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
@@ -403,12 +506,7 @@ async fn bounded_body(
     limits: &Limits,
 ) -> Result<Request<Body>, Response<Body>> {
     let max = limits.max_body_bytes;
-    let declared = request
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|length| length > max) {
+    if declared_length(&request).is_some_and(|length| length > max) {
         return Err(refusal(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
@@ -430,6 +528,39 @@ async fn bounded_body(
         Ok(Err(_)) => Err(refusal(StatusCode::BAD_REQUEST, "body_invalid", max)),
         Ok(Ok(collected)) => Ok(Request::from_parts(parts, Body::from(collected.to_bytes()))),
     }
+}
+
+/// A request under a proxy route, its body left to stream (at most `max` bytes, checked by
+/// the proxy as it goes); a longer declared `Content-Length` is refused at once (413).
+async fn streamed_body(
+    request: Request<Incoming>,
+    max: Option<u64>,
+    in_flight: InFlight,
+) -> Result<Request<Body>, Response<Body>> {
+    if let Some(max) = max
+        && declared_length(&request).is_some_and(|length| length > max)
+    {
+        return Err(refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            max,
+        ));
+    }
+    Ok(request.map(|body| {
+        Body::new(Tracked {
+            body,
+            _in_flight: in_flight,
+        })
+    }))
+}
+
+/// The request's `Content-Length`, when it has a valid one.
+fn declared_length<B>(request: &Request<B>) -> Option<u64> {
+    request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
 }
 
 /// A JSON refusal of a request's body; the connection closes after it.

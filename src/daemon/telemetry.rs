@@ -171,7 +171,7 @@ fn describe() {
     );
     describe_counter!(
         "ratemesh_http_connections_closed_total",
-        "HTTP connections the node closed, by reason (header_timeout, idle_timeout)"
+        "HTTP connections the node closed, by reason (header_timeout, idle_timeout, write_timeout)"
     );
     describe_counter!(
         "ratemesh_peer_connections_refused_total",

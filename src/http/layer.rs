@@ -308,10 +308,10 @@ fn record(outcome: &Outcome, rules: &Rules, identity: &crate::rules::Identity) {
             .increment(1);
     }
     if let Some(denial) = outcome.denied_by() {
-        tracing::debug!(client = %rules.hasher().label(identity), policy = %denial.name, "rate limited");
+        tracing::debug!(client = %rules.client_label(identity), policy = %denial.name, "rate limited");
     }
     for report in outcome.shadow_denials() {
-        tracing::info!(client = %rules.hasher().label(identity), policy = %report.name, "shadow policy would deny");
+        tracing::info!(client = %rules.client_label(identity), policy = %report.name, "shadow policy would deny");
     }
 }
 

@@ -26,9 +26,11 @@
 
 mod cell;
 mod hot;
+mod key;
 mod words;
 
 pub use cell::{RETIRED, WordCell};
+pub use key::ToKey;
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
@@ -359,12 +361,14 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
         }
     }
 
-    /// Decide a request of `cost` tokens for `key` at `now` (a shaping bucket reserves).
+    /// Decide a request of `cost` tokens for `key` at `now` (a shaping bucket reserves; a
+    /// cost of 0 is a peek that takes nothing and stores no new key, as in
+    /// [`crate::Limiter::check`]).
     #[inline]
-    pub fn decide<Q>(&self, key: &Q, now: Nanos, cost: u64) -> Decision
+    pub fn decide<'a, Q>(&self, key: &'a Q, now: Nanos, cost: u64) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         self.decide_charge(key, now, cost, true, &mut Charge::Key)
     }
@@ -373,9 +377,9 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
     /// return them. (An out-parameter rather than a tuple: the decision is then written once,
     /// straight into the caller's slot.)
     #[inline(always)]
-    pub fn decide_charge<Q>(
+    pub fn decide_charge<'a, Q>(
         &self,
-        key: &Q,
+        key: &'a Q,
         now: Nanos,
         cost: u64,
         reserve: bool,
@@ -383,7 +387,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
     ) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         // Dispatch on the algorithm once, outside the compare-and-swap loop, so that each
         // loop is compiled for one algorithm.
@@ -446,10 +450,10 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     /// sized for it alone, and the dispatch in `Store::decide_charge` stays a jump.
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
-    fn decide<D: Step<C>, Q>(
+    fn decide<'a, D: Step<C>, Q>(
         &self,
         limits: &Limits,
-        key: &Q,
+        key: &'a Q,
         now: Nanos,
         cost: u64,
         reserve: bool,
@@ -457,7 +461,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     ) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         self.decide_inline::<D, Q>(limits, key, now, cost, reserve, charge)
     }
@@ -465,10 +469,10 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     /// Find (or make room for) the key's cell and run algorithm `D` on it.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn decide_inline<D: Step<C>, Q>(
+    fn decide_inline<'a, D: Step<C>, Q>(
         &self,
         limits: &Limits,
-        key: &Q,
+        key: &'a Q,
         now: Nanos,
         cost: u64,
         reserve: bool,
@@ -476,7 +480,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     ) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         let policy = &limits.policy;
         let decide = |cell: &C| D::decide(cell, policy, now, cost, reserve);
@@ -494,10 +498,10 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     /// sweep (if the store is full) may remove a key.
     #[cold]
     #[inline(never)]
-    fn decide_new_key<Q>(
+    fn decide_new_key<'a, Q>(
         &self,
         limits: &Limits,
-        key: &Q,
+        key: &'a Q,
         now: Nanos,
         cost: u64,
         decide: impl Fn(&C) -> Decision,
@@ -505,7 +509,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     ) -> (Decision, Charge)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         if cost == 0 {
             // A peek at an unknown key: report a fresh key's state without storing one.
@@ -515,7 +519,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
             limits.overflow_decisions.fetch_add(1, Ordering::Relaxed);
             return (decide(&self.overflow), Charge::Overflow);
         }
-        match self.map.entry(key.to_owned()) {
+        match self.map.entry(key.to_key()) {
             Entry::Occupied(entry) => {
                 // Another thread inserted it meanwhile: give the slot back.
                 limits.keys.fetch_sub(1, Ordering::Relaxed);

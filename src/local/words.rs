@@ -34,7 +34,7 @@ use dashmap::DashMap;
 
 use super::cell::{RETIRED, WordCell};
 use super::hot::{HotKeys, Lookup, SharedCell};
-use super::{Cells, Charge, Limits, WordStep};
+use super::{Cells, Charge, Limits, ToKey, WordStep};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::Policy;
@@ -96,10 +96,10 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     /// [`WordCells::decide_inline`], out of line (see `Cells::decide`).
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn decide<D: WordStep, Q>(
+    pub(super) fn decide<'a, D: WordStep, Q>(
         &self,
         limits: &Limits,
-        key: &Q,
+        key: &'a Q,
         now: Nanos,
         cost: u64,
         reserve: bool,
@@ -107,7 +107,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     ) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         self.decide_inline::<D, Q>(limits, key, now, cost, reserve, charge)
     }
@@ -116,10 +116,10 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     /// through the map.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn decide_inline<D: WordStep, Q>(
+    pub(super) fn decide_inline<'a, D: WordStep, Q>(
         &self,
         limits: &Limits,
-        key: &Q,
+        key: &'a Q,
         now: Nanos,
         cost: u64,
         reserve: bool,
@@ -127,7 +127,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     ) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         let policy = &limits.policy;
         let hash = self.cells.map.hasher().hash_one(key);
@@ -155,16 +155,16 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     /// the shared cell it moved to); then keep a shortcut to a shared cell, or move the cell
     /// of a key that the thread noted twice in a row.
     #[inline(always)]
-    fn decide_through_map<D: WordStep, Q>(
+    fn decide_through_map<'a, D: WordStep, Q>(
         &self,
         limits: &Limits,
-        key: &Q,
+        key: &'a Q,
         call: MapCall,
         charge: &mut Charge,
     ) -> Decision
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         let MapCall {
             hash,
@@ -230,10 +230,10 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     /// Move a hot key's cell into a shared one (once per key's life) and keep a shortcut.
     #[cold]
     #[inline(never)]
-    fn share<Q>(&self, limits: &Limits, hash: u64, key: &Q)
+    fn share<'a, Q>(&self, limits: &Limits, hash: u64, key: &'a Q)
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ToKey<'a, K> + ?Sized,
     {
         let Some(cell) = self.cells.map.get_mut(key) else {
             return;
@@ -245,10 +245,10 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
             self.hot_keys.fetch_sub(1, Ordering::Relaxed);
             None
         } else {
-            // Build and insert first, retire last: were `to_owned` or `hash` to panic, the
+            // Build and insert first, retire last: were `to_key` or `hash` to panic, the
             // inline cell would still hold the state.
-            let shared = Arc::new(SharedCell::new(cell.load(), key.to_owned()));
-            let before = self.shared.insert(key.to_owned(), Arc::clone(&shared));
+            let shared = Arc::new(SharedCell::new(cell.load(), key.to_key()));
+            let before = self.shared.insert(key.to_key(), Arc::clone(&shared));
             debug_assert!(before.is_none(), "a key moved twice");
             cell.retire();
             limits.hot_keys_moved.fetch_add(1, Ordering::Relaxed);

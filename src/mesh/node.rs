@@ -416,7 +416,7 @@ impl Node {
         self.holdings.get_mut(&key)
     }
 
-    /// Decide a request of `cost` for `key` (its stable hash, [`crate::mesh::key_hash`])
+    /// Decide a request of `cost` for `key` (its stable hash, [`crate::ids::KeyHasher::key`])
     /// under mesh policy `policy`, at `now`.
     pub fn decide(&mut self, policy: u32, key: u64, cost: u64, now: Nanos) -> Admit {
         let kr = KeyRef { policy, key };

@@ -259,7 +259,7 @@ impl MeshNet {
         f(&self.shared.inner.lock().expect("node lock").node)
     }
 
-    /// Decide a request of `cost` for `key` (its stable hash, see [`crate::mesh::key_hash`])
+    /// Decide a request of `cost` for `key` (its stable hash, see [`crate::ids::KeyHasher::key`])
     /// under global policy `policy`: at once from the node's lease of the key, or after the
     /// key's owner answered (await the result; at most the node's `max_wait`).
     pub fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {

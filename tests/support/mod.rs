@@ -4,6 +4,8 @@
 // Each test crate uses a different part of these helpers.
 #![allow(dead_code)]
 
+pub mod upstream;
+
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::Path;

@@ -8,9 +8,10 @@ local reset = (index + 1) * window - now
 local stored = redis.call('HMGET', KEYS[1], 'w', 'c')
 local count = 0
 if tonumber(stored[1]) == index then count = tonumber(stored[2]) or 0 end
-if count + cost > limit then
+if count + math.max(cost, 1) > limit then
   return {1, limit, limit - count, reset, reset}
 end
+if cost == 0 then return {0, limit, limit - count, reset, 0} end
 redis.call('HSET', KEYS[1], 'w', int(index), 'c', int(count + cost))
 redis.call('PEXPIRE', KEYS[1], int(math.ceil(reset / 1000) + 1))
 return {0, limit, limit - count - cost, reset, 0}

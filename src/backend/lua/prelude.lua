@@ -13,3 +13,5 @@ local function int(x)
 end
 -- Reply: {verdict (0 allowed, 1 denied, 2 can never fit), limit, remaining,
 --         reset_after_us, retry_after_us}
+-- A cost of 0 is a peek, as in the local engine: allowed when a request of one token would
+-- be (remaining: the tokens there now), else that request's denial; nothing is written.

@@ -18,17 +18,19 @@ for i = 1, #entries, 2 do
 end
 local reset = 0
 if last ~= nil then reset = math.max(last + window - now, 0) end
-if total + cost > limit then
+local probe = math.max(cost, 1)
+if total + probe > limit then
   local freed, retry = 0, window
   for i = 1, #costs do
     freed = freed + costs[i]
-    if total - freed + cost <= limit then
+    if total - freed + probe <= limit then
       retry = math.max(times[i] + window - now, 1)
       break
     end
   end
   return {1, limit, limit - total, reset, retry}
 end
+if cost == 0 then return {0, limit, limit - total, reset, 0} end
 local seq = redis.call('INCR', KEYS[2])
 redis.call('ZADD', KEYS[1], int(now), int(now) .. ':' .. seq .. ':' .. int(cost))
 redis.call('PEXPIRE', KEYS[1], int(math.ceil(window / 1000) + 1))

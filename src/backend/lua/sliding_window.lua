@@ -21,19 +21,21 @@ local used = prev * (w - elapsed) + cur * w
 local budget = limit * w
 local reset = 0
 if cur > 0 then reset = 2 * w - elapsed elseif prev > 0 then reset = w - elapsed end
-if used + cost * w > budget then
+local probe = math.max(cost, 1)
+if used + probe * w > budget then
   local function fits_at(p, room)
     if p == 0 then return 0 end
     return w - math.min(math.floor(room * w / p), w)
   end
   local retry
-  if cur + cost <= limit then
-    retry = math.max(fits_at(prev, limit - cur - cost) - elapsed, 0)
+  if cur + probe <= limit then
+    retry = math.max(fits_at(prev, limit - cur - probe) - elapsed, 0)
   else
-    retry = w - elapsed + fits_at(cur, limit - cost)
+    retry = w - elapsed + fits_at(cur, limit - probe)
   end
   return {1, limit, math.floor(math.max(budget - used, 0) / w), reset, math.max(retry, 1)}
 end
+if cost == 0 then return {0, limit, math.floor((budget - used) / w), reset, 0} end
 redis.call('HSET', KEYS[1], 'w', int(index), 'p', int(prev), 'c', int(cur + cost))
 redis.call('PEXPIRE', KEYS[1], int(math.ceil((2 * w - elapsed) / 1000) + 1))
 return {0, limit, math.floor((budget - used) / w) - cost, 2 * w - elapsed, 0}

@@ -7,10 +7,11 @@ local depth = capacity * interval
 local full_at = tonumber(redis.call('GET', KEYS[1]) or '0')
 local deficit = math.min(math.max(full_at - now, 0), depth)
 local level = depth - deficit
-local need = cost * interval
+local need = math.max(cost, 1) * interval
 if need > level then
   return {1, capacity, math.floor(level / interval), deficit, need - level}
 end
+if cost == 0 then return {0, capacity, math.floor(level / interval), deficit, 0} end
 local after = deficit + need
 redis.call('SET', KEYS[1], int(now + after), 'PX', int(math.ceil(after / 1000) + 1))
 return {0, capacity, math.floor((depth - after) / interval), after, 0}

@@ -1,0 +1,151 @@
+//! The `ratemesh` command: the node daemon, the cluster demo, the simulator, certificates,
+//! and a local tour of the algorithms (`algorithms`).
+
+mod algorithms;
+mod cluster;
+mod demo;
+mod plot;
+mod simulate;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "ratemesh",
+    version,
+    about = "A rate limiter for API gateways that needs no central store"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a cluster of nodes on loopback, drive load through it, kill and restart a node,
+    /// and show that the cluster holds one global limit (with an SVG plot).
+    Demo(demo::DemoArgs),
+    /// Send one burst and then a steady stream through each algorithm and show what each admits.
+    Algorithms {
+        /// Requests per second the policies allow (tokens per second, or limit per 1 s window).
+        #[arg(long, default_value_t = 10)]
+        rate: u64,
+        /// Requests sent at once at t = 0.
+        #[arg(long, default_value_t = 25)]
+        burst: u64,
+        /// Requests per second sent steadily after the burst, for 2 s.
+        #[arg(long, default_value_t = 20)]
+        steady: u64,
+    },
+    /// Run one gateway node: the mesh over QUIC and the HTTP gateway (`/metrics`, `/health`).
+    Node {
+        /// The node file (see `cluster/node-1.toml`).
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// Simulate a cluster and print the overshoot, utilization and gossip cost to expect.
+    Simulate(Box<simulate::SimulateArgs>),
+    /// Generate a cluster CA and one certificate per node (for mutual TLS between nodes).
+    Certs {
+        /// The directory to write `ca.pem`, `ca.key`, `node-<id>.pem` and `node-<id>.key` to.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// How many nodes (ids 1..=N).
+        #[arg(long, default_value_t = 3)]
+        nodes: u64,
+        /// The cluster's name (in the CA's common name).
+        #[arg(long, default_value = "ratemesh")]
+        cluster: String,
+    },
+}
+
+fn certs(
+    out: &std::path::Path,
+    nodes: u64,
+    cluster: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if nodes == 0 || nodes > 1024 {
+        return Err("--nodes: between 1 and 1024".into());
+    }
+    let certs = ratemesh::net::certs::generate(cluster, nodes)?;
+    for path in ratemesh::net::certs::write(out, &certs)? {
+        println!("wrote {}", path.display());
+    }
+    println!("keep ca.key offline: it signs new nodes");
+    Ok(())
+}
+
+fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::Write;
+    use tracing::Instrument;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let file = ratemesh::daemon::config::NodeFile::from_file(config)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let span = tracing::info_span!("node", id = file.id);
+    runtime.block_on(
+        async move {
+            let running = ratemesh::daemon::start(&file).await?;
+            // One line on stdout that scripts (and `ratemesh demo`) wait for.
+            let mut stdout = std::io::stdout();
+            let _ = writeln!(
+                stdout,
+                "ratemesh node {} ready: http={} quic={}",
+                file.id,
+                running.http_addr(),
+                running.quic_addr()
+            );
+            let _ = stdout.flush();
+            tracing::info!(http = %running.http_addr(), quic = %running.quic_addr(), "listening");
+            running.serve().await;
+            Ok::<(), Box<dyn std::error::Error>>(())
+        }
+        .instrument(span),
+    )
+}
+
+/// Let a printing command end quietly when its reader goes away (`… | head`), as Unix tools
+/// do, instead of failing on the next write. Only for commands that open no sockets.
+fn quiet_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of SIGPIPE before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Run the command line; the process's exit code.
+pub fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(args) => demo::run(&args),
+        Command::Algorithms {
+            rate,
+            burst,
+            steady,
+        } => algorithms::run(rate, burst, steady),
+        Command::Node { config } => node(&config),
+        Command::Simulate(args) => {
+            quiet_on_closed_pipe();
+            simulate::run(&args)
+        }
+        Command::Certs {
+            out,
+            nodes,
+            cluster,
+        } => certs(&out, nodes, &cluster),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("ratemesh: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

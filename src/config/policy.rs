@@ -1,0 +1,393 @@
+//! `[policies.NAME]`: one named policy (algorithm and limits, backend, fail mode, shadow,
+//! time zone, token cache), validated with errors that name the field.
+
+use std::time::Duration;
+
+use jiff::tz::TimeZone;
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::source::{ConfigError, Source, parse_duration};
+use crate::policy::{Algorithm, Policy, PolicyError};
+
+/// Where a policy's counters live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// This node's own store.
+    #[default]
+    Local,
+    /// The cluster-wide limit, shared by the nodes' gossip (needs `key_secret` and a
+    /// running mesh node: `ratemesh node`, or [`crate::http::RateLimitLayer::with_mesh`]).
+    Mesh,
+    /// Exact counters in Redis (needs a `[redis]` section).
+    Redis,
+}
+
+/// What a policy does when its backend (Redis) fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FailMode {
+    /// Decide on this node's own counters with the same policy instead, and count it.
+    #[default]
+    Open,
+    /// Deny, saying that the backend failed (503, not 429).
+    Closed,
+}
+
+/// One named policy of the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamedPolicy {
+    /// Its name (as in `RateLimit-Policy`).
+    pub name: String,
+    /// The validated limit.
+    pub policy: Policy,
+    /// Where its counters live.
+    pub backend: Backend,
+    /// What happens when the backend fails.
+    pub fail_mode: FailMode,
+    /// Count and report, never deny.
+    pub shadow: bool,
+    /// Windows start at midnight in this zone (fixed windows); `None` = UTC.
+    pub time_zone: Option<TimeZone>,
+    /// A per-node cache of tokens granted by Redis (`redis` buckets only); `None` = off.
+    pub token_cache: Option<TokenCacheConfig>,
+}
+
+/// The local token cache of a `redis` token bucket or GCRA policy
+/// (see [`crate::backend::token_cache`] for the error it adds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenCacheConfig {
+    /// Tokens taken from Redis on top of a request's cost, for the next requests on this node.
+    pub batch: u64,
+    /// How long cached tokens may be spent after Redis granted them.
+    pub ttl: Duration,
+}
+
+/// The longest `token_cache.ttl`: the cache may admit up to `rate · ttl` more than the policy
+/// in an interval, so it is kept short.
+pub const MAX_TOKEN_CACHE_TTL: Duration = Duration::from_secs(10);
+
+pub(super) fn build_policy(
+    source: &Source<'_>,
+    name: &str,
+    spanned: &Spanned<RawPolicy>,
+    has_redis: bool,
+    has_key_secret: bool,
+) -> Result<NamedPolicy, ConfigError> {
+    let raw = spanned.get_ref();
+    let span = spanned.span();
+    let at = |key: &str| source.line_of_key(span.clone(), key);
+    let field = |key: &str| format!("policies.{name}.{key}");
+    let fail = |key: &str, reason: String| source.error(at(key), field(key), reason);
+    let required = |key: &str, value: Option<u64>| {
+        value.ok_or_else(|| {
+            fail(
+                key,
+                format!("required by algorithm `{}`", algorithm_name(raw.algorithm)),
+            )
+        })
+    };
+    let duration = |key: &str, value: &Option<String>| -> Result<Duration, ConfigError> {
+        match value {
+            Some(text) => parse_duration(text).map_err(|reason| fail(key, reason)),
+            None => Err(fail(
+                key,
+                format!("required by algorithm `{}`", algorithm_name(raw.algorithm)),
+            )),
+        }
+    };
+    let unused = |key: &str, present: bool| {
+        if present {
+            Err(fail(
+                key,
+                format!("not used by algorithm `{}`", algorithm_name(raw.algorithm)),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let rate_based = matches!(
+        raw.algorithm,
+        AlgorithmName::TokenBucket
+            | AlgorithmName::Gcra
+            | AlgorithmName::LeakyBucketPolice
+            | AlgorithmName::LeakyBucketShape
+    );
+    let policy = if rate_based {
+        unused("limit", raw.limit.is_some())?;
+        unused("window", raw.window.is_some())?;
+        let rate = required("rate", raw.rate)?;
+        let period = duration("period", &raw.period)?;
+        match raw.algorithm {
+            AlgorithmName::LeakyBucketShape => {
+                unused("burst", raw.burst.is_some())?;
+                let max_wait = duration("max_wait", &raw.max_wait)?;
+                Policy::leaky_bucket_shape(rate, period, max_wait)
+            }
+            algorithm => {
+                unused("max_wait", raw.max_wait.is_some())?;
+                let burst = required("burst", raw.burst)?;
+                match algorithm {
+                    AlgorithmName::TokenBucket => Policy::token_bucket(rate, period, burst),
+                    AlgorithmName::Gcra => Policy::gcra(rate, period, burst),
+                    _ => Policy::leaky_bucket_police(rate, period, burst),
+                }
+            }
+        }
+    } else {
+        for key in ["rate", "period", "burst", "max_wait"] {
+            let present = match key {
+                "rate" => raw.rate.is_some(),
+                "period" => raw.period.is_some(),
+                "burst" => raw.burst.is_some(),
+                _ => raw.max_wait.is_some(),
+            };
+            unused(key, present)?;
+        }
+        let limit = required("limit", raw.limit)?;
+        let window = duration("window", &raw.window)?;
+        let global = raw.backend == Backend::Mesh;
+        match raw.algorithm {
+            AlgorithmName::FixedWindow if global => Policy::global_fixed_window(limit, window),
+            AlgorithmName::FixedWindow => Policy::fixed_window(limit, window),
+            AlgorithmName::SlidingLog => Policy::sliding_log(limit, window),
+            _ if global => Policy::global_sliding_window(limit, window),
+            _ => Policy::sliding_window(limit, window),
+        }
+    }
+    .map_err(|error| {
+        let key = policy_error_field(&error);
+        fail(key, error.to_string())
+    })?;
+
+    let time_zone = match &raw.time_zone {
+        None => None,
+        Some(zone) => {
+            if policy.algorithm() != Algorithm::FixedWindow {
+                return Err(fail(
+                    "time_zone",
+                    "only a fixed window has calendar boundaries to place in a time zone".into(),
+                ));
+            }
+            let tz = TimeZone::get(zone)
+                .map_err(|e| fail("time_zone", format!("unknown time zone `{zone}`: {e}")))?;
+            Some(tz)
+        }
+    };
+    match raw.backend {
+        Backend::Local => {}
+        Backend::Mesh => {
+            if !has_key_secret {
+                return Err(fail(
+                    "backend",
+                    "backend `mesh` needs a top-level `key_secret`, the same on every node, so that a client has one key cluster-wide".into(),
+                ));
+            }
+            if raw.shadow {
+                return Err(fail(
+                    "shadow",
+                    "a shadow policy cannot use the `mesh` backend".into(),
+                ));
+            }
+            if !cfg!(feature = "mesh") {
+                return Err(fail(
+                    "backend",
+                    "backend `mesh` needs ratemesh built with its `mesh` feature".into(),
+                ));
+            }
+            #[cfg(feature = "mesh")]
+            if crate::mesh::MeshKind::of(&policy).is_none() {
+                return Err(fail(
+                    "algorithm",
+                    "the mesh shares token-bucket, gcra, fixed-window and sliding-window policies"
+                        .into(),
+                ));
+            }
+            if raw.time_zone.is_some() {
+                return Err(fail(
+                    "time_zone",
+                    "time zones are not supported by the `mesh` backend (its windows are UTC)"
+                        .into(),
+                ));
+            }
+        }
+        Backend::Redis => {
+            if !has_redis {
+                return Err(fail(
+                    "backend",
+                    "backend `redis` needs a `[redis]` section with `url` or `cluster`".into(),
+                ));
+            }
+            if raw.shadow {
+                return Err(fail(
+                    "shadow",
+                    "a shadow policy cannot use the `redis` backend".into(),
+                ));
+            }
+            if matches!(
+                policy.algorithm(),
+                Algorithm::LeakyBucketPolice | Algorithm::LeakyBucketShape { .. }
+            ) {
+                return Err(fail("algorithm", "the leaky buckets have no Redis script; use token-bucket, gcra, fixed-window, sliding-window or sliding-log".into()));
+            }
+            let unit_ns = if policy.algorithm().is_rate_based() {
+                policy.interval_ns()
+            } else {
+                policy.window_ns()
+            };
+            if unit_ns % 1000 != 0 {
+                let key = if policy.algorithm().is_rate_based() {
+                    "rate"
+                } else {
+                    "window"
+                };
+                return Err(fail(
+                    key,
+                    format!(
+                        "Redis keeps time in microseconds; this policy's {} ns is not a whole number of them",
+                        unit_ns
+                    ),
+                ));
+            }
+            if raw.time_zone.is_some() {
+                return Err(fail(
+                    "time_zone",
+                    "time zones are not supported by the `redis` backend (its windows are UTC)"
+                        .into(),
+                ));
+            }
+        }
+    }
+    let token_cache = match &raw.token_cache {
+        None => None,
+        Some(cache) => Some(token_cache_config(cache, raw.backend, &policy, &fail)?),
+    };
+    Ok(NamedPolicy {
+        name: name.to_string(),
+        policy,
+        backend: raw.backend,
+        fail_mode: raw.fail_mode,
+        shadow: raw.shadow,
+        time_zone,
+        token_cache,
+    })
+}
+
+/// Validate a policy's `token_cache` table (errors point at `token_cache`).
+fn token_cache_config(
+    raw: &RawTokenCache,
+    backend: Backend,
+    policy: &Policy,
+    fail: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<TokenCacheConfig, ConfigError> {
+    if backend != Backend::Redis {
+        return Err(fail(
+            "token_cache",
+            "a token cache sits in front of Redis: it needs `backend = \"redis\"`".into(),
+        ));
+    }
+    if !matches!(policy.algorithm(), Algorithm::TokenBucket | Algorithm::Gcra) {
+        return Err(fail(
+            "token_cache",
+            format!(
+                "a token cache needs a token-bucket or gcra policy, not {}",
+                policy.algorithm().name()
+            ),
+        ));
+    }
+    if raw.batch == 0 || raw.batch >= policy.capacity() {
+        return Err(fail(
+            "token_cache",
+            format!(
+                "batch = {} must be at least 1 and below the burst ({})",
+                raw.batch,
+                policy.capacity()
+            ),
+        ));
+    }
+    let ttl = parse_duration(&raw.ttl).map_err(|reason| fail("token_cache", reason))?;
+    if ttl.is_zero() {
+        return Err(fail(
+            "token_cache",
+            "ttl must be above zero (leave `token_cache` out to turn the cache off)".into(),
+        ));
+    }
+    if ttl > MAX_TOKEN_CACHE_TTL {
+        return Err(fail(
+            "token_cache",
+            format!(
+                "ttl = \"{}\" is longer than {} s: cached tokens may be spent up to a ttl late, so the cache can admit rate × ttl more than the policy in an interval",
+                raw.ttl,
+                MAX_TOKEN_CACHE_TTL.as_secs()
+            ),
+        ));
+    }
+    Ok(TokenCacheConfig {
+        batch: raw.batch,
+        ttl,
+    })
+}
+
+fn algorithm_name(algorithm: AlgorithmName) -> &'static str {
+    match algorithm {
+        AlgorithmName::TokenBucket => "token-bucket",
+        AlgorithmName::Gcra => "gcra",
+        AlgorithmName::LeakyBucketPolice => "leaky-bucket-police",
+        AlgorithmName::LeakyBucketShape => "leaky-bucket-shape",
+        AlgorithmName::FixedWindow => "fixed-window",
+        AlgorithmName::SlidingLog => "sliding-log",
+        AlgorithmName::SlidingWindow => "sliding-window",
+    }
+}
+
+/// The config key that a policy validation error is about.
+fn policy_error_field(error: &PolicyError) -> &'static str {
+    match error {
+        PolicyError::Zero { field } | PolicyError::TooLarge { field, .. } => field,
+        PolicyError::RateTooHigh { .. } => "rate",
+        PolicyError::CostExceedsCapacity { .. } => "burst",
+    }
+}
+
+/// The algorithms as the file names them.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "kebab-case")]
+enum AlgorithmName {
+    TokenBucket,
+    Gcra,
+    LeakyBucketPolice,
+    LeakyBucketShape,
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+}
+
+/// A `[policies.NAME]` table as the file spells it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicy {
+    algorithm: AlgorithmName,
+    rate: Option<u64>,
+    period: Option<String>,
+    burst: Option<u64>,
+    limit: Option<u64>,
+    window: Option<String>,
+    max_wait: Option<String>,
+    #[serde(default)]
+    backend: Backend,
+    #[serde(default)]
+    fail_mode: FailMode,
+    #[serde(default)]
+    shadow: bool,
+    time_zone: Option<String>,
+    token_cache: Option<RawTokenCache>,
+}
+
+/// A policy's `token_cache` as the file spells it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTokenCache {
+    batch: u64,
+    ttl: String,
+}

@@ -1,0 +1,412 @@
+//! The reverse proxy: a request the policies admitted, under a `[[proxy]]` route's prefix, is
+//! sent on to the route's upstream (HTTP/1.1, or HTTP/2 with prior knowledge) through a pool
+//! of kept-alive connections, and the upstream's answer comes back with the `RateLimit`
+//! fields added by the layer around this service. Bodies stream both ways, piece by piece
+//! ([`body::Relay`]); hop-by-hop fields are dropped and the forwarding fields appended
+//! ([`headers`]).
+//!
+//! When the upstream fails the client gets a JSON answer: 502 when the connection is refused
+//! or reset, 504 when the upstream does not answer within the route's `timeout` (or does not
+//! accept the connection within `connect_timeout`). The request was counted once, when it was
+//! admitted; nothing is retried and nothing counted again. Requests under no route are
+//! answered `200 ok` by the node itself.
+
+pub(crate) mod body;
+pub(crate) mod headers;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http::{HeaderValue, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::Instant;
+
+use crate::daemon::config::ProxyRoute;
+use crate::http::RateLimitLayer;
+use body::{BodyError, Progress, Relay};
+
+/// How long an idle pooled connection to an upstream is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// The most idle connections kept per upstream.
+const POOL_MAX_IDLE: usize = 1024;
+/// How long after a client's pause is due the wait for the upstream still waits for the
+/// request body's own timer to report it (then the upstream is blamed).
+const CLIENT_PAUSE_GRACE: Duration = Duration::from_secs(1);
+/// At most one warning per upstream this often; the others go to the debug log.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The labels of `ratemesh_proxy_errors_total`.
+const ERROR_REASONS: [&str; 10] = [
+    "upstream_refused",
+    "upstream_unreachable",
+    "upstream_connect_timeout",
+    "upstream_timeout",
+    "upstream_reset",
+    "request_body_too_large",
+    "request_body_stalled",
+    "request_body_aborted",
+    "response_stalled",
+    "response_aborted",
+];
+
+type UpstreamClient = Client<HttpConnector, Relay<Body>>;
+
+/// One route and its connection pool.
+struct Upstream {
+    route: ProxyRoute,
+    client: UpstreamClient,
+    /// When a failure was last logged as a warning (nanoseconds from the proxy's start).
+    warned: AtomicU64,
+}
+
+/// The node's proxy routes, longest prefix first.
+pub(crate) struct Proxy {
+    upstreams: Vec<Upstream>,
+    start: Instant,
+}
+
+impl Proxy {
+    /// Build the routes' connection pools (no connection is opened yet).
+    pub(crate) fn new(routes: &[ProxyRoute]) -> Proxy {
+        let mut upstreams: Vec<Upstream> = routes
+            .iter()
+            .map(|route| Upstream {
+                client: client(route),
+                route: route.clone(),
+                warned: AtomicU64::new(0),
+            })
+            .collect();
+        upstreams.sort_by_key(|u| std::cmp::Reverse(u.route.path_prefix.len()));
+        if !upstreams.is_empty() {
+            for reason in ERROR_REASONS {
+                metrics::counter!("ratemesh_proxy_errors_total", "reason" => reason).increment(0);
+            }
+        }
+        for upstream in &upstreams {
+            tracing::info!(
+                path_prefix = %display_prefix(&upstream.route.path_prefix),
+                upstream = %upstream.route.upstream.authority().map_or("", |a| a.as_str()),
+                http2 = upstream.route.http2,
+                "proxy route"
+            );
+        }
+        Proxy {
+            upstreams,
+            start: Instant::now(),
+        }
+    }
+
+    /// The route whose prefix is the longest one `path` is under.
+    pub(crate) fn route(&self, path: &str) -> Option<&ProxyRoute> {
+        self.upstreams
+            .iter()
+            .map(|u| &u.route)
+            .find(|route| route.matches(path))
+    }
+
+    /// Send `request` (admitted) to `upstream` and return its answer, or the JSON answer to
+    /// its failure. `peer` is the client connection's address; `trusted`: it is a trusted
+    /// proxy, whose forwarding fields are kept.
+    async fn forward(
+        &self,
+        upstream: &Upstream,
+        request: Request<Body>,
+        peer: Option<IpAddr>,
+        trusted: bool,
+    ) -> Response<Body> {
+        let route = &upstream.route;
+        let (mut parts, body) = request.into_parts();
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = route.upstream.scheme().cloned();
+        uri.authority = route.upstream.authority().cloned();
+        uri.path_and_query = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
+        parts.uri = match http::Uri::from_parts(uri) {
+            Ok(uri) => uri,
+            Err(_) => return failure(Failure::Reset, route),
+        };
+        parts.version = if route.http2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        let trailers = headers::strip_hop_by_hop(&mut parts.headers);
+        if trailers && route.http2 {
+            parts
+                .headers
+                .insert(http::header::TE, HeaderValue::from_static("trailers"));
+        }
+        headers::add_forwarded(&mut parts.headers, peer, trusted);
+        parts.extensions = http::Extensions::new();
+
+        let progress = (!hyper::body::Body::is_end_stream(&body)).then(Progress::new);
+        let body = Relay::request(body, route.max_body_bytes, route.timeout, progress.clone());
+        let request = Request::from_parts(parts, body);
+        match self.send(upstream, request, progress.as_deref()).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                headers::strip_hop_by_hop(&mut parts.headers);
+                parts.version = Version::HTTP_11;
+                Response::from_parts(parts, Body::new(Relay::response(body, route.timeout)))
+            }
+            Err(failed) => {
+                metrics::counter!("ratemesh_proxy_errors_total", "reason" => failed.reason())
+                    .increment(1);
+                self.log(upstream, &failed);
+                failure(failed, route)
+            }
+        }
+    }
+
+    /// Send and wait for the response head: at most `timeout` after the last piece of the
+    /// request body went by (or after the start, without a body).
+    async fn send(
+        &self,
+        upstream: &Upstream,
+        request: Request<Relay<Body>>,
+        progress: Option<&Progress>,
+    ) -> Result<Response<Incoming>, Failure> {
+        let timeout = upstream.route.timeout;
+        let start = Instant::now();
+        let due = || match progress {
+            None => start + timeout,
+            Some(p) if p.waiting_on_client() => p.last() + timeout + CLIENT_PAUSE_GRACE,
+            Some(p) => p.last() + timeout,
+        };
+        let mut call = pin!(upstream.client.request(request));
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut call => return result.map_err(classify),
+                () = tokio::time::sleep_until(due()) => {
+                    if Instant::now() >= due() {
+                        return Err(Failure::Timeout(timeout));
+                    }
+                }
+            }
+        }
+    }
+
+    fn log(&self, upstream: &Upstream, failed: &Failure) {
+        let now = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let last = upstream.warned.load(Ordering::Relaxed);
+        let every = u64::try_from(WARN_EVERY.as_nanos()).unwrap_or(u64::MAX);
+        let route = display_prefix(&upstream.route.path_prefix);
+        let addr = upstream
+            .route
+            .upstream
+            .authority()
+            .map_or("", |a| a.as_str());
+        if (last == 0 || now.saturating_sub(last) >= every)
+            && upstream
+                .warned
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(path_prefix = %route, upstream = %addr, reason = failed.reason(), "proxy: {failed} (further failures of this route within 10 s are logged at debug level)");
+        } else {
+            tracing::debug!(path_prefix = %route, upstream = %addr, reason = failed.reason(), "proxy: {failed}");
+        }
+    }
+}
+
+fn display_prefix(prefix: &str) -> &str {
+    if prefix.is_empty() { "/" } else { prefix }
+}
+
+fn client(route: &ProxyRoute) -> UpstreamClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(route.connect_timeout));
+    connector.set_nodelay(true);
+    connector.set_keepalive(Some(Duration::from_secs(60)));
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(POOL_MAX_IDLE);
+    if route.http2 {
+        builder
+            .http2_only(true)
+            .timer(TokioTimer::new())
+            .http2_adaptive_window(true);
+    }
+    builder.build(connector)
+}
+
+/// Why a request got no answer from its upstream.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("the upstream refused the connection")]
+    Refused,
+    #[error("the upstream could not be reached")]
+    Unreachable,
+    #[error("the upstream did not accept the connection in time")]
+    ConnectTimeout,
+    #[error("the upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the upstream closed or reset the connection before answering")]
+    Reset,
+    #[error("the request body is longer than {0} bytes")]
+    TooLarge(u64),
+    #[error("the request body paused for longer than the route's timeout")]
+    ClientStalled,
+    #[error("the request body could not be read from the client")]
+    ClientAborted,
+}
+
+impl Failure {
+    fn reason(&self) -> &'static str {
+        match self {
+            Failure::Refused => "upstream_refused",
+            Failure::Unreachable => "upstream_unreachable",
+            Failure::ConnectTimeout => "upstream_connect_timeout",
+            Failure::Timeout(_) => "upstream_timeout",
+            Failure::Reset => "upstream_reset",
+            Failure::TooLarge(_) => "request_body_too_large",
+            Failure::ClientStalled => "request_body_stalled",
+            Failure::ClientAborted => "request_body_aborted",
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            Failure::Refused | Failure::Unreachable | Failure::Reset => StatusCode::BAD_GATEWAY,
+            Failure::ConnectTimeout | Failure::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Failure::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Failure::ClientStalled => StatusCode::REQUEST_TIMEOUT,
+            Failure::ClientAborted => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The client's request body was not read to its end: close the connection after.
+    fn closes(&self) -> bool {
+        matches!(
+            self,
+            Failure::TooLarge(_) | Failure::ClientStalled | Failure::ClientAborted
+        )
+    }
+}
+
+/// What a failed request to the upstream was, from the client's error chain.
+fn classify(error: hyper_util::client::legacy::Error) -> Failure {
+    let mut io_kind = None;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(cause) = source {
+        if let Some(body) = cause.downcast_ref::<BodyError>() {
+            return match body {
+                BodyError::TooLarge { max } => Failure::TooLarge(*max),
+                BodyError::Stalled { .. } => Failure::ClientStalled,
+                BodyError::Read(_) => Failure::ClientAborted,
+            };
+        }
+        if io_kind.is_none()
+            && let Some(io) = cause.downcast_ref::<std::io::Error>()
+        {
+            io_kind = Some(io.kind());
+        }
+        source = cause.source();
+    }
+    if error.is_connect() {
+        return match io_kind {
+            Some(std::io::ErrorKind::ConnectionRefused) => Failure::Refused,
+            Some(std::io::ErrorKind::TimedOut) => Failure::ConnectTimeout,
+            _ => Failure::Unreachable,
+        };
+    }
+    Failure::Reset
+}
+
+/// The JSON answer to a failure: `{"error":"upstream_timeout","message":"…"}`.
+fn failure(failed: Failure, route: &ProxyRoute) -> Response<Body> {
+    let body = serde_json::json!({
+        "error": failed.reason(),
+        "message": failed.to_string(),
+        "route": display_prefix(&route.path_prefix),
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = failed.status();
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if failed.closes() {
+        headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// The service behind the rate-limit layer: an admitted request goes to its route's
+/// upstream, or is answered `200 ok` when no route takes its path.
+#[derive(Clone)]
+pub(crate) struct Gateway {
+    proxy: Arc<Proxy>,
+    layer: RateLimitLayer,
+}
+
+impl Gateway {
+    /// Serve admitted requests with `proxy`; `layer` gives the trusted proxies in force.
+    pub(crate) fn new(proxy: Arc<Proxy>, layer: RateLimitLayer) -> Gateway {
+        Gateway { proxy, layer }
+    }
+}
+
+impl tower::Service<Request<Body>> for Gateway {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let path = request.uri().path();
+        let Some(index) = self
+            .proxy
+            .upstreams
+            .iter()
+            .position(|u| u.route.matches(path))
+        else {
+            return Box::pin(std::future::ready(Ok(admitted())));
+        };
+        let peer = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| info.0.ip());
+        let trusted = peer.is_some_and(|ip| {
+            let rules = self.layer.rules();
+            let proxies = &rules.identity_config().trusted_proxies;
+            proxies.iter().any(|net| net.contains(&ip))
+        });
+        let proxy = Arc::clone(&self.proxy);
+        Box::pin(async move {
+            let upstream = &proxy.upstreams[index];
+            Ok(proxy.forward(upstream, request, peer, trusted).await)
+        })
+    }
+}
+
+/// The answer to an admitted request under no proxy route.
+fn admitted() -> Response<Body> {
+    let mut response = Response::new(Body::from("ok\n"));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}

@@ -1,0 +1,245 @@
+//! The policy file compiled for deciding: each policy with its store (kept across a reload
+//! when unchanged) and where it is decided, and tiers and routes as lists of policy numbers,
+//! split by how each policy is decided.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use http::Method;
+use jiff::Timestamp;
+
+use super::RulesError;
+use super::request::PolicyReport;
+use crate::clock::Nanos;
+use crate::config::{Backend, GatewayConfig, NamedPolicy};
+use crate::decision::Decision;
+use crate::limiter::MAX_POLICIES;
+use crate::local::{DEFAULT_MAX_KEYS, Store};
+use crate::policy::Algorithm;
+
+/// Where a policy that is not decided on this node alone is decided, and its number there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Remote {
+    /// By the mesh ([`crate::backend::mesh::GlobalLimits`]), as its mesh policy number.
+    Mesh(u32),
+    /// By the exact backend ([`crate::backend::exact::ExactLimits`]), as its `redis`
+    /// policy number.
+    Exact(u32),
+}
+
+pub(super) struct CompiledPolicy {
+    pub(super) named: NamedPolicy,
+    pub(super) name: Arc<str>,
+    pub(super) sf_name: Arc<str>,
+    /// This node's counters: the policy itself when local, the fail-open fallback when exact.
+    pub(super) store: Arc<Store<u64>>,
+    /// Where the policy is decided when not by `store` alone.
+    pub(super) remote: Option<Remote>,
+}
+
+impl CompiledPolicy {
+    /// `now` on this policy's time axis: shifted by the zone's UTC offset, so that a fixed
+    /// window of a day starts at local midnight.
+    pub(super) fn local_now(&self, now: Nanos) -> Nanos {
+        match &self.named.time_zone {
+            None => now,
+            Some(zone) => {
+                let at =
+                    Timestamp::from_nanosecond(i128::from(now)).unwrap_or(Timestamp::UNIX_EPOCH);
+                let offset_ns = i64::from(zone.to_offset(at).seconds()) * 1_000_000_000;
+                now.saturating_add_signed(offset_ns)
+            }
+        }
+    }
+
+    pub(super) fn report(&self, decision: Decision) -> PolicyReport {
+        PolicyReport {
+            name: Arc::clone(&self.name),
+            sf_name: Arc::clone(&self.sf_name),
+            decision,
+            window_s: self.named.policy.window_ns().div_ceil(1_000_000_000),
+            shadow: self.named.shadow,
+        }
+    }
+}
+
+/// The policies of a tier or a route, by how each is decided.
+#[derive(Default)]
+pub(super) struct Layers {
+    /// Decided on this node; a shaping policy last (it reserves a slot, never refunded).
+    pub(super) enforced: Vec<usize>,
+    /// Counted after an admission, never denying.
+    pub(super) shadow: Vec<usize>,
+    /// `redis` policies (at most one per request, decided last).
+    pub(super) exact: Vec<usize>,
+    /// `mesh` policies (at most one per request, decided after the local ones).
+    pub(super) global: Vec<usize>,
+}
+
+pub(super) struct CompiledRoute {
+    pub(super) name: Arc<str>,
+    method: Option<Method>,
+    path_prefix: String,
+    pub(super) cost: u64,
+    pub(super) layers: Layers,
+}
+
+impl CompiledRoute {
+    pub(super) fn matches(&self, method: &Method, path: &str) -> bool {
+        if self.method.as_ref().is_some_and(|m| m != method) {
+            return false;
+        }
+        match path.strip_prefix(self.path_prefix.as_str()) {
+            Some(rest) => rest.is_empty() || rest.starts_with('/') || self.path_prefix.is_empty(),
+            None => false,
+        }
+    }
+}
+
+/// The compiled file.
+pub(super) struct Compiled {
+    pub(super) policies: Vec<CompiledPolicy>,
+    pub(super) tiers: BTreeMap<String, Layers>,
+    pub(super) routes: Vec<CompiledRoute>,
+}
+
+/// Compile `config`, keeping the store of every policy unchanged from `previous`; `mesh`
+/// and `exact` tell whether those backends are there to decide remote policies.
+pub(super) fn compile(
+    config: &GatewayConfig,
+    previous: Option<&[CompiledPolicy]>,
+    mesh: bool,
+    exact: bool,
+) -> Result<Compiled, RulesError> {
+    let number = |policies: Vec<&NamedPolicy>, name: &str| {
+        policies
+            .iter()
+            .position(|p| p.name == name)
+            .map(|i| i as u32)
+    };
+    let policies: Vec<CompiledPolicy> = config
+        .policies
+        .iter()
+        .map(|named| {
+            let kept = previous
+                .and_then(|old| old.iter().find(|old| old.named == *named))
+                .map(|old| Arc::clone(&old.store));
+            let remote = match named.backend {
+                Backend::Local => None,
+                Backend::Mesh if mesh => {
+                    number(config.mesh_policies(), &named.name).map(Remote::Mesh)
+                }
+                Backend::Redis if exact => {
+                    number(config.redis_policies(), &named.name).map(Remote::Exact)
+                }
+                // No backend to ask: the node's own store decides.
+                Backend::Mesh | Backend::Redis => None,
+            };
+            CompiledPolicy {
+                named: named.clone(),
+                name: Arc::from(named.name.as_str()),
+                sf_name: Arc::from(crate::http::sf::sf_string(&named.name)),
+                store: kept.unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
+                remote,
+            }
+        })
+        .collect();
+    let layers = |names: &[String]| split(&policies, names);
+    let tiers: BTreeMap<String, Layers> = config
+        .tiers
+        .iter()
+        .map(|(name, names)| (name.clone(), layers(names)))
+        .collect();
+    let routes: Vec<CompiledRoute> = config
+        .routes
+        .iter()
+        .map(|route| CompiledRoute {
+            name: Arc::from(route.name.as_str()),
+            method: route.method.clone(),
+            path_prefix: route.path_prefix.clone(),
+            cost: route.cost,
+            layers: layers(&route.policies),
+        })
+        .collect();
+    check_counts(&tiers, &routes)?;
+    Ok(Compiled {
+        policies,
+        tiers,
+        routes,
+    })
+}
+
+/// Sort the policies `names` by how each is decided.
+fn split(policies: &[CompiledPolicy], names: &[String]) -> Layers {
+    let mut layers = Layers::default();
+    let index = |name: &String| policies.iter().position(|p| &p.named.name == name);
+    for i in names.iter().filter_map(index) {
+        let list = match (policies[i].named.shadow, policies[i].remote) {
+            (true, _) => &mut layers.shadow,
+            (false, Some(Remote::Exact(_))) => &mut layers.exact,
+            (false, Some(Remote::Mesh(_))) => &mut layers.global,
+            (false, None) => &mut layers.enforced,
+        };
+        list.push(i);
+    }
+    // A shaping policy reserves a slot: check it last so it never needs a refund.
+    layers.enforced.sort_by_key(|&i| {
+        matches!(
+            policies[i].named.policy.algorithm(),
+            Algorithm::LeakyBucketShape { .. }
+        )
+    });
+    layers
+}
+
+/// Refuse a file under which one request would meet two `redis` or two `mesh` policies, or
+/// more policies on this node than one decision layers: every tier with every route, and
+/// each route alone (a client with no tier).
+fn check_counts(
+    tiers: &BTreeMap<String, Layers>,
+    routes: &[CompiledRoute],
+) -> Result<(), RulesError> {
+    let no_tier = (String::new(), Layers::default());
+    for (tier_name, tier) in tiers
+        .iter()
+        .chain(std::iter::once((&no_tier.0, &no_tier.1)))
+    {
+        let alone = [(String::new(), 0usize, 0usize)];
+        let with_routes = routes.iter().map(|r| {
+            (
+                r.name.to_string(),
+                r.layers.exact.len(),
+                r.layers.global.len(),
+            )
+        });
+        for (route, route_exact, route_global) in alone.into_iter().chain(with_routes) {
+            for (backend, count) in [
+                ("redis", tier.exact.len() + route_exact),
+                ("mesh", tier.global.len() + route_global),
+            ] {
+                if count > 1 {
+                    return Err(RulesError::TwoRemotePolicies {
+                        backend,
+                        tier: tier_name.clone(),
+                        route: route.clone(),
+                    });
+                }
+            }
+        }
+        for route in routes {
+            // A `redis` policy is decided locally when the rules decide without IO.
+            let count = tier.enforced.len()
+                + route.layers.enforced.len()
+                + tier.exact.len()
+                + route.layers.exact.len();
+            if count > MAX_POLICIES {
+                return Err(RulesError::TooManyPolicies {
+                    tier: tier_name.clone(),
+                    route: route.name.to_string(),
+                    count,
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,328 @@
+//! One request through its layers: plan (tier, route, cost, keys) → charge the local layers
+//! → ask the remote ones (at most one `mesh` policy, then at most one `redis` policy) → on
+//! any denial, give the local charges back. One path for every kind of policy, and one place
+//! that refunds ([`Passage::refund`], through the same [`Charges`] as a local denial).
+
+use std::sync::Arc;
+
+use super::Rules;
+use super::compile::{CompiledRoute, Layers, Remote};
+use super::request::{Outcome, PolicyReport, RequestFacts};
+use crate::backend::exact::{ExactDecision, ExactError, ExactFuture, fail_over};
+use crate::backend::mesh::MeshDecision;
+use crate::clock::Nanos;
+use crate::decision::{Decision, Verdict};
+use crate::limiter::{Charges, decide_in_layers};
+use crate::local::Charge;
+
+/// The name reported (headers, JSON body, metrics) for a client refused because it matches
+/// no tier and the file says `no_tier = "refuse"`.
+pub const NO_TIER_POLICY: &str = "no_tier";
+
+/// How long a request that the mesh cannot decide at once is denied for, when the rules
+/// decide without waiting.
+const MESH_BUSY_RETRY_NS: Nanos = 1_000_000;
+
+/// Which policies a request passes, under which keys, at what cost.
+pub(super) struct Plan<'a> {
+    /// The client matches no tier and the file says `no_tier = "refuse"`.
+    refused: bool,
+    route: Option<&'a CompiledRoute>,
+    cost: u64,
+    /// (policy, key) of the layers decided on this node, the tier's then the route's.
+    enforced: Vec<(usize, u64)>,
+    shadow: Vec<(usize, u64)>,
+    /// The request's `mesh` policy, if any.
+    global: Option<(usize, u64)>,
+    /// The request's `redis` policy, if any.
+    exact: Option<(usize, u64)>,
+}
+
+/// A request on its way through its layers: what this node charged, what each layer said.
+struct Passage<'r> {
+    rules: &'r Rules,
+    plan: Plan<'r>,
+    now: Nanos,
+    /// The layers charged on this node, in order, and what each took.
+    local: Vec<(usize, u64)>,
+    charges: Charges,
+    reports: Vec<PolicyReport>,
+    /// The tightest admission so far, or the denial.
+    decision: Decision,
+    /// A `redis` policy that fails closed could not be decided.
+    unavailable: Option<Arc<str>>,
+}
+
+impl<'r> Passage<'r> {
+    /// Charge the local layers of `plan` (and its `redis` policy on its local store, when
+    /// `exact_here`); a denial by one gives the earlier ones back.
+    fn start(rules: &'r Rules, plan: Plan<'r>, now: Nanos, exact_here: bool) -> Self {
+        let mut local = plan.enforced.clone();
+        if exact_here {
+            local.extend(plan.exact);
+        }
+        let mut reports = Vec::with_capacity(local.len() + 1);
+        // What each admitting layer took, for a remote denial to give back.
+        let mut charges = Charges::default();
+        let decision = decide_in_layers(
+            local.len(),
+            |i, charge| {
+                let (p, key) = local[i];
+                let policy = &rules.policies[p];
+                let at = policy.local_now(now);
+                let decision = policy
+                    .store
+                    .decide_charge(&key, at, plan.cost, true, charge);
+                reports.push(policy.report(decision));
+                if decision.is_allowed() {
+                    charges.note(i, *charge);
+                }
+                decision
+            },
+            |i, charge| rules.refund(local[i], charge, plan.cost, now),
+        );
+        if !decision.is_allowed() {
+            // `decide_in_layers` gave the earlier layers' charges back.
+            charges = Charges::default();
+        }
+        Passage {
+            rules,
+            plan,
+            now,
+            local,
+            charges,
+            reports,
+            decision,
+            unavailable: None,
+        }
+    }
+
+    fn admitted(&self) -> bool {
+        self.decision.verdict == Verdict::Allowed && self.unavailable.is_none()
+    }
+
+    /// Ask the mesh for the request's `mesh` policy, once the local layers admitted it.
+    fn ask_mesh(&self) -> Option<(usize, MeshDecision)> {
+        let (p, key) = self.plan.global.filter(|_| self.admitted())?;
+        let Some(Remote::Mesh(number)) = self.rules.policies[p].remote else {
+            return None;
+        };
+        let mesh = self.rules.mesh.as_ref()?;
+        Some((p, mesh.decide(number, key, self.plan.cost)))
+    }
+
+    /// Ask the exact backend for the request's `redis` policy, once every other layer
+    /// admitted it.
+    fn ask_exact(&self) -> Option<(usize, u64, ExactFuture<'r>)> {
+        let (p, key) = self.plan.exact.filter(|_| self.admitted())?;
+        let Some(Remote::Exact(number)) = self.rules.policies[p].remote else {
+            return None;
+        };
+        let exact = self.rules.exact.as_ref()?;
+        // The policy's keys carry the route's name when it applies through the route.
+        let route = self
+            .plan
+            .route
+            .filter(|r| r.layers.exact.contains(&p))
+            .map(|r| &*r.name);
+        Some((p, key, exact.decide(number, key, route, self.plan.cost)))
+    }
+
+    /// Take a remote layer's decision: report it; a denial gives the local charges back.
+    fn settle(&mut self, p: usize, decision: Decision) {
+        self.reports.push(self.rules.policies[p].report(decision));
+        if decision.verdict != Verdict::Allowed {
+            self.decision = decision;
+            self.refund();
+        }
+    }
+
+    /// Take the exact backend's answer for policy `p` (key `key`) through its fail mode.
+    fn settle_exact(&mut self, p: usize, key: u64, answer: Result<Decision, ExactError>) {
+        let policy = &self.rules.policies[p];
+        let (cost, at) = (self.plan.cost, policy.local_now(self.now));
+        let fallback = || policy.store.decide(&key, at, cost);
+        match fail_over(&policy.name, policy.named.fail_mode, answer, fallback) {
+            ExactDecision::Exact(decision) | ExactDecision::Fallback(decision) => {
+                self.settle(p, decision)
+            }
+            ExactDecision::Unavailable => {
+                self.unavailable = Some(Arc::clone(&policy.name));
+                self.refund();
+            }
+        }
+    }
+
+    /// Give back what the local layers took (latest first). A mesh charge stays counted: the
+    /// cluster then admits less, never more.
+    fn refund(&mut self) {
+        let (rules, local, cost, now) = (self.rules, &self.local, self.plan.cost, self.now);
+        std::mem::take(&mut self.charges)
+            .refund(&mut |i, charge| rules.refund(local[i], charge, cost, now));
+    }
+
+    fn finish(self) -> Outcome {
+        let allowed = self.admitted();
+        let mut outcome = self.rules.outcome(
+            &self.plan,
+            allowed,
+            self.decision.delay_ns,
+            self.reports,
+            self.now,
+        );
+        outcome.backend_unavailable = self.unavailable;
+        outcome
+    }
+}
+
+impl Rules {
+    /// Work out which policies a request passes, under which keys, at what cost.
+    fn plan(&self, facts: &RequestFacts<'_>) -> Plan<'_> {
+        let route = self
+            .routes
+            .iter()
+            .find(|r| r.matches(facts.method, facts.path));
+        let cost = route.map_or(1, |r| r.cost);
+        let tier = self.tier_of(facts);
+        let env = self.config.env.as_bytes();
+        let source = facts.identity.source.name().as_bytes();
+        let value = facts.identity.value.as_bytes();
+        let client_key = self.hasher.key(&[env, source, value]);
+        let route_key = route
+            .map(|r| self.hasher.key(&[env, source, value, r.name.as_bytes()]))
+            .unwrap_or(client_key);
+        // (policy index, key) of each layer: the tier's under the client's key, then the
+        // route's under the client's and the route's.
+        let keyed = |of: fn(&Layers) -> &Vec<usize>| {
+            let tier_layers = tier
+                .map_or(&[][..], |t| of(t))
+                .iter()
+                .map(|&i| (i, client_key));
+            let route_layers = route
+                .map_or(&[][..], |r| of(&r.layers))
+                .iter()
+                .map(|&i| (i, route_key));
+            tier_layers
+                .chain(route_layers)
+                .collect::<Vec<(usize, u64)>>()
+        };
+        Plan {
+            refused: tier.is_none() && self.config.refuse_without_tier,
+            route,
+            cost,
+            enforced: keyed(|l| &l.enforced),
+            shadow: keyed(|l| &l.shadow),
+            global: keyed(|l| &l.global).first().copied(),
+            exact: keyed(|l| &l.exact).first().copied(),
+        }
+    }
+
+    fn tier_of(&self, facts: &RequestFacts<'_>) -> Option<&Layers> {
+        let named = facts
+            .tier
+            .map(str::to_string)
+            .or_else(|| {
+                facts
+                    .identity
+                    .tenant_name()
+                    .and_then(|n| self.tenants.get(&n).cloned())
+            })
+            .or_else(|| self.config.default_tier.clone());
+        named.and_then(|name| self.tiers.get(&name))
+    }
+
+    /// Give back `cost` that layer `(p, key)` took from `charge` at `now`.
+    fn refund(&self, (p, key): (usize, u64), charge: Charge, cost: u64, now: Nanos) {
+        let policy = &self.policies[p];
+        policy
+            .store
+            .refund(&key, charge, policy.local_now(now), cost);
+    }
+
+    fn count_shadow(&self, plan: &Plan<'_>, now: Nanos) -> Vec<PolicyReport> {
+        plan.shadow
+            .iter()
+            .map(|&(p, key)| {
+                let policy = &self.policies[p];
+                policy.report(policy.store.decide(&key, policy.local_now(now), plan.cost))
+            })
+            .collect()
+    }
+
+    fn outcome(
+        &self,
+        plan: &Plan<'_>,
+        allowed: bool,
+        delay_ns: Nanos,
+        enforced: Vec<PolicyReport>,
+        now: Nanos,
+    ) -> Outcome {
+        Outcome {
+            allowed,
+            cost: plan.cost,
+            route: plan.route.map(|r| Arc::clone(&r.name)),
+            enforced,
+            shadow: if allowed {
+                self.count_shadow(plan, now)
+            } else {
+                Vec::new()
+            },
+            delay_ns: if allowed { delay_ns } else { 0 },
+            backend_unavailable: None,
+        }
+    }
+
+    /// The outcome for a client that matches no tier under `no_tier = "refuse"`: denied by
+    /// [`NO_TIER_POLICY`], a limit of zero that no retry can meet (nothing is charged).
+    fn refused(&self, plan: &Plan<'_>) -> Outcome {
+        let report = PolicyReport {
+            name: Arc::from(NO_TIER_POLICY),
+            sf_name: Arc::from(crate::http::sf::sf_string(NO_TIER_POLICY)),
+            decision: Decision::cannot_fit(0),
+            window_s: 0,
+            shadow: false,
+        };
+        self.outcome(plan, false, 0, vec![report], 0)
+    }
+
+    /// Decide one request at `now` (nanoseconds on the limiter's clock), without IO.
+    ///
+    /// A `mesh` policy is decided by the node's lease of the key (one compare-and-swap, on
+    /// the node's clock) without waiting: when the lease is short, the request is denied
+    /// for a millisecond. A `redis` policy is answered here by its local store, as when it
+    /// fails open. Use [`Rules::decide_exact`] to wait for the mesh and to ask Redis.
+    pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
+        let plan = self.plan(facts);
+        if plan.refused {
+            return self.refused(&plan);
+        }
+        let mut passage = Passage::start(self, plan, now, true);
+        if let Some((p, mesh)) = passage.ask_mesh() {
+            let busy = Decision::denied(passage.decision.limit, 0, 0, MESH_BUSY_RETRY_NS);
+            passage.settle(p, mesh.now_or(busy));
+        }
+        passage.finish()
+    }
+
+    /// Decide one request with the IO it may need: a `mesh` policy waits for the key's owner
+    /// when the node's lease is short, and a `redis` policy asks the exact backend (at most
+    /// one per request, decided after the local and mesh ones pass; a denial there, or a
+    /// failure under `fail_mode = "closed"`, gives the local charges back, while a mesh
+    /// charge stays counted: the cluster then admits less, never more).
+    pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
+        let plan = self.plan(facts);
+        if plan.refused {
+            return self.refused(&plan);
+        }
+        let mut passage = Passage::start(self, plan, now, false);
+        if let Some((p, mesh)) = passage.ask_mesh() {
+            let decision = mesh.await;
+            passage.settle(p, decision);
+        }
+        if let Some((p, key, answer)) = passage.ask_exact() {
+            let answer = answer.await;
+            passage.settle_exact(p, key, answer);
+        }
+        passage.finish()
+    }
+}

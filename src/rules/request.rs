@@ -1,0 +1,113 @@
+//! What a request brings to the rules (who asks, for what) and what it takes away (the
+//! outcome, with each policy's part for the response headers).
+
+use std::sync::Arc;
+
+use http::Method;
+
+use crate::clock::Nanos;
+use crate::config::IdentitySource;
+use crate::decision::Decision;
+
+/// Who is asking: the source that identified the client and its raw value.
+///
+/// The value may be a secret (an API key): it is only ever hashed, and `Debug` hides it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Which part of the request identified the client.
+    pub source: IdentitySource,
+    pub(super) value: String,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Identity({}:<{} bytes>)",
+            self.source.name(),
+            self.value.len()
+        )
+    }
+}
+
+impl Identity {
+    /// Identify a client by `value` taken from `source`.
+    pub fn new(source: IdentitySource, value: impl Into<String>) -> Self {
+        Identity {
+            source,
+            value: value.into(),
+        }
+    }
+
+    /// The name `tenants` uses for this client: `user:alice`, `ip:192.0.2.7`, `device:…`.
+    /// API keys are never named in a config file, so they have none.
+    pub(super) fn tenant_name(&self) -> Option<String> {
+        (self.source != IdentitySource::ApiKey)
+            .then(|| format!("{}:{}", self.source.name(), self.value))
+    }
+}
+
+/// What the rules need to know about a request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFacts<'a> {
+    /// The client.
+    pub identity: &'a Identity,
+    /// A tier chosen by an earlier layer (e.g. from the client's plan), else looked up.
+    pub tier: Option<&'a str>,
+    /// The request method.
+    pub method: &'a Method,
+    /// The request path (no query).
+    pub path: &'a str,
+}
+
+/// One policy's part in a decision, for the response headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyReport {
+    /// The policy's name.
+    pub name: Arc<str>,
+    /// The name serialized as a structured-field string (with its quotes).
+    pub sf_name: Arc<str>,
+    /// Its decision.
+    pub decision: Decision,
+    /// Its window in whole seconds (a bucket's time to refill from empty), for `w=`.
+    pub window_s: u64,
+    /// Counted but never denying.
+    pub shadow: bool,
+}
+
+/// The outcome of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Forward the request (shadow denials do not stop it).
+    pub allowed: bool,
+    /// The request's cost in tokens.
+    pub cost: u64,
+    /// The matched route, if any.
+    pub route: Option<Arc<str>>,
+    /// The enforced policies that were checked, in order; on a denial, the last is the one
+    /// that denied.
+    pub enforced: Vec<PolicyReport>,
+    /// The shadow policies (counted after an admission).
+    pub shadow: Vec<PolicyReport>,
+    /// When admitted by a shaping policy: nanoseconds to wait before forwarding.
+    pub delay_ns: Nanos,
+    /// A `redis` policy that fails closed could not reach Redis: the request is refused
+    /// because the backend failed, not the client (answer 503, not 429).
+    pub backend_unavailable: Option<Arc<str>>,
+}
+
+impl Outcome {
+    /// Return the enforced policy that denied the request.
+    pub fn denied_by(&self) -> Option<&PolicyReport> {
+        self.enforced
+            .last()
+            .filter(|report| !report.decision.is_allowed())
+    }
+
+    /// Return the shadow policies that would have denied the request.
+    pub fn shadow_denials(&self) -> impl Iterator<Item = &PolicyReport> {
+        self.shadow
+            .iter()
+            .filter(|report| !report.decision.is_allowed())
+    }
+}

@@ -1,0 +1,674 @@
+//! `ratemesh node` as a reverse proxy, as a real process in front of test upstreams on
+//! loopback: admitted requests reach the upstream with the `RateLimit` fields on the answer
+//! and denied ones never do; hop-by-hop fields are dropped and forwarding fields appended
+//! (a forged chain from an untrusted client is dropped); a 64 MiB body streams both ways
+//! without being buffered; HTTP/2 to the upstream; an upstream that hangs, resets or refuses
+//! is answered 504/502 in JSON, each request counted once, and the node keeps serving; bad
+//! `[[proxy]]` entries are refused with the file, the line and the field.
+
+mod support;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use hyper_util::rt::TokioIo;
+use ratemesh::daemon::config::NodeFile;
+use support::upstream;
+use support::*;
+
+const POLICY: &str = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+    [identity]\norder = [\"api_key\", \"ip\"]\ntrusted_proxies = [\"127.0.0.2\"]\n\n\
+    [policies.per_key]\nalgorithm = \"token-bucket\"\nrate = 1\nperiod = \"1h\"\nburst = 100\n\n\
+    [policies.tight]\nalgorithm = \"token-bucket\"\nrate = 1\nperiod = \"1h\"\nburst = 3\n\n\
+    [tiers.api]\npolicies = [\"per_key\"]\n\n\
+    [[routes]]\nname = \"tight\"\npath_prefix = \"/tight\"\npolicies = [\"tight\"]\n";
+
+/// Start one node whose node file ends with `extra` (its `[[proxy]]` entries).
+async fn node_with(dir: &std::path::Path, extra: &str) -> NodeProcess {
+    let files = write_cluster_with(dir, 1, POLICY);
+    edit_file(&files[0], |text| format!("{text}\n{extra}"));
+    let node = start(&files[0]);
+    wait_healthy(&client(), &node).await;
+    node
+}
+
+fn proxy(prefix: &str, upstream: std::net::SocketAddr, settings: &str) -> String {
+    format!("[[proxy]]\npath_prefix = \"{prefix}\"\nupstream = \"http://{upstream}\"\n{settings}\n")
+}
+
+/// The `r` (remaining) of `policy` in a response's `RateLimit` field.
+fn remaining(headers: &reqwest::header::HeaderMap, policy: &str) -> u64 {
+    let field = headers
+        .get("ratelimit")
+        .unwrap_or_else(|| panic!("no RateLimit field in {headers:?}"))
+        .to_str()
+        .unwrap();
+    field
+        .split(',')
+        .map(str::trim)
+        .find(|item| item.starts_with(&format!("\"{policy}\"")))
+        .and_then(|item| item.split(';').find_map(|p| p.strip_prefix("r=")))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no r for {policy} in {field}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admitted_requests_reach_the_upstream_and_denied_ones_never_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream::start(false).await;
+    let extra = proxy("/tight", up.addr, "") + &proxy("/api", up.addr, "");
+    let node = node_with(dir.path(), &extra).await;
+    let client = client();
+    let base = format!("http://{}", node.http);
+
+    for left in (0..3).rev() {
+        let response = client
+            .get(format!("{base}/tight/x"))
+            .header("x-api-key", "k1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-upstream"], "1");
+        assert_eq!(remaining(response.headers(), "tight"), left);
+        assert!(response.headers().contains_key("ratelimit-policy"));
+        assert_eq!(response.text().await.unwrap(), "upstream ok\n");
+    }
+    for _ in 0..2 {
+        let response = client
+            .get(format!("{base}/tight/x"))
+            .header("x-api-key", "k1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 429);
+        assert!(response.headers().contains_key("retry-after"));
+        assert!(!response.headers().contains_key("x-upstream"));
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"], "rate_limited");
+    }
+    assert_eq!(up.count(), 3, "the upstream saw a denied request");
+
+    // No route: the node answers itself, as without a proxy.
+    let response = client
+        .get(format!("{base}/elsewhere"))
+        .header("x-api-key", "k1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().contains_key("ratelimit"));
+    assert_eq!(response.text().await.unwrap(), "ok\n");
+    assert_eq!(up.count(), 3);
+
+    // Hop-by-hop fields are dropped both ways; a forged forwarding chain from an untrusted
+    // client is replaced by its address.
+    let response = client
+        .get(format!("{base}/api/orders?id=7"))
+        .header("x-api-key", "k2")
+        .header("connection", "x-custom-hop")
+        .header("x-custom-hop", "1")
+        .header("proxy-authorization", "Basic Zm9vOmJhcg==")
+        .header("te", "gzip")
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("forwarded", "for=203.0.113.9")
+        .header("x-forwarded-proto", "https")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    for hop in ["x-up-hop", "keep-alive", "proxy-authenticate"] {
+        assert!(!response.headers().contains_key(hop), "{hop} passed back");
+    }
+    assert!(response.headers().contains_key("ratelimit"));
+    let seen = up.seen().pop().unwrap();
+    assert_eq!(seen.path, "/api/orders?id=7");
+    assert_eq!(seen.headers["x-api-key"], "k2");
+    for hop in ["x-custom-hop", "proxy-authorization", "te", "connection"] {
+        assert!(!seen.headers.contains_key(hop), "{hop} passed on");
+    }
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen.headers["x-forwarded-proto"], "http");
+    assert_eq!(
+        seen.headers["forwarded"],
+        format!("for=127.0.0.1;proto=http;host=\"{}\"", node.http).as_str()
+    );
+
+    // From a trusted proxy the chain is kept and this hop appended.
+    let trusted = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let response = trusted
+        .get(format!("{base}/api/orders"))
+        .header("x-forwarded-for", "203.0.113.9")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen = up.seen().pop().unwrap();
+    assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.9, 127.0.0.2");
+}
+
+/// A request body of `total` bytes made as the client sends it (byte `i` is `i % 251`),
+/// noting how much was handed to the connection.
+struct Pattern {
+    total: u64,
+    offset: u64,
+    sent: Arc<AtomicU64>,
+}
+
+const PIECE: u64 = 64 * 1024;
+
+impl hyper::body::Body for Pattern {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if self.offset == self.total {
+            return Poll::Ready(None);
+        }
+        let n = PIECE.min(self.total - self.offset);
+        let piece: Vec<u8> = (self.offset..self.offset + n)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        self.offset += n;
+        self.sent.store(self.offset, Ordering::Relaxed);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(piece)))))
+    }
+}
+
+/// The node's peak resident memory (`VmHWM`), in KiB.
+fn peak_rss_kib(node: &NodeProcess) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", node.child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Send `body` to `path` on `node` over one HTTP/1.1 connection; return the response.
+async fn send_raw<B>(
+    node: &NodeProcess,
+    path: &str,
+    body: B,
+) -> hyper::Response<hyper::body::Incoming>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = tokio::net::TcpStream::connect(node.http).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = hyper::Request::post(path)
+        .header("host", node.http.to_string())
+        .header("x-api-key", "streamer")
+        .body(body)
+        .unwrap();
+    sender.send_request(request).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_64_mib_body_streams_both_ways_without_being_buffered() {
+    const TOTAL: u64 = 64 * 1024 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream::start(false).await;
+    let node = node_with(dir.path(), &proxy("/echo", up.addr, "")).await;
+    let before = peak_rss_kib(&node);
+    let started = Instant::now();
+
+    let sent = Arc::new(AtomicU64::new(0));
+    let body = Pattern {
+        total: TOTAL,
+        offset: 0,
+        sent: Arc::clone(&sent),
+    };
+    let transfer = async {
+        let response = send_raw(&node, "/echo/large", body).await;
+        assert_eq!(response.status(), 200);
+        assert!(response.headers().contains_key("ratelimit"));
+        let mut body = response.into_body();
+        let mut received = 0u64;
+        let mut sent_at_first_byte = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.unwrap();
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            if sent_at_first_byte.is_none() && !data.is_empty() {
+                sent_at_first_byte = Some(sent.load(Ordering::Relaxed));
+            }
+            for (i, byte) in data.iter().enumerate() {
+                let at = received + i as u64;
+                assert_eq!(*byte, (at % 251) as u8, "byte {at} changed on the way");
+            }
+            received += data.len() as u64;
+        }
+        (received, sent_at_first_byte.unwrap())
+    };
+    let (received, sent_at_first_byte) = tokio::time::timeout(Duration::from_secs(120), transfer)
+        .await
+        .expect("the echo took over 120 s");
+    let after = peak_rss_kib(&node);
+    eprintln!(
+        "64 MiB echoed through the proxy in {:?}; the first bytes came back when the client \
+         had handed over {} KiB; node peak RSS {before} KiB before, {after} KiB after",
+        started.elapsed(),
+        sent_at_first_byte / 1024
+    );
+    assert_eq!(received, TOTAL);
+    assert!(
+        sent_at_first_byte < TOTAL / 2,
+        "the answer began only after {sent_at_first_byte} of {TOTAL} bytes were sent"
+    );
+    assert!(
+        after.saturating_sub(before) < 32 * 1024,
+        "the node's peak RSS grew by {} KiB for a 64 MiB body",
+        after - before
+    );
+}
+
+/// A request body fed through a channel.
+struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Channel {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|piece| piece.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_stream_outlives_the_connection_timeouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream::start(false).await;
+    let files = write_cluster_with(dir.path(), 1, POLICY);
+    edit_file(&files[0], |text| {
+        with_http_table(
+            text,
+            "header_read_timeout = \"1s\"\nidle_timeout = \"1s\"\n",
+        ) + "\n"
+            + &proxy("/echo", up.addr, "timeout = \"2s\"")
+    });
+    let node = start(&files[0]);
+    wait_healthy(&client(), &node).await;
+
+    // 25 pieces, one every 100 ms: 2.5 s, longer than both connection timeouts.
+    let (pieces, receiver) = tokio::sync::mpsc::channel(1);
+    let feeder = tokio::spawn(async move {
+        for _ in 0..25 {
+            pieces.send(Bytes::from(vec![b'x'; 1024])).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let response = send_raw(&node, "/echo/slow", Channel(receiver)).await;
+    assert_eq!(response.status(), 200);
+    let body = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
+        .await
+        .unwrap()
+        .expect("the stream was cut")
+        .to_bytes();
+    assert_eq!(body.len(), 25 * 1024);
+    feeder.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_its_answer_is_closed_after_the_idle_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream::start(false).await;
+    let files = write_cluster_with(dir.path(), 1, POLICY);
+    edit_file(&files[0], |text| {
+        with_http_table(
+            text,
+            "header_read_timeout = \"1s\"\nidle_timeout = \"1s\"\n",
+        ) + "\n"
+            + &proxy("/big", up.addr, "")
+    });
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+
+    let addr = node.http;
+    let read = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .write_all(b"GET /big/x HTTP/1.1\r\nhost: node\r\nx-api-key: slow\r\n\r\n")
+            .unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = stream.read(&mut buf).unwrap();
+        // Take nothing more for 4 s, then read what is left until the node closes.
+        std::thread::sleep(Duration::from_secs(4));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => return total as u64,
+                Ok(n) => total += n,
+            }
+        }
+    });
+    let total = tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        total < upstream::BIG_BYTES,
+        "the whole answer ({total} bytes) came: the connection was not closed"
+    );
+    wait_metric_line(
+        &client,
+        &node,
+        "ratemesh_http_connections_closed_total{reason=\"write_timeout\"} 1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_upstream_is_answered_in_json_counted_once_and_the_node_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream::start(false).await;
+    let (hang, hang_accepted, _hang_task) = upstream::hanging().await;
+    let (reset, _reset_task) = upstream::resetting().await;
+    let refused = upstream::refusing();
+    // A listener whose accept queue is full: connections to it are never accepted.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let full = socket.listen(0).unwrap();
+    let full_addr = full.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        let connect = tokio::net::TcpStream::connect(full_addr);
+        if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(200), connect).await {
+            fillers.push(stream);
+        }
+    }
+    let extra = proxy("/hang", hang, "timeout = \"500ms\"")
+        + &proxy("/reset", reset, "")
+        + &proxy("/refused", refused, "")
+        + &proxy("/full", full_addr, "connect_timeout = \"300ms\"")
+        + &proxy("/ok", up.addr, "");
+    let node = node_with(dir.path(), &extra).await;
+    let client = client();
+    let base = format!("http://{}", node.http);
+
+    let mut left = 100;
+    let cases = [
+        ("/hang/x", 504, "upstream_timeout"),
+        ("/reset/x", 502, "upstream_reset"),
+        ("/refused/x", 502, "upstream_refused"),
+        ("/full/x", 504, "upstream_connect_timeout"),
+    ];
+    for (path, status, error) in cases {
+        let started = Instant::now();
+        let response = client
+            .post(format!("{base}{path}"))
+            .header("x-api-key", "k")
+            .body("some body")
+            .send()
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(response.status(), status, "{path}");
+        assert_eq!(response.headers()["content-type"], "application/json");
+        left -= 1;
+        assert_eq!(
+            remaining(response.headers(), "per_key"),
+            left,
+            "{path} was counted more than once"
+        );
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"], error, "{path}: {body}");
+        assert!(body["message"].is_string());
+        if path == "/hang/x" {
+            assert!(
+                took >= Duration::from_millis(450) && took < Duration::from_secs(3),
+                "504 after {took:?}, the route's timeout is 500 ms"
+            );
+        }
+    }
+    assert_eq!(
+        *hang_accepted.lock().unwrap(),
+        1,
+        "the hanging request was retried"
+    );
+
+    // A client that pauses its body for longer than the route's timeout, to an upstream
+    // that waits for all of it: 408, the client's fault, not the upstream's.
+    let (pieces, receiver) = tokio::sync::mpsc::channel(1);
+    pieces.send(Bytes::from_static(b"a start")).await.unwrap();
+    let started = Instant::now();
+    let response = send_raw(&node, "/hang/upload", Channel(receiver)).await;
+    assert_eq!(response.status(), 408);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"], "request_body_stalled");
+    drop(pieces);
+
+    // The node keeps serving, proxied and not.
+    let response = client
+        .get(format!("{base}/ok/x"))
+        .header("x-api-key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(remaining(response.headers(), "per_key"), left - 1);
+    wait_health(&client, &node, 200).await;
+    let metrics = metrics_of(&client, &node).await;
+    let reasons = cases.iter().map(|c| c.2).chain(["request_body_stalled"]);
+    for reason in reasons {
+        let line = format!("ratemesh_proxy_errors_total{{reason=\"{reason}\"}} 1");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no `{line}` in:\n{metrics}"
+        );
+    }
+    drop(fillers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_past_the_route_limit_are_answered_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream::start(false).await;
+    let (hang, _, _hang_task) = upstream::hanging().await;
+    let limited = "max_body_bytes = 1000";
+    let extra = proxy("/echo", up.addr, limited) + &proxy("/sink", hang, limited);
+    let node = node_with(dir.path(), &extra).await;
+    let client = client();
+    let url = format!("http://{}/echo/small", node.http);
+
+    // A declared length past the limit: refused before any decision.
+    let response = client
+        .post(&url)
+        .header("x-api-key", "k")
+        .body(vec![b'x'; 2000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "body_too_large");
+    assert_eq!(up.count(), 0);
+
+    // Within the limit: echoed, and the first request counted.
+    let response = client
+        .post(&url)
+        .header("x-api-key", "k")
+        .body(vec![b'y'; 1000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(remaining(response.headers(), "per_key"), 99);
+    assert_eq!(response.bytes().await.unwrap().len(), 1000);
+
+    // A body without a length that runs past the limit, to an upstream that reads it all
+    // before answering: cut, and 413 (the node closes the connection after it, so the
+    // client may see its upload broken off instead).
+    let (pieces, receiver) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        for _ in 0..4 {
+            let _ = pieces.send(Bytes::from(vec![b'z'; 600])).await;
+        }
+    });
+    let stream = tokio::net::TcpStream::connect(node.http).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = hyper::Request::post("/sink/upload")
+        .header("host", node.http.to_string())
+        .header("x-api-key", "k")
+        .body(Channel(receiver))
+        .unwrap();
+    if let Ok(response) = sender.send_request(request).await {
+        assert_eq!(response.status(), 413);
+    }
+    wait_metric_line(
+        &client,
+        &node,
+        "ratemesh_proxy_errors_total{reason=\"request_body_too_large\"} 1",
+    )
+    .await;
+    wait_health(&client, &node, 200).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_to_the_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = upstream::start(true).await;
+    let node = node_with(dir.path(), &proxy("/h2", up.addr, "http2 = true")).await;
+    let client = client();
+    let response = client
+        .get(format!("http://{}/h2/x", node.http))
+        .header("x-api-key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-upstream-version"], "HTTP/2.0");
+    assert!(response.headers().contains_key("ratelimit"));
+    assert_eq!(up.seen()[0].version, http::Version::HTTP_2);
+    let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let response = client
+        .post(format!("http://{}/h2/echo", node.http))
+        .header("x-api-key", "k")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(response.bytes().await.unwrap() == body, "the echo differs");
+}
+
+#[test]
+fn bad_proxy_entries_are_refused_with_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster_with(dir.path(), 1, POLICY);
+    let good = std::fs::read_to_string(&files[0]).unwrap();
+    let check = |extra: &str, field: &str, reason: &str| {
+        let path = dir.path().join("bad.toml");
+        let text = format!("{good}\n{extra}");
+        std::fs::write(&path, &text).unwrap();
+        let error = NodeFile::from_file(&path).unwrap_err();
+        assert_eq!(error.field, field, "{error}");
+        assert!(error.reason.contains(reason), "{error}");
+        let key = field.rsplit('.').next().unwrap();
+        let line = text
+            .lines()
+            .collect::<Vec<_>>()
+            .iter()
+            .rposition(|l| l.starts_with(&format!("{key} =")))
+            .map(|i| i + 1);
+        if let Some(line) = line {
+            assert_eq!(error.line, line, "{error}");
+        }
+        error
+    };
+    let ok = "[[proxy]]\npath_prefix = \"/a\"\nupstream = \"http://127.0.0.1:9\"\n";
+    check(
+        "[[proxy]]\npath_prefix = \"/api\"\nupstream = \"https://127.0.0.1:9000\"\n",
+        "proxy[0].upstream",
+        "TLS",
+    );
+    check(
+        "[[proxy]]\npath_prefix = \"api\"\nupstream = \"http://127.0.0.1:9000\"\n",
+        "proxy[0].path_prefix",
+        "start with",
+    );
+    check(
+        &format!("{ok}\n[[proxy]]\npath_prefix = \"/a/\"\nupstream = \"http://127.0.0.1:8\"\n"),
+        "proxy[1].path_prefix",
+        "also the prefix of proxy[0]",
+    );
+    check(
+        &format!("{ok}timeout = \"0s\"\n"),
+        "proxy[0].timeout",
+        "between",
+    );
+    check(
+        &format!("{ok}connect_timeout = \"soon\"\n"),
+        "proxy[0].connect_timeout",
+        "",
+    );
+    check(
+        "[[proxy]]\npath_prefix = \"/health\"\nupstream = \"http://127.0.0.1:9\"\n",
+        "proxy[0].path_prefix",
+        "own endpoint",
+    );
+    check(
+        "[[proxy]]\npath_prefix = \"/a\"\nupstream = \"http://127.0.0.1:9/base\"\n",
+        "proxy[0].upstream",
+        "path",
+    );
+    check(
+        &format!("{ok}max_body_bytes = -1\n"),
+        "proxy[0].max_body_bytes",
+        "≥ 0",
+    );
+    let error = NodeFile::from_file({
+        let path = dir.path().join("unknown.toml");
+        std::fs::write(&path, format!("{good}\n{ok}retries = 3\n")).unwrap();
+        path
+    })
+    .unwrap_err();
+    assert!(error.reason.contains("unknown field"), "{error}");
+
+    let path = dir.path().join("fine.toml");
+    std::fs::write(
+        &path,
+        format!("{good}\n{ok}http2 = true\ntimeout = \"2s\"\n"),
+    )
+    .unwrap();
+    let file = NodeFile::from_file(&path).unwrap();
+    assert_eq!(file.proxies.len(), 1);
+    assert_eq!(file.proxies[0].timeout, Duration::from_secs(2));
+    assert!(file.proxies[0].http2);
+}

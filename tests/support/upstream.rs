@@ -1,0 +1,209 @@
+//! Test upstreams on loopback for the node's proxy and forward-auth tests: an HTTP server
+//! (HTTP/1.1 or HTTP/2 with prior knowledge) that records what it saw and echoes bodies as
+//! they stream, and raw TCP servers that hang or reset.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// A request the upstream received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: http::Method,
+    /// The path and query.
+    pub path: String,
+    pub version: http::Version,
+    pub headers: http::HeaderMap,
+}
+
+/// A running upstream; its task ends when dropped.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Upstream {
+    /// The requests seen so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// How many requests it saw.
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+type Reply = Response<BoxBody<Bytes, hyper::Error>>;
+
+/// The length of the `/big` answer.
+pub const BIG_BYTES: u64 = 64 * 1024 * 1024;
+
+/// A body of zeros, 64 KiB at a time.
+struct Zeros(u64);
+
+impl hyper::body::Body for Zeros {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        if self.0 == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.0.min(64 * 1024);
+        self.0 -= n;
+        let piece = Bytes::from(vec![0u8; n as usize]);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(piece))))
+    }
+}
+
+fn reply(request: Request<Incoming>, seen: &Mutex<Vec<Seen>>) -> Reply {
+    seen.lock().unwrap().push(Seen {
+        method: request.method().clone(),
+        path: request
+            .uri()
+            .path_and_query()
+            .map_or("", |pq| pq.as_str())
+            .to_string(),
+        version: request.version(),
+        headers: request.headers().clone(),
+    });
+    let version = format!("{:?}", request.version());
+    if request.uri().path().contains("/big") {
+        // 64 MiB of zeros, made as they are sent.
+        return Response::builder()
+            .body(
+                Zeros(BIG_BYTES)
+                    .map_err(|never: std::convert::Infallible| match never {})
+                    .boxed(),
+            )
+            .unwrap();
+    }
+    if request.uri().path().contains("/echo") {
+        // The body goes back as it arrives.
+        return Response::builder()
+            .header("x-upstream-version", version)
+            .body(request.into_body().boxed())
+            .unwrap();
+    }
+    let mut builder = Response::builder()
+        .header("x-upstream", "1")
+        .header("x-upstream-version", version);
+    if request.version() == http::Version::HTTP_11 {
+        // Hop-by-hop fields the node must not pass on.
+        builder = builder
+            .header("connection", "x-up-hop")
+            .header("x-up-hop", "1")
+            .header("keep-alive", "timeout=30")
+            .header("proxy-authenticate", "Basic");
+    }
+    builder
+        .body(
+            Full::new(Bytes::from_static(b"upstream ok\n"))
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .unwrap()
+}
+
+/// Start an upstream on an ephemeral loopback port: a path with `/echo` streams the request
+/// body back, one with `/big` answers 64 MiB of zeros, anything else `200 upstream ok` (with
+/// hop-by-hop fields over HTTP/1.1).
+pub async fn start(http2: bool) -> Upstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let recorded = Arc::clone(&seen);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let seen = Arc::clone(&recorded);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let response = reply(request, &seen);
+                    async move { Ok::<_, hyper::Error>(response) }
+                });
+                let io = TokioIo::new(stream);
+                if http2 {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                }
+            });
+        }
+    });
+    Upstream { addr, seen, task }
+}
+
+/// A TCP server that accepts and reads but never answers; returns its address and how many
+/// connections it accepted.
+pub async fn hanging() -> (SocketAddr, Arc<Mutex<usize>>, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(Mutex::new(0));
+    let count = Arc::clone(&accepted);
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            *count.lock().unwrap() += 1;
+            held.push(tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }));
+        }
+    });
+    (addr, accepted, task)
+}
+
+/// A TCP server that reads a request's first bytes, then resets the connection.
+pub async fn resetting() -> (SocketAddr, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let mut buf = [0u8; 16];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream.set_zero_linger();
+            drop(stream);
+        }
+    });
+    (addr, task)
+}
+
+/// A loopback address where nothing listens.
+pub fn refusing() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
