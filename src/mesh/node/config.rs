@@ -59,6 +59,13 @@ impl NodeConfig {
     pub fn authority_lease_rounds(&self) -> u64 {
         self.dead_after_rounds.saturating_sub(1).max(1)
     }
+
+    /// How long a request may wait at its key's owner for room the policy frees by itself
+    /// (one gossip interval, within `max_wait_ns`): near the limit, a request that room
+    /// reaches that soon is admitted a moment late instead of denied.
+    pub fn hold_ns(&self) -> Nanos {
+        self.gossip_interval_ns.min(self.max_wait_ns)
+    }
 }
 
 /// Why a node could not be built.

@@ -40,7 +40,8 @@ impl Node {
             return;
         };
         self.backups.remove(&key);
-        let incoming = Authority::from_state(&state, policy, kind, offset, now);
+        let incoming = Authority::from_state(&state, policy, kind, offset, now)
+            .with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
         match self.authorities.get_mut(&key) {
             Some(a) => a.merge(&incoming),
