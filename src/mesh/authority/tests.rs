@@ -194,8 +194,7 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
     const MS: Nanos = 1_000_000;
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
     for hold in [0, 20 * MS] {
-        let mut a =
-            Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S).with_hold(hold);
+        let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S).with_hold(hold);
         a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
         granted(a.request(10 * S, 1, 1, 100, 0));
         // Half-way through the next window the previous window's 100 weigh 50; node 1
