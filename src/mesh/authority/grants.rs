@@ -73,19 +73,27 @@ impl Authority {
         if available == 0 && !denied {
             return Answer::Wait;
         }
-        let answer = self.grant_more(node, incarnation, available, 0, coming);
-        if !denied {
-            return answer;
-        }
-        // When the cheapest of the requests left could fit, after this grant and with what
-        // the recall brings back (the holder asks again then; a later estimate would deny
-        // it requests there is room for).
         let smallest = self
             .smallest
             .get(&node)
             .copied()
             .unwrap_or(need)
             .clamp(1, need);
+        // What is free goes to the holder unless it serves none of its requests (even the
+        // cheapest needs more, and nothing more is coming): it then stays free for the
+        // others rather than sit unused in this holder's lease.
+        let free = if denied && coming == 0 && available < smallest {
+            0
+        } else {
+            available
+        };
+        let answer = self.grant_more(node, incarnation, free, 0, coming);
+        if !denied {
+            return answer;
+        }
+        // When the cheapest of the requests left could fit, after this grant and with what
+        // the recall brings back (the holder asks again then; a later estimate would deny
+        // it requests there is room for).
         let retry = self.retry_after(now, smallest.saturating_sub(coming).max(1));
         match answer {
             Answer::Grant {

@@ -229,3 +229,26 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
         assert!(!a.has_waiters());
     }
 }
+
+#[test]
+fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 58, 0));
+    let window = a.frame().0;
+    a.report(10 * S, 1, 1, &want(window, 58, 58, 0));
+    // Node 2's one request costs 49: 42 are free, nothing can come back. It is denied, and
+    // the 42 stay free instead of sitting in node 2's lease.
+    let mut big = want(0, 0, 0, 0);
+    big.smallest = 49;
+    a.report(10 * S + 1, 2, 1, &big);
+    let (g, retry) = granted(a.request(10 * S + 1, 2, 1, 49, 11 * S));
+    assert_eq!(g, 0);
+    assert!(retry > 0);
+    assert_eq!(a.available(10 * S + 1), 42);
+    // Node 3's request of 16 is served at once.
+    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0));
+    let (g, _) = granted(a.request(10 * S + 2, 3, 1, 16, 11 * S));
+    assert!(g >= 16);
+}
