@@ -303,15 +303,15 @@ impl Membership {
 
     /// Build the header of a frame to `to`, sent at `now`.
     pub fn header(&mut self, now: Nanos, to: NodeId) -> Header {
-        let (echo, held, your_deaths) = match self.peers.get_mut(&to) {
+        let (echo, held, your_deaths, to_incarnation) = match self.peers.get_mut(&to) {
             Some(peer) => {
                 peer.sent_at = now;
                 let (echo, held) = peer
                     .last_received
                     .map_or((0, 0), |(sent, at)| (sent, now.saturating_sub(at)));
-                (echo, held, peer.deaths)
+                (echo, held, peer.deaths, peer.incarnation.unwrap_or(0))
             }
-            None => (0, 0, 0),
+            None => (0, 0, 0, 0),
         };
         let dead: Vec<NodeId> = self
             .peers
@@ -321,6 +321,7 @@ impl Membership {
             .collect();
         Header {
             incarnation: self.incarnation,
+            to_incarnation,
             sent_at: now,
             echo,
             held,

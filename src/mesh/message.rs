@@ -26,6 +26,10 @@ pub struct Header {
     /// The sender's incarnation (chosen at start): a new value means it restarted and lost
     /// its state.
     pub incarnation: u64,
+    /// The receiver's incarnation as the sender knows it (0: not known yet). Grants and
+    /// recalls in a frame addressed to an earlier run of the receiver are about that run's
+    /// leases, not this one's: the receiver drops them.
+    pub to_incarnation: u64,
     /// The sender's clock when it sent this frame, in ns.
     pub sent_at: u64,
     /// The `sent_at` of the newest frame the sender received from the receiver (0: none).

@@ -118,6 +118,8 @@ pub struct NodeStats {
     pub backups_sent: u64,
     /// Requests for keys beyond `max_keys`, decided by the node's share alone.
     pub overflow: u64,
+    /// Grants and recalls dropped because they were sent to this node's earlier run.
+    pub to_earlier_run: u64,
 }
 
 /// One mesh node.
@@ -559,12 +561,19 @@ impl Node {
         self.apply_changes(now, &changes);
         self.check_deaths(from);
         let incarnation = frame.header.incarnation;
+        // Sent before the peer heard that this node restarted: its grants and recalls are
+        // about the leases of this node's earlier run.
+        let to_earlier_run = frame.header.to_incarnation != 0
+            && frame.header.to_incarnation != self.membership.incarnation();
         if frame.header.syncing && self.answered_sync.get(&from) != Some(&incarnation) {
             self.answer_sync(from, incarnation);
         }
         for item in frame.items {
             match item {
                 Item::Want(w) => self.on_want(now, from, incarnation, w),
+                Item::Grant(_) | Item::Recall { .. } if to_earlier_run => {
+                    self.stats.to_earlier_run += 1;
+                }
                 Item::Grant(g) => self.on_grant(now, from, g),
                 Item::Recall { key, keep } => {
                     // Give back what it can, and report either way: the authority then knows
