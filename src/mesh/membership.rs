@@ -662,6 +662,75 @@ mod tests {
         }
     }
 
+    fn member(id: NodeId, seq: u32, state: MemberState) -> Member {
+        Member {
+            id,
+            incarnation: 0,
+            seq,
+            state,
+            addr: b"127.0.0.1:7009".to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_member_named_by_another_counts_once_heard_and_is_forgotten_when_told_gone() {
+        let mut m = Membership::new(1, 7, &[1, 2], DEAD, 0);
+        m.heard(10, 2, &header(1, 10));
+        let heard = m.hear_members(20, 2, &[member(9, 0, MemberState::Alive)]);
+        assert_eq!(heard.changes, vec![Change::Learned(9)]);
+        let p = m.peer(9).unwrap();
+        assert!(p.pending && !p.alive);
+        assert_eq!(p.addr.as_deref(), Some(&b"127.0.0.1:7009"[..]));
+        // Not counted, no owner, never declared dead by silence.
+        assert_eq!((m.quorum_of(), m.alive_count()), (2, 2));
+        assert!((0..100).all(|k| m.owner_and_successor(k).0 != 9));
+        m.heard(DEAD + 5, 2, &header(1, 30));
+        assert!(!m.check(DEAD + 10).contains(&Change::Down(9)));
+        // Heard: a member like any other.
+        assert_eq!(m.heard(DEAD + 20, 9, &header(3, 5)), vec![Change::Up(9)]);
+        assert_eq!(m.quorum_of(), 3);
+        // Another pending member, told dead, is forgotten.
+        m.hear_members(DEAD + 30, 2, &[member(8, 0, MemberState::Alive)]);
+        let heard = m.hear_members(DEAD + 40, 2, &[member(8, 0, MemberState::Dead)]);
+        assert_eq!(heard.changes, vec![Change::Forgotten(8)]);
+        assert!(m.peer(8).is_none());
+    }
+
+    #[test]
+    fn a_suspected_node_refutes_and_the_refutation_clears_the_suspicion() {
+        let mut suspect = Membership::new(3, 9, &[1, 2, 3], DEAD, 0);
+        let mut told = member(3, 0, MemberState::Suspect);
+        told.incarnation = 9;
+        suspect.hear_members(10, 2, &[told]);
+        assert_eq!(suspect.seq(), 1);
+        let refutation = suspect.news();
+        assert_eq!(refutation.len(), 1);
+        assert_eq!(
+            (refutation[0].id, refutation[0].seq, refutation[0].state),
+            (3, 1, MemberState::Alive)
+        );
+        // Node 1 no longer hears node 3, suspects it, and tells.
+        let mut m = Membership::new(1, 7, &[1, 2, 3], DEAD, 0);
+        m.heard(DEAD / 2, 2, &header(1, 10));
+        assert!(m.check(DEAD / 2).contains(&Change::Suspected(3)));
+        let news = m.news();
+        assert!(
+            news.iter()
+                .any(|n| n.id == 3 && n.state == MemberState::Suspect)
+        );
+        // Node 2 passes node 3's refutation on: node 3 is alive, vouched for.
+        m.hear_members(DEAD / 2 + 10, 2, &refutation);
+        assert!(m.peer(3).unwrap().suspect_since.is_none());
+        m.heard(DEAD, 2, &header(1, 20));
+        // Silent for `dead_after`, but vouched for since: suspected again, not dead.
+        assert_eq!(m.check(DEAD + 10), vec![Change::Suspected(3)]);
+        assert!(m.is_alive(3));
+        // A suspicion of node 3 told by node 2 is passed on to node 3.
+        let heard = m.hear_members(DEAD + 20, 2, &[member(3, 1, MemberState::Suspect)]);
+        assert_eq!(heard.relay.len(), 1);
+        assert_eq!(heard.relay[0].0, 3);
+    }
+
     #[test]
     fn headers_echo_the_newest_frame_and_confirm_ours() {
         let mut m = Membership::new(1, 1, &[1, 2], DEAD, 0);

@@ -627,7 +627,7 @@ impl Node {
                 }
                 Item::SyncDone => {
                     self.sync_waiting.remove(&from);
-                    self.join_answered(now);
+                    self.join_answered(now, from);
                     self.finish_sync();
                 }
                 Item::Count(c) => {

@@ -3,8 +3,8 @@
 //! A node that joins ([`NodeConfig::joins`](super::NodeConfig)) starts knowing only the
 //! members it was configured with (none, when it has only seed addresses). It says it is
 //! syncing in every header; a member that hears it answers with its list of members and
-//! what the node should hold, then `SyncDone`. The first such answer makes the node
-//! *joined*: from then on it decides like any member, and it owns keys once every member it
+//! what the node should hold, then `SyncDone`. The first member whose list and `SyncDone`
+//! both arrived (they may travel apart) makes the node *joined*: from then on it decides like any member, and it owns keys once every member it
 //! knew of by then answered too (`Node::is_running`). A node with no configured member that
 //! hears no one within `join_timeout_ns` (or whose seeds turn out to be itself alone,
 //! [`Node::start_alone`]) starts a cluster of its own; clusters that later find each other
@@ -13,6 +13,8 @@
 //! Before it has joined, a node decides its mesh policies by `while_joining`: its even share
 //! of each limit here (`local-share`, the default), every request denied, or every request
 //! admitted.
+
+use std::collections::BTreeSet;
 
 use super::{Event, Node};
 use crate::clock::Nanos;
@@ -36,6 +38,9 @@ pub(super) struct Join {
     expected: usize,
     /// Per policy, the keys decided by the node's share while it joins.
     stores: Vec<Option<Store<u64>>>,
+    /// Members whose `SyncDone` arrived, and members whose list of members arrived.
+    answered: BTreeSet<NodeId>,
+    listed: BTreeSet<NodeId>,
 }
 
 impl Join {
@@ -45,6 +50,8 @@ impl Join {
             deadline: now.saturating_add(config.join_timeout_ns),
             expected: config.cluster_size,
             stores: Vec::new(),
+            answered: BTreeSet::new(),
+            listed: BTreeSet::new(),
         }
     }
 
@@ -100,9 +107,31 @@ impl Node {
         self.config.seeds.iter().any(|&id| id != self.config.id)
     }
 
-    /// A member answered this node's sync.
-    pub(super) fn join_answered(&mut self, now: Nanos) {
+    /// Member `from` answered this node's sync (`SyncDone`).
+    pub(super) fn join_answered(&mut self, now: Nanos, from: NodeId) {
         if !self.join.joined {
+            self.join.answered.insert(from);
+            self.join_if_told(now);
+        }
+    }
+
+    /// Member `from` sent its list of members (it names itself in it).
+    pub(super) fn join_listed(&mut self, now: Nanos, from: NodeId) {
+        if !self.join.joined {
+            self.join.listed.insert(from);
+            self.join_if_told(now);
+        }
+    }
+
+    /// Join once one member's list and `SyncDone` both arrived.
+    fn join_if_told(&mut self, now: Nanos) {
+        if self
+            .join
+            .answered
+            .intersection(&self.join.listed)
+            .next()
+            .is_some()
+        {
             self.become_joined(now);
         }
     }
@@ -118,6 +147,8 @@ impl Node {
     fn become_joined(&mut self, now: Nanos) {
         self.join.joined = true;
         self.join.stores.clear();
+        self.join.answered.clear();
+        self.join.listed.clear();
         self.events.push_back(Event::Joined);
         self.finish_sync();
         self.flush(now);

@@ -18,6 +18,10 @@ impl Node {
             self.outbox.push(to, Item::Members(vec![member]));
         }
         self.apply_changes(now, &heard.changes);
+        // A list of members names its sender (news about others do not).
+        if members.iter().any(|m| m.id == from) {
+            self.join_listed(now, from);
+        }
     }
 
     /// Once a round: the news to every live peer, and now and then the whole list to one.

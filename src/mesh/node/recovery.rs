@@ -86,6 +86,8 @@ impl Node {
     /// keys it would take over.
     pub(super) fn answer_sync(&mut self, to: NodeId, incarnation: u64) {
         self.answered_sync.insert(to, incarnation);
+        // The members it should know first (a joining node learns its cluster here).
+        self.send_members(to, true);
         let owned: Vec<KeyRef> = self
             .authorities
             .keys()
@@ -117,8 +119,6 @@ impl Node {
         for state in restored {
             self.outbox.push_reliable(to, Item::Restore(state));
         }
-        // The members it should know (a joining node learns its cluster here).
-        self.send_members(to, true);
         self.outbox.push_reliable(to, Item::SyncDone);
     }
 
