@@ -390,3 +390,54 @@ async fn certificates_of_another_ca_or_naming_no_node_are_refused_and_a_new_node
         n.shutdown().await;
     }
 }
+
+#[test]
+fn seeds_and_join_settings_in_a_node_file_are_checked_with_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = certs::generate("test", 1).unwrap();
+    certs::write(&dir.path().join("certs"), &cluster).unwrap();
+    std::fs::write(dir.path().join("policies.toml"), policies("")).unwrap();
+    let (quic, http) = ports(1);
+    let parse = |extra: &str| {
+        let path = node_file(dir.path(), 1, quic[0], http[0], extra);
+        ratemesh::daemon::config::NodeFile::from_file(path)
+    };
+    let refused = |extra: &str, field: &str, reason: &str| {
+        let error = parse(extra).unwrap_err();
+        assert_eq!(error.field, field, "{error}");
+        assert!(error.reason.contains(reason), "{error}");
+        assert_eq!(error.line, 8, "{error}");
+    };
+    refused("seeds = [\"no-port\"]", "seeds[0]", "with a port");
+    refused(
+        "seeds = [\"10.0.0.1:7000\", \"host:0\"]",
+        "seeds[1]",
+        "with a port",
+    );
+    refused("seeds = [\"a b:7000\"]", "seeds[0]", "with a port");
+    refused("seed_refresh = \"10ms\"", "seed_refresh", "between");
+    refused("join_timeout = \"soon\"", "join_timeout", "not a duration");
+    refused("while_joining = \"maybe\"", "while_joining", "local-share");
+
+    // Seeds: the node joins; its share before joining is decided by while_joining.
+    let file = parse(
+        "seeds = [\"10.0.0.1:7000\", \"ratemesh-headless.ns.svc.cluster.local:7000\", \"[::1]:7000\"]\n\
+         while_joining = \"deny\"\njoin_timeout = \"30s\"",
+    )
+    .unwrap();
+    assert_eq!(file.seeds.len(), 3);
+    let config = file.node_config();
+    assert!(config.joins);
+    assert_eq!(
+        config.while_joining,
+        ratemesh::mesh::node::WhileJoining::Deny
+    );
+    assert_eq!(config.join_timeout_ns, 30_000_000_000);
+    // Neither peers nor seeds: a cluster of one, joined at once.
+    let config = parse("").unwrap().node_config();
+    assert!(!config.joins);
+    assert_eq!(
+        config.while_joining,
+        ratemesh::mesh::node::WhileJoining::LocalShare
+    );
+}

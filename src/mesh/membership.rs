@@ -12,7 +12,7 @@
 //!   the members a configured `cluster_size` promises beyond those it knows. Joins raise it,
 //!   clean leaves and declared deaths lower it (`docs/overshoot.md` states the rule and what
 //!   it costs under a partition).
-//! - **Members learned from others** ([`membership::rumors`](self::rumors)): a member another
+//! - **Members learned from others** (`membership::rumors`): a member another
 //!   member names is *pending* until this node hears it: no owner candidate, not counted,
 //!   never declared dead by silence (forgotten when a member tells it dead or gone).
 //! - **Ownership.** Rendezvous hashing over the live members: a key's *owner* is the live

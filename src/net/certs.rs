@@ -87,7 +87,7 @@ pub fn issue(
 }
 
 /// Sign certificates for nodes `ids` with the CA of cluster `cluster` in `dir` (`ca.pem`,
-/// `ca.key`, as [`write`] wrote them), check that each chains to `ca.pem` (a wrong cluster
+/// `ca.key`, as [`write()`] wrote them), check that each chains to `ca.pem` (a wrong cluster
 /// name does not), and write them next to it; return the files written.
 pub fn add_nodes(dir: &Path, cluster: &str, ids: &[NodeId]) -> Result<Vec<PathBuf>, CertError> {
     let read = |name: &str| {

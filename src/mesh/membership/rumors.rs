@@ -1,6 +1,6 @@
 //! What members tell each other about members: the dissemination half of the membership.
 //!
-//! A node tells every live peer, for a few rounds ([`NEWS_ROUNDS`]), what changed in its
+//! A node tells every live peer, for a few rounds (`NEWS_ROUNDS`), what changed in its
 //! view: a member that reached it, one it suspects, declared dead or saw leave, and its own
 //! refutation of a suspicion. A starting peer gets the whole list (with its sync answer), and
 //! one peer in turn gets it now and then. What a node makes of what it is told:
@@ -32,7 +32,7 @@ pub struct Heard {
 }
 
 impl Membership {
-    /// Tell every live peer about `member` for the next [`NEWS_ROUNDS`] rounds (replacing
+    /// Tell every live peer about `member` for the next `NEWS_ROUNDS` rounds (replacing
     /// older news of the same member).
     pub(crate) fn tell(&mut self, member: Member) {
         self.news.retain(|(m, _)| m.id != member.id);
@@ -48,7 +48,7 @@ impl Membership {
     }
 
     /// Return the news to send every live peer this round (each piece goes out for
-    /// [`NEWS_ROUNDS`] rounds).
+    /// `NEWS_ROUNDS` rounds).
     pub fn news(&mut self) -> Vec<Member> {
         let out = self.news.iter().map(|(m, _)| m.clone()).collect();
         for (_, left) in &mut self.news {
