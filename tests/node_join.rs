@@ -193,6 +193,91 @@ async fn nodes_join_through_one_seed_and_a_dns_name_and_the_cluster_shrinks_belo
     eprintln!("whole scenario: {:?}", started.elapsed());
 }
 
+/// Three nodes whose files list the same seeds (all three addresses, their own included)
+/// and no peer, started together: one cluster of three, not three of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_started_together_with_the_same_seeds_form_one_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = certs::generate("test", 3).unwrap();
+    certs::write(&dir.path().join("certs"), &cluster).unwrap();
+    std::fs::write(dir.path().join("policies.toml"), policies("")).unwrap();
+    let (quic, http) = ports(3);
+    let seeds = format!(
+        "seeds = [{}]\n",
+        quic.iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut commands: Vec<std::process::Command> = (0..3)
+        .map(|i| {
+            node_command(&node_file(
+                dir.path(),
+                i as u64 + 1,
+                quic[i],
+                http[i],
+                &seeds,
+            ))
+        })
+        .collect();
+    let started = Instant::now();
+    let nodes: Vec<NodeProcess> = commands.drain(..).map(spawn).collect();
+    let all: Vec<&NodeProcess> = nodes.iter().collect();
+    let client = client();
+    wait_members(&client, &all, 3).await;
+    eprintln!(
+        "one cluster of three {:?} after the start",
+        started.elapsed()
+    );
+    let shared = admitted(&client, &all, "shared", 400).await;
+    assert!(
+        (270..=300).contains(&shared),
+        "admitted {shared} of a burst of 300"
+    );
+}
+
+/// `ratemesh certs --add-node` signs a new node's certificate with the CA already made; a
+/// node with it joins the cluster (it is admitted by its certificate alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certs_add_node_signs_a_certificate_that_the_cluster_admits() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs_dir = dir.path().join("certs");
+    let run = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .arg("certs")
+            .arg("--out")
+            .arg(&certs_dir)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["--nodes", "1", "--cluster", "prod"]).status.success());
+    let wrong = run(&["--add-node", "2", "--cluster", "staging"]);
+    assert!(!wrong.status.success());
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("does not chain"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    assert!(
+        run(&["--add-node", "2", "--cluster", "prod"])
+            .status
+            .success()
+    );
+    std::fs::write(dir.path().join("policies.toml"), policies("")).unwrap();
+    let (quic, http) = ports(2);
+    let first = start(&node_file(dir.path(), 1, quic[0], http[0], ""));
+    let second = start(&node_file(
+        dir.path(),
+        2,
+        quic[1],
+        http[1],
+        &format!("seeds = [\"{}\"]\n", quic[0]),
+    ));
+    let client = client();
+    wait_members(&client, &[&first, &second], 2).await;
+}
+
 /// Three running nodes that list only each other; nodes 4 and 5 start with files that list
 /// all five. The three admit them by their certificates, and all five serve.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -262,6 +262,7 @@ impl Membership {
                 peer.alive = true;
                 peer.heard_at = now;
                 peer.since = now;
+                self.phantoms = self.phantoms.saturating_sub(1);
                 self.version += 1;
                 changes.push(Change::Up(id));
             }
@@ -312,7 +313,10 @@ impl Membership {
             peer.seq = 0;
             changes.push(Change::Restarted(from));
         }
-        peer.pending = false;
+        if std::mem::take(&mut peer.pending) {
+            // A member learned from others, heard at last: it fills a promised place.
+            self.phantoms = self.phantoms.saturating_sub(1);
+        }
         peer.suspect_since = None;
         peer.incarnation = Some(header.incarnation);
         peer.heard_at = now;

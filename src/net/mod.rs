@@ -683,7 +683,7 @@ impl Driver {
             Event::PeerDown(peer) => tracing::warn!(peer, "peer declared dead"),
             Event::PeerUp(peer) => tracing::info!(peer, "peer is up"),
             Event::PeerRestarted(peer) => tracing::info!(peer, "peer restarted"),
-            Event::PeerSuspected(peer) => tracing::info!(peer, "peer suspected (silent)"),
+            Event::PeerSuspected(peer) => tracing::debug!(peer, "peer suspected (silent)"),
             Event::PeerLeft(peer) | Event::PeerForgotten(peer) => {
                 if matches!(event, Event::PeerLeft(_)) {
                     tracing::info!(peer, "peer left the cluster");

@@ -160,7 +160,6 @@ impl Membership {
                 ..Peer::default()
             },
         );
-        self.phantoms = self.phantoms.saturating_sub(1);
         changes.push(Change::Learned(m.id));
     }
 
