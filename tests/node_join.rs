@@ -382,9 +382,15 @@ fn policy() -> Policy {
     Policy::global_fixed_window(1000, Duration::from_secs(3600)).unwrap()
 }
 
-/// A mesh node with certificate `cert`/`key` of `ca_pem`, knowing `members`, that joins
-/// a cluster (or, with no other member, starts one).
-async fn mesh_node(ca_pem: &str, cert: &str, key: &str, id: u64, members: &[u64]) -> MeshNet {
+/// A mesh node with certificate `cert`/`key` of `ca_pem`, knowing `members`; it joins a
+/// cluster, or, with `joins` false, is one from the start.
+async fn mesh_node(
+    ca_pem: &str,
+    (cert, key): (&str, &str),
+    id: u64,
+    members: &[u64],
+    joins: bool,
+) -> MeshNet {
     let tls = node_tls(
         ca_pem.as_bytes(),
         cert.as_bytes(),
@@ -393,7 +399,7 @@ async fn mesh_node(ca_pem: &str, cert: &str, key: &str, id: u64, members: &[u64]
     )
     .unwrap();
     let mut node = NodeConfig::new(id, members.to_vec(), vec![policy()]);
-    node.joins = members.len() > 1 || id != 1;
+    node.joins = joins;
     MeshNet::start(NetConfig {
         node,
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -422,9 +428,9 @@ async fn certificates_of_another_ca_or_naming_no_node_are_refused_and_a_new_node
     let cluster = certs::generate("test", 3).unwrap();
     let ca = cluster.ca_cert_pem.as_str();
     let (cert, key) = node_cert(&cluster, 1);
-    let one = mesh_node(ca, cert, key, 1, &[1]).await;
+    let one = mesh_node(ca, (cert, key), 1, &[1], false).await;
     let (cert, key) = node_cert(&cluster, 2);
-    let two = mesh_node(ca, cert, key, 2, &[1, 2]).await;
+    let two = mesh_node(ca, (cert, key), 2, &[1, 2], true).await;
     two.add_peer(1, one.local_addr());
     wait_until("nodes 1 and 2 to run", || {
         one.is_running() && two.is_running()
@@ -436,7 +442,7 @@ async fn certificates_of_another_ca_or_naming_no_node_are_refused_and_a_new_node
     // Another CA's node 3, dialing node 1 as a seed: refused by TLS.
     let rogue = certs::generate("rogue", 3).unwrap();
     let (cert, key) = node_cert(&rogue, 3);
-    let other_ca = mesh_node(&rogue.ca_cert_pem, cert, key, 3, &[3]).await;
+    let other_ca = mesh_node(&rogue.ca_cert_pem, (cert, key), 3, &[3], true).await;
     other_ca.add_seeds(vec![one.local_addr().to_string()], Duration::from_secs(30));
     wait_until("the other CA's node to be refused", || {
         refused(Refusal::Tls) >= 1
@@ -450,7 +456,7 @@ async fn certificates_of_another_ca_or_naming_no_node_are_refused_and_a_new_node
     ] {
         let before = refused(Refusal::UnknownMember);
         let (cert, key) = certs::issue("test", &cluster.ca_key_pem, &names).unwrap();
-        let nameless = mesh_node(ca, &cert, &key, 9, &[9]).await;
+        let nameless = mesh_node(ca, (&cert, &key), 9, &[9], true).await;
         nameless.add_peer(1, one.local_addr());
         wait_until("a certificate naming no one node to be refused", || {
             refused(Refusal::UnknownMember) > before
@@ -464,7 +470,7 @@ async fn certificates_of_another_ca_or_naming_no_node_are_refused_and_a_new_node
     // Node 3 of the cluster CA, in nobody's list, joins through node 2 and is told of
     // node 1 by it.
     let (cert, key) = node_cert(&cluster, 3);
-    let three = mesh_node(ca, cert, key, 3, &[3]).await;
+    let three = mesh_node(ca, (cert, key), 3, &[3], true).await;
     three.add_seeds(vec![two.local_addr().to_string()], Duration::from_secs(30));
     wait_until("node 3 to join and every node to count three", || {
         three.is_running() && [&one, &two, &three].iter().all(|n| members(n) == 3)
