@@ -27,6 +27,10 @@ impl Node {
     /// Once a round: the news to every live peer, and now and then the whole list to one.
     pub(super) fn spread_members(&mut self, round: u64) {
         let news = self.membership.news();
+        let list_due = round.is_multiple_of(LIST_EVERY);
+        if news.is_empty() && !list_due {
+            return;
+        }
         let peers: Vec<NodeId> = self
             .membership
             .peers()
@@ -42,7 +46,7 @@ impl Node {
                 self.outbox.push(p, Item::Members(chunk.to_vec()));
             }
         }
-        if round.is_multiple_of(LIST_EVERY) {
+        if list_due {
             let to = peers[(round / LIST_EVERY) as usize % peers.len()];
             self.send_members(to, false);
         }
