@@ -617,3 +617,45 @@ fn frames_fit_a_datagram() {
         .count();
     assert_eq!(decided, waiting, "waiting requests admitted");
 }
+
+#[test]
+fn grants_sent_to_a_nodes_earlier_run_are_dropped() {
+    let mut c = Cluster::new(2);
+    let key = c.key_owned_by(1);
+    c.send(0, key, 3);
+    c.run_ms(60);
+    let now = c.now;
+    let before = snapshot(c.node(0), key);
+    let (window, _) = c.node(0).holding(0, key).unwrap().lease();
+    let me = c.node(0).membership().incarnation();
+    let sender = c.node(1).membership().incarnation();
+    // A grant the owner sent before it heard that node 0 restarted (addressed to node 0's
+    // earlier run), for a holding number the new run uses too.
+    let grant = |to_incarnation: u64| {
+        let frame = Frame {
+            header: Header {
+                incarnation: sender,
+                to_incarnation,
+                sent_at: now,
+                ..Header::default()
+            },
+            items: vec![Item::Grant(ratemesh::mesh::message::Grant {
+                key: KeyRef { policy: 0, key },
+                window,
+                granted: 90,
+                ends_at: now + 10_000_000_000,
+                retry_after: 0,
+                more_coming: 0,
+                answers: 0,
+                holding: 1,
+            })],
+        };
+        wire::encode(&frame).unwrap()
+    };
+    c.node(0).handle_frame(now, 1, &grant(me + 1)).unwrap();
+    assert_eq!(c.node(0).stats().to_earlier_run, 1);
+    assert_eq!(snapshot(c.node(0), key), before);
+    // Addressed to this run, the same grant counts.
+    c.node(0).handle_frame(now, 1, &grant(me)).unwrap();
+    assert_ne!(snapshot(c.node(0), key), before);
+}

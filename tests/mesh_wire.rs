@@ -1,11 +1,16 @@
 //! The peer frame decoder: arbitrary bytes never panic, never allocate past the limit, and
-//! every refusal is typed.
+//! every refusal is typed; frames that list members round-trip, and lists too long or with
+//! addresses too long are refused.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use proptest::prelude::*;
 use ratemesh::mesh::counter::GCounter;
+use ratemesh::mesh::message::{
+    Frame, Header, Item, MAX_ADDR_BYTES, MAX_MEMBERS_PER_ITEM, Member, MemberState,
+};
+use ratemesh::mesh::outbox::{self, FrameError};
 use ratemesh::mesh::wire::{MAX_FRAME_BYTES, WIRE_VERSION, WireError, decode, encode};
 
 struct Largest;
@@ -123,6 +128,119 @@ fn a_frame_claiming_a_huge_string_is_refused_without_allocating_it() {
     assert!(largest < 4096, "allocated {largest} bytes");
 }
 
+fn members_frame(members: Vec<Member>) -> Frame {
+    Frame {
+        header: Header {
+            incarnation: 1,
+            sent_at: 5,
+            ..Header::default()
+        },
+        items: vec![Item::Members(members)],
+    }
+}
+
+fn member(id: u64, addr_len: usize) -> Member {
+    Member {
+        id,
+        incarnation: id * 3,
+        seq: 2,
+        state: MemberState::Suspect,
+        addr: vec![b'7'; addr_len],
+    }
+}
+
+#[test]
+fn a_list_of_members_round_trips_and_one_too_long_is_refused() {
+    let policies = [];
+    let frame = members_frame(
+        (1..=MAX_MEMBERS_PER_ITEM as u64)
+            .map(|id| member(id, 21))
+            .collect(),
+    );
+    let bytes = encode(&frame).unwrap();
+    assert!(bytes.len() < 1150, "{} bytes", bytes.len());
+    assert_eq!(outbox::decode(&bytes, &policies).unwrap(), frame);
+    let too_many = members_frame(
+        (0..=MAX_MEMBERS_PER_ITEM as u64)
+            .map(|id| member(id, 0))
+            .collect(),
+    );
+    assert!(matches!(
+        outbox::decode(&encode(&too_many).unwrap(), &policies),
+        Err(FrameError::Invalid {
+            what: "members",
+            ..
+        })
+    ));
+    let long_addr = members_frame(vec![member(1, MAX_ADDR_BYTES + 1)]);
+    assert!(matches!(
+        outbox::decode(&encode(&long_addr).unwrap(), &policies),
+        Err(FrameError::Invalid {
+            what: "members.addr",
+            ..
+        })
+    ));
+    // A state that does not exist.
+    let mut bytes = encode(&members_frame(vec![member(1, 0)])).unwrap();
+    let state_at = bytes.len() - 2;
+    bytes[state_at] = 9;
+    assert!(matches!(
+        outbox::decode(&bytes, &policies),
+        Err(FrameError::Wire(WireError::Malformed { .. }))
+    ));
+}
+
+fn any_member() -> impl Strategy<Value = Member> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u32>(),
+        0u8..4,
+        prop::collection::vec(any::<u8>(), 0..=MAX_ADDR_BYTES),
+    )
+        .prop_map(|(id, incarnation, seq, state, addr)| Member {
+            id,
+            incarnation,
+            seq,
+            state: [
+                MemberState::Alive,
+                MemberState::Suspect,
+                MemberState::Dead,
+                MemberState::Left,
+            ][state as usize],
+            addr,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any valid list of members survives the wire unchanged.
+    #[test]
+    fn lists_of_members_round_trip(
+        members in prop::collection::vec(any_member(), 0..=MAX_MEMBERS_PER_ITEM),
+    ) {
+        let frame = members_frame(members);
+        let bytes = encode(&frame).unwrap();
+        prop_assert_eq!(outbox::decode(&bytes, &[]).unwrap(), frame);
+    }
+
+    /// Bytes shaped like a frame of members, then mangled: typed refusals, bounded memory.
+    #[test]
+    fn mangled_member_frames_never_panic_or_allocate_past_the_limit(
+        members in prop::collection::vec(any_member(), 0..4),
+        flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+    ) {
+        let mut bytes = encode(&members_frame(members)).unwrap();
+        for (at, value) in flips {
+            let at = at % bytes.len();
+            bytes[at] = value;
+        }
+        let (_, largest) = largest_allocation(|| outbox::decode(&bytes, &[]));
+        prop_assert!(largest <= MAX_FRAME_BYTES, "allocated {largest} bytes");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2048))]
 
@@ -136,5 +254,7 @@ proptest! {
         }
         let (_, largest) = largest_allocation(|| decode::<Delta>(&bytes));
         prop_assert!(largest <= MAX_FRAME_BYTES, "allocated {largest} bytes");
+        let (_, largest) = largest_allocation(|| outbox::decode(&bytes, &[]));
+        prop_assert!(largest <= MAX_FRAME_BYTES, "allocated {largest} bytes as a frame");
     }
 }

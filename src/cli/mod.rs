@@ -53,6 +53,11 @@ enum Command {
         /// How many nodes (ids 1..=N).
         #[arg(long, default_value_t = 3)]
         nodes: u64,
+        /// Sign a certificate for node ID with the CA already in `--out` (`ca.pem`, `ca.key`)
+        /// instead of making a new CA; repeat for several. For a node that joins a running
+        /// cluster.
+        #[arg(long = "add-node", value_name = "ID")]
+        add_node: Vec<u64>,
         /// The cluster's name (in the CA's common name).
         #[arg(long, default_value = "ratemesh")]
         cluster: String,
@@ -62,8 +67,18 @@ enum Command {
 fn certs(
     out: &std::path::Path,
     nodes: u64,
+    add: &[u64],
     cluster: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if !add.is_empty() {
+        if add.contains(&0) {
+            return Err("--add-node: node ids start at 1".into());
+        }
+        for path in ratemesh::net::certs::add_nodes(out, cluster, add)? {
+            println!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
     if nodes == 0 || nodes > 1024 {
         return Err("--nodes: between 1 and 1024".into());
     }
@@ -138,8 +153,9 @@ pub fn main() -> std::process::ExitCode {
         Command::Certs {
             out,
             nodes,
+            add_node,
             cluster,
-        } => certs(&out, nodes, &cluster),
+        } => certs(&out, nodes, &add_node, &cluster),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -36,6 +36,13 @@
 //! # upstream = "http://127.0.0.1:9000"
 //! # [forward_auth]
 //! # path = "/v1/check"
+//!
+//! # Or, instead of (or besides) a list of peers: where to find the cluster. Its members'
+//! # ids come from their certificates.
+//! # seeds = ["127.0.0.1:7101", "ratemesh-headless.ns.svc:7000"]
+//! # seed_refresh = "30s"           # DNS names are resolved again this often
+//! # join_timeout = "10s"           # no seed answers: start a cluster (seeds only)
+//! # while_joining = "local-share"  # or "deny", "allow": mesh decisions before joining
 //! ```
 //!
 //! Errors name the file, the line, the field and the reason (the policy file's own errors
@@ -55,7 +62,7 @@ use crate::clock::duration_to_nanos;
 use crate::config::{ConfigError, GatewayConfig, Source, parse_duration, read_config_file};
 use crate::http::identity::DEFAULT_MAX_IDENTITY_BYTES;
 use crate::mesh::NodeId;
-use crate::mesh::node::NodeConfig;
+use crate::mesh::node::{NodeConfig, WhileJoining};
 use crate::net::tls::{
     NodeTls, OwnCertError, certificate_names_node, check_own_certificate, node_tls,
 };
@@ -76,6 +83,13 @@ const MAX_MESH_MAX_KEYS: i64 = 100_000_000;
 
 /// The longest `drain` or `drain_grace` a node accepts.
 pub const MAX_DRAIN: Duration = Duration::from_secs(3600);
+
+/// The most seeds a node file lists.
+pub const MAX_SEEDS: usize = 64;
+/// How often seed names are resolved again, by default.
+pub const DEFAULT_SEED_REFRESH: Duration = Duration::from_secs(30);
+/// How long a node with only seeds waits for one to answer, by default.
+pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The largest `http.max_identity_bytes` a node accepts (HTTP servers refuse larger header
 /// blocks anyway).
@@ -112,8 +126,17 @@ pub struct NodeFile {
     pub http_settings: HttpSettings,
     /// The other members and where they listen.
     pub peers: Vec<(NodeId, SocketAddr)>,
-    /// The most members the cluster has (default: this node and its peers).
+    /// Members the majority counts at least, until members fill them (default: this node
+    /// and its peers).
     pub cluster_size: usize,
+    /// Where to find the cluster: socket addresses or DNS names with a port.
+    pub seeds: Vec<String>,
+    /// How often the seeds are resolved again.
+    pub seed_refresh: Duration,
+    /// How long a node with only seeds waits for one to answer before it starts a cluster.
+    pub join_timeout: Duration,
+    /// How the mesh policies decide before the node has joined.
+    pub while_joining: WhileJoining,
     /// The most mesh keys the node holds (beyond, a key is decided by its share alone).
     pub mesh_max_keys: usize,
     /// The cluster CA, this node's certificate and key (PEM files).
@@ -207,6 +230,10 @@ struct RawNodeFile {
     drain_grace: Option<Spanned<String>>,
     cluster_size: Option<Spanned<usize>>,
     mesh_max_keys: Option<Spanned<i64>>,
+    seeds: Option<Spanned<Vec<String>>>,
+    seed_refresh: Option<Spanned<String>>,
+    join_timeout: Option<Spanned<String>>,
+    while_joining: Option<Spanned<String>>,
     policy_file: Spanned<String>,
     tls: Spanned<RawTls>,
     #[serde(default)]
@@ -405,6 +432,69 @@ impl NodeFile {
             }
         };
 
+        let seeds = match &raw.seeds {
+            None => Vec::new(),
+            Some(list) if list.get_ref().len() > MAX_SEEDS => {
+                return Err(source.error(
+                    at(list.span()),
+                    "seeds",
+                    format!("at most {MAX_SEEDS} seeds"),
+                ));
+            }
+            Some(list) => {
+                for (i, seed) in list.get_ref().iter().enumerate() {
+                    check_seed(seed).map_err(|reason| {
+                        source.error(at(list.span()), format!("seeds[{i}]"), reason)
+                    })?;
+                }
+                list.get_ref().clone()
+            }
+        };
+        let within = |spanned: &Option<Spanned<String>>,
+                      field: &str,
+                      default: Duration,
+                      range: std::ops::RangeInclusive<Duration>| {
+            let value = duration(spanned, field, default)?;
+            if !range.contains(&value) {
+                let span = spanned.as_ref().map_or(0..0, |s| s.span());
+                return Err(source.error(
+                    at(span),
+                    field,
+                    format!(
+                        "between {:?} and {:?}, got {value:?}",
+                        range.start(),
+                        range.end()
+                    ),
+                ));
+            }
+            Ok(value)
+        };
+        let seed_refresh = within(
+            &raw.seed_refresh,
+            "seed_refresh",
+            DEFAULT_SEED_REFRESH,
+            Duration::from_secs(1)..=Duration::from_secs(3600),
+        )?;
+        let join_timeout = within(
+            &raw.join_timeout,
+            "join_timeout",
+            DEFAULT_JOIN_TIMEOUT,
+            Duration::from_millis(100)..=Duration::from_secs(24 * 3600),
+        )?;
+        let while_joining = match &raw.while_joining {
+            None => WhileJoining::default(),
+            Some(w) => WhileJoining::parse(w.get_ref()).ok_or_else(|| {
+                source.error(
+                    at(w.span()),
+                    "while_joining",
+                    format!(
+                        "`{}` is not one of \"local-share\", \"deny\", \"allow\"",
+                        w.get_ref()
+                    ),
+                )
+            })?,
+        };
+
         let tls_raw = raw.tls.get_ref();
         let tls_span = raw.tls.span();
         let tls = TlsFiles {
@@ -453,6 +543,10 @@ impl NodeFile {
             http_settings,
             peers,
             cluster_size,
+            seeds,
+            seed_refresh,
+            join_timeout,
+            while_joining,
             mesh_max_keys,
             tls,
             policy_file,
@@ -479,6 +573,10 @@ impl NodeFile {
         config.cluster_size = self.cluster_size;
         config.max_keys = self.mesh_max_keys;
         config.gossip_interval_ns = duration_to_nanos(self.gossip_interval);
+        // A node with peers or seeds joins a cluster; one with neither is a cluster of one.
+        config.joins = !(self.peers.is_empty() && self.seeds.is_empty());
+        config.join_timeout_ns = duration_to_nanos(self.join_timeout);
+        config.while_joining = self.while_joining;
         config
     }
 
@@ -553,6 +651,32 @@ impl NodeFile {
             field: field.to_string(),
             reason,
         }
+    }
+}
+
+/// Check that `seed` is a socket address or a DNS name with a port (`host:port`).
+fn check_seed(seed: &str) -> Result<(), String> {
+    if seed.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let bad = || {
+        format!(
+            "`{seed}` is not an address or a DNS name with a port; write e.g. \"10.0.0.7:7000\" \
+             or \"ratemesh-headless.default.svc:7000\""
+        )
+    };
+    let (host, port) = seed.rsplit_once(':').ok_or_else(bad)?;
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .split('.')
+            .all(|label| !label.is_empty() && label.len() <= 63)
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && name_ok => Ok(()),
+        _ => Err(bad()),
     }
 }
 

@@ -121,6 +121,7 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         })
         .await?,
     );
+    mesh.add_seeds(file.seeds.clone(), file.seed_refresh);
     let layer = RateLimitLayer::with_mesh(file.gateway.clone(), Arc::clone(&mesh) as _).map_err(
         |source| DaemonError::Rules {
             file: file.policy_file.display().to_string(),
@@ -286,10 +287,19 @@ impl tower::Service<axum::http::Request<Body>> for Front {
     }
 }
 
+/// `/health`: 200 while the node serves as a member (it joined its cluster and every
+/// member it knew answered it); 503 while it joins or syncs (a readiness probe keeps it out
+/// of rotation; a node that starts its cluster is ready at once) and while it drains.
 async fn health(State(state): State<Arc<NodeState>>) -> impl IntoResponse {
-    let running = state.mesh.is_running();
     let draining = state.draining.load(Ordering::Acquire);
-    let members = state.mesh.with_node(|n| n.members());
+    let (joined, running, members, while_joining) = state.mesh.with_node(|n| {
+        (
+            n.is_joined(),
+            n.is_running(),
+            n.membership().alive_count(),
+            n.while_joining().name(),
+        )
+    });
     let peers_up = state
         .mesh
         .peers_up()
@@ -301,12 +311,24 @@ async fn health(State(state): State<Arc<NodeState>>) -> impl IntoResponse {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let phase = if draining {
+        "draining"
+    } else if !joined {
+        "joining"
+    } else if !running {
+        "syncing"
+    } else {
+        "running"
+    };
     let body = serde_json::json!({
         "node": state.id,
+        "state": phase,
+        "joining": !joined,
         "running": running,
         "draining": draining,
         "peers_up": peers_up,
-        "members": members.len(),
+        "members": members,
+        "while_joining": while_joining,
     });
     (
         status,

@@ -33,21 +33,33 @@ impl Exporter {
         mesh: &MeshNet,
         policy_sha256: impl FnOnce() -> String,
     ) -> String {
-        let (members, node_stats, keys, authorities, running, majority) = mesh.with_node(|n| {
-            (
-                n.members(),
-                n.stats(),
-                n.key_count(),
-                n.authority_count(),
-                n.is_running(),
-                n.membership().has_majority(),
-            )
-        });
+        let (members, suspected, node_stats, keys, authorities, running, joined, majority) = mesh
+            .with_node(|n| {
+                let m = n.membership();
+                (
+                    m.alive_count(),
+                    m.peers()
+                        .values()
+                        .filter(|p| p.alive && p.suspect_since.is_some())
+                        .count(),
+                    n.stats(),
+                    n.key_count(),
+                    n.authority_count(),
+                    n.is_running(),
+                    n.is_joined(),
+                    m.has_majority(),
+                )
+            });
         let peers_up = mesh.peers_up().iter().filter(|&&peer| peer != id).count();
         let net = mesh.stats();
         let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         metrics::gauge!("ratemesh_node_running").set(if running { 1.0 } else { 0.0 });
-        metrics::gauge!("ratemesh_members").set(members.len() as f64);
+        metrics::gauge!("ratemesh_members").set(members as f64);
+        metrics::gauge!("ratemesh_mesh_members").set(members as f64);
+        metrics::gauge!("ratemesh_mesh_suspected").set(suspected as f64);
+        metrics::gauge!("ratemesh_mesh_joining").set(if joined { 0.0 } else { 1.0 });
+        metrics::counter!("ratemesh_mesh_joining_decisions_total")
+            .absolute(node_stats.joining_decisions);
         metrics::gauge!("ratemesh_peers_up").set(peers_up as f64);
         metrics::gauge!("ratemesh_majority").set(if majority { 1.0 } else { 0.0 });
         metrics::gauge!("ratemesh_mesh_keys").set(keys as f64);
@@ -107,7 +119,24 @@ fn describe() {
     );
     describe_gauge!(
         "ratemesh_members",
-        "Members this node knows, itself included"
+        "Live members as this node sees them, itself included (same as ratemesh_mesh_members)"
+    );
+    describe_gauge!(
+        "ratemesh_mesh_members",
+        "Live members as this node sees them, itself included (suspected ones count; dead, \
+         departed and not yet heard ones do not)"
+    );
+    describe_gauge!(
+        "ratemesh_mesh_suspected",
+        "Members silent long enough to be suspected (still members until declared dead)"
+    );
+    describe_gauge!(
+        "ratemesh_mesh_joining",
+        "1 while this node has not joined its cluster (it decides by while_joining)"
+    );
+    describe_counter!(
+        "ratemesh_mesh_joining_decisions_total",
+        "Mesh decisions made by while_joining, before the node joined its cluster"
     );
     describe_gauge!(
         "ratemesh_peers_up",
@@ -116,7 +145,7 @@ fn describe() {
     describe_gauge!("ratemesh_mesh_keys", "Keys the mesh node holds state for");
     describe_gauge!(
         "ratemesh_majority",
-        "1 while this node sees a majority of the members alive (it may take over keys)"
+        "1 while this node heard a majority of the live members at its last check (it may take over keys)"
     );
     describe_gauge!(
         "ratemesh_mesh_authorities",

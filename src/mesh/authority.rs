@@ -123,6 +123,8 @@ pub struct Authority {
     smallest: HashMap<NodeId, u64>,
     /// Each holder's newest want seen.
     seqs: HashMap<NodeId, u32>,
+    /// How long a request may wait for room the policy frees by itself (0: denied at once).
+    hold_ns: Nanos,
 }
 
 impl Authority {
@@ -148,6 +150,7 @@ impl Authority {
             recalled_at: 0,
             smallest: HashMap::new(),
             seqs: HashMap::new(),
+            hold_ns: 0,
         }
     }
 
@@ -182,10 +185,21 @@ impl Authority {
             recalled_at: 0,
             smallest: HashMap::new(),
             seqs: HashMap::new(),
+            hold_ns: 0,
         };
         a.holders.sort_by_key(|h| h.node);
         a.holders.dedup_by_key(|h| h.node);
         a
+    }
+
+    /// Let a request wait up to `hold_ns` for room the policy frees by itself (a sliding
+    /// window's previous window fading, a bucket refilling) when that room comes within the
+    /// hold, after the requests waiting ahead; beyond it, the request is denied at once.
+    /// Near the limit this serves requests in the order the owner hears them instead of
+    /// denying one a moment before room appears for it.
+    pub fn with_hold(mut self, hold_ns: Nanos) -> Self {
+        self.hold_ns = hold_ns;
+        self
     }
 
     /// Fold in a state another node kept for the same key (a handoff back, or two

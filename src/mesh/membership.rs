@@ -1,9 +1,20 @@
 //! Who is in the cluster and alive, who owns a key, and what each frame's header says.
 //!
-//! - **Liveness.** Every frame from a peer counts as a heartbeat. A peer silent for
-//!   `dead_after` is declared dead, but only by a node that still sees a majority of the
-//!   members alive (the side of a partition without a majority declares nobody dead). A
-//!   member that leaves (drain) says so in its last frames and is dropped at once.
+//! - **Liveness.** Every frame from a peer counts as a heartbeat. A peer silent for half of
+//!   `dead_after` is *suspected* and the suspicion is told to the members (and passed on to
+//!   the suspect, which refutes it with a higher liveness counter that the members spread:
+//!   a peer that only this node cannot hear stays alive). A peer silent for `dead_after`
+//!   with no refutation is declared dead, but only by a node that still hears a majority
+//!   (the side of a partition without a majority declares nobody dead). A member that leaves
+//!   (drain) says so in its last frames and is dropped at once.
+//! - **The majority** is counted over the live members as this node sees them: the members
+//!   it heard (or was configured with) that did not leave and were not declared dead, plus
+//!   the members a configured `cluster_size` promises beyond those it knows. Joins raise it,
+//!   clean leaves and declared deaths lower it (`docs/overshoot.md` states the rule and what
+//!   it costs under a partition).
+//! - **Members learned from others** (`membership::rumors`): a member another
+//!   member names is *pending* until this node hears it: no owner candidate, not counted,
+//!   never declared dead by silence (forgotten when a member tells it dead or gone).
 //! - **Ownership.** Rendezvous hashing over the live members: a key's *owner* is the live
 //!   member with the highest weight for it, its *successor* the next one. Views that agree
 //!   give every key one owner; a change moves only the keys of the member that came or went.
@@ -11,21 +22,48 @@
 //!   samples, `mesh::timing`), and each frame from a peer echoes ours: the newest of our frames
 //!   a peer confirms having received is what the authority lease of `mesh::node` checks.
 
+mod rumors;
+
 use std::collections::BTreeMap;
 
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
-use crate::mesh::message::{Header, MAX_DEAD_LISTED};
+use crate::mesh::message::{Header, MAX_DEAD_LISTED, Member, MemberState};
 use crate::mesh::timing::{Offset, PeerClock};
+
+pub use rumors::Heard;
+
+/// The most members a node keeps track of (itself included).
+pub const MAX_MEMBERS: usize = 1024;
+
+/// A member that left or was declared dead, and that this node was not configured with, is
+/// forgotten after this long (10 minutes).
+pub const FORGET_AFTER_NS: Nanos = 600_000_000_000;
 
 /// One peer as this node sees it.
 #[derive(Debug, Clone, Default)]
 pub struct Peer {
-    /// Whether it counts as a live member (owner candidate).
+    /// Whether it counts as a live member (owner candidate, counted in the majority).
     pub alive: bool,
     /// Whether it announced that it leaves the cluster.
     pub left: bool,
-    /// Local time of its newest frame (or of this node's start, before any).
+    /// Learned from another member and not heard from yet: no owner candidate, not counted,
+    /// never declared dead by silence.
+    pub pending: bool,
+    /// Listed in this node's configuration (never forgotten).
+    pub configured: bool,
+    /// Since when it is suspected (silent for half of `dead_after`), while it is.
+    pub suspect_since: Option<Nanos>,
+    /// When another member last passed on its refutation of a suspicion (local time).
+    pub vouched_at: Nanos,
+    /// Its liveness counter, the highest told.
+    pub seq: u32,
+    /// Where it is reached, as this node knows it (opaque to the mesh: the transport's).
+    pub addr: Option<Vec<u8>>,
+    /// When it was learned, or last changed between alive, dead and left (local time).
+    pub since: Nanos,
+    /// Local time of its newest frame (or of this node's start, before any; 0 while
+    /// pending).
     pub heard_at: Nanos,
     /// Its incarnation, once heard.
     pub incarnation: Option<u64>,
@@ -57,6 +95,13 @@ pub enum Change {
     Restarted(NodeId),
     /// A peer left the cluster.
     Left(NodeId),
+    /// A peer went silent long enough to be suspected (it is still a member).
+    Suspected(NodeId),
+    /// Another member named a peer this node did not know (pending until heard: the
+    /// transport should reach it).
+    Learned(NodeId),
+    /// A peer was dropped from the table (gone for long, or pending and told gone).
+    Forgotten(NodeId),
 }
 
 /// This node's view of the cluster.
@@ -64,7 +109,11 @@ pub enum Change {
 pub struct Membership {
     me: NodeId,
     incarnation: u64,
-    configured: usize,
+    /// This node's liveness counter (raised to refute a suspicion).
+    seq: u32,
+    /// Members a configured cluster size promises beyond those known: counted in the
+    /// majority until members fill them.
+    phantoms: usize,
     peers: BTreeMap<NodeId, Peer>,
     dead_after_ns: Nanos,
     version: u64,
@@ -72,6 +121,9 @@ pub struct Membership {
     syncing: bool,
     /// It heard less than a majority at its last check.
     cut_off: bool,
+    /// What this node tells every live peer for the next few rounds: members that came,
+    /// were suspected, refuted, died or left (with the rounds left to tell each).
+    news: Vec<(Member, u8)>,
 }
 
 impl Membership {
@@ -90,22 +142,25 @@ impl Membership {
                 id,
                 Peer {
                     alive: true,
+                    configured: true,
                     heard_at: now,
+                    since: now,
                     ..Peer::default()
                 },
             );
         }
-        let configured = peers.len() + 1;
         Membership {
             me,
             incarnation,
-            configured,
+            seq: 0,
+            phantoms: 0,
             peers,
             dead_after_ns,
             version: 1,
             leaving: false,
             syncing: false,
             cut_off: false,
+            news: Vec::new(),
         }
     }
 
@@ -117,6 +172,11 @@ impl Membership {
     /// Return this node's incarnation.
     pub fn incarnation(&self) -> u64 {
         self.incarnation
+    }
+
+    /// Return this node's liveness counter (raised each time it refutes a suspicion).
+    pub fn seq(&self) -> u32 {
+        self.seq
     }
 
     /// Return a number that changes whenever the set of live members changes.
@@ -134,24 +194,24 @@ impl Membership {
         self.peers.get(&id)
     }
 
-    /// Count a majority over at least `size` members (a cluster configured larger than the
-    /// members this node knows of).
+    /// Count a majority over at least `size` members: a cluster configured larger than the
+    /// members this node knows of (the members it learns later fill the difference).
     pub fn set_configured(&mut self, size: usize) {
-        self.configured = self.configured.max(size);
+        self.phantoms = size.saturating_sub(1 + self.peers.len());
     }
 
-    /// Return the number of members the cluster was configured with (this node included).
+    /// Return the number of members this node knows of (itself, its peers in any state, and
+    /// the members a configured cluster size promises beyond them).
     pub fn configured(&self) -> usize {
-        self.configured
+        1 + self.phantoms + self.peers.len()
     }
 
-    /// Return the number of members a majority is counted over: the configured ones less
-    /// those that left (a clean leave, announced; a member that died still counts, since
-    /// silence cannot tell a death from a cut). Two sides that each saw some of the leaves
-    /// still cannot both hold a majority: every leave either saw is a real one.
+    /// Return the number of members a majority is counted over: this node, the live members
+    /// (a suspected one still counts), and the members a configured cluster size promises
+    /// beyond those known. A member that left or was declared dead no longer counts; one
+    /// learned from others counts once heard.
     pub fn quorum_of(&self) -> usize {
-        let left = self.peers.values().filter(|p| p.left).count();
-        self.configured.saturating_sub(left).max(1)
+        1 + self.phantoms + self.peers.values().filter(|p| p.alive).count()
     }
 
     /// Tell whether `heard` members (this node included) are a majority.
@@ -164,9 +224,10 @@ impl Membership {
         1 + self.peers.values().filter(|p| p.alive).count()
     }
 
-    /// Tell whether this node sees a majority of the members alive.
+    /// Tell whether this node heard a majority of the members at its last check (it may
+    /// declare deaths, and its authorities may grant).
     pub fn has_majority(&self) -> bool {
-        self.is_majority(self.alive_count())
+        !self.cut_off && self.is_majority(self.alive_count())
     }
 
     /// Tell whether `id` is a live member (this node always is).
@@ -184,21 +245,53 @@ impl Membership {
         self.syncing = syncing;
     }
 
-    /// Add a member learned at run time (it counts as alive until silent).
-    pub fn add(&mut self, id: NodeId, now: Nanos) {
-        if id == self.me || self.peers.contains_key(&id) {
-            return;
+    /// Add a member that reached this node at `now` (an authenticated connection), with the
+    /// address it is reached at: it counts as alive until silent. A member known already
+    /// keeps its state (a pending one is alive now). Return what changed.
+    pub fn add(&mut self, id: NodeId, addr: Option<Vec<u8>>, now: Nanos) -> Vec<Change> {
+        let mut changes = Vec::new();
+        if id == self.me {
+            return changes;
+        }
+        if let Some(peer) = self.peers.get_mut(&id) {
+            if addr.is_some() {
+                peer.addr = addr;
+            }
+            if peer.pending {
+                peer.pending = false;
+                peer.alive = true;
+                peer.heard_at = now;
+                peer.since = now;
+                self.phantoms = self.phantoms.saturating_sub(1);
+                self.version += 1;
+                changes.push(Change::Up(id));
+            }
+            return changes;
+        }
+        if self.peers.len() + 1 >= MAX_MEMBERS {
+            return changes;
         }
         self.peers.insert(
             id,
             Peer {
                 alive: true,
                 heard_at: now,
+                since: now,
+                addr: addr.clone(),
                 ..Peer::default()
             },
         );
-        self.configured += 1;
+        self.phantoms = self.phantoms.saturating_sub(1);
         self.version += 1;
+        self.tell(Member {
+            id,
+            incarnation: 0,
+            seq: 0,
+            state: MemberState::Alive,
+            addr: addr.unwrap_or_default(),
+        });
+        changes.push(Change::Up(id));
+        changes
     }
 
     /// Record a frame's header from `from` at `now`; return what changed.
@@ -217,8 +310,14 @@ impl Membership {
             peer.clock.reset();
             peer.confirmed = 0;
             peer.last_received = None;
+            peer.seq = 0;
             changes.push(Change::Restarted(from));
         }
+        if std::mem::take(&mut peer.pending) {
+            // A member learned from others, heard at last: it fills a promised place.
+            self.phantoms = self.phantoms.saturating_sub(1);
+        }
+        peer.suspect_since = None;
         peer.incarnation = Some(header.incarnation);
         peer.heard_at = now;
         peer.their_dead.clone_from(&header.dead);
@@ -235,8 +334,10 @@ impl Membership {
             if !peer.left {
                 peer.left = true;
                 peer.alive = false;
+                peer.since = now;
                 self.version += 1;
                 changes.push(Change::Left(from));
+                self.tell_state(from, MemberState::Left);
             }
         } else {
             if peer.left {
@@ -245,6 +346,7 @@ impl Membership {
             }
             if !peer.alive {
                 peer.alive = true;
+                peer.since = now;
                 self.version += 1;
                 changes.push(Change::Up(from));
             }
@@ -252,7 +354,8 @@ impl Membership {
         changes
     }
 
-    /// Declare dead the peers silent for `dead_after` at `now` (only with a majority alive).
+    /// Declare dead the peers silent for `dead_after` at `now` (only with a majority alive),
+    /// suspect those silent for half of it, and forget the members gone for long.
     ///
     /// A node that heard less than a majority within `dead_after` (it was cut off) declares
     /// nobody dead; when it hears a majority again, the silence of the others counts from
@@ -260,6 +363,7 @@ impl Membership {
     /// take over keys that a live owner still keeps.
     pub fn check(&mut self, now: Nanos) -> Vec<Change> {
         let mut changes = Vec::new();
+        self.forget_gone(now, &mut changes);
         // Only peers heard in the last half of `dead_after` count: on a real cut every peer
         // goes silent within a round of the others, so a node on the small side cannot
         // count as alive those it heard just before the cut.
@@ -267,7 +371,7 @@ impl Membership {
         let heard = 1 + self
             .peers
             .values()
-            .filter(|p| !p.left && now.saturating_sub(p.heard_at) < fresh)
+            .filter(|p| !p.left && !p.pending && now.saturating_sub(p.heard_at) < fresh)
             .count();
         if !self.is_majority(heard) {
             self.cut_off = true;
@@ -275,15 +379,35 @@ impl Membership {
         }
         if self.cut_off {
             self.cut_off = false;
-            for p in self.peers.values_mut() {
+            for p in self.peers.values_mut().filter(|p| !p.pending) {
                 p.heard_at = p.heard_at.max(now);
             }
             return changes;
         }
+        // Suspicion: a live peer silent for half of `dead_after` (and not vouched for since)
+        // is told about, so that it can refute through any member that still hears it.
+        let suspects: Vec<NodeId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| {
+                p.alive
+                    && p.suspect_since.is_none()
+                    && now.saturating_sub(p.heard_at.max(p.vouched_at)) >= fresh
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in suspects {
+            let peer = self.peers.get_mut(&id).expect("listed above");
+            peer.suspect_since = Some(now);
+            changes.push(Change::Suspected(id));
+            self.tell_state(id, MemberState::Suspect);
+        }
         let silent: Vec<NodeId> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.alive && now.saturating_sub(p.heard_at) >= self.dead_after_ns)
+            .filter(|(_, p)| {
+                p.alive && now.saturating_sub(p.heard_at.max(p.vouched_at)) >= self.dead_after_ns
+            })
             .map(|(&id, _)| id)
             .collect();
         if silent.is_empty() {
@@ -294,33 +418,56 @@ impl Membership {
         for id in silent {
             let peer = self.peers.get_mut(&id).expect("listed above");
             peer.alive = false;
+            peer.suspect_since = None;
+            peer.since = now;
             peer.deaths += 1;
             changes.push(Change::Down(id));
+            self.tell_state(id, MemberState::Dead);
         }
         self.version += 1;
         changes
     }
 
+    /// Drop the members not configured that left or died `FORGET_AFTER_NS` ago.
+    fn forget_gone(&mut self, now: Nanos, changes: &mut Vec<Change>) {
+        let gone: Vec<NodeId> = self
+            .peers
+            .iter()
+            .filter(|(_, p)| {
+                !p.configured
+                    && !p.alive
+                    && !p.pending
+                    && now.saturating_sub(p.since.max(p.heard_at)) >= FORGET_AFTER_NS
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.peers.remove(&id);
+            changes.push(Change::Forgotten(id));
+        }
+    }
+
     /// Build the header of a frame to `to`, sent at `now`.
     pub fn header(&mut self, now: Nanos, to: NodeId) -> Header {
-        let (echo, held, your_deaths) = match self.peers.get_mut(&to) {
+        let (echo, held, your_deaths, to_incarnation) = match self.peers.get_mut(&to) {
             Some(peer) => {
                 peer.sent_at = now;
                 let (echo, held) = peer
                     .last_received
                     .map_or((0, 0), |(sent, at)| (sent, now.saturating_sub(at)));
-                (echo, held, peer.deaths)
+                (echo, held, peer.deaths, peer.incarnation.unwrap_or(0))
             }
-            None => (0, 0, 0),
+            None => (0, 0, 0, 0),
         };
         let dead: Vec<NodeId> = self
             .peers
             .iter()
-            .filter(|(_, p)| !p.alive && !p.left)
+            .filter(|(_, p)| !p.alive && !p.left && !p.pending)
             .map(|(&id, _)| id)
             .collect();
         Header {
             incarnation: self.incarnation,
+            to_incarnation,
             sent_at: now,
             echo,
             held,
@@ -518,6 +665,75 @@ mod tests {
                 assert_eq!(Some(now), m.owner_and_successor(k as u64).1);
             }
         }
+    }
+
+    fn member(id: NodeId, seq: u32, state: MemberState) -> Member {
+        Member {
+            id,
+            incarnation: 0,
+            seq,
+            state,
+            addr: b"127.0.0.1:7009".to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_member_named_by_another_counts_once_heard_and_is_forgotten_when_told_gone() {
+        let mut m = Membership::new(1, 7, &[1, 2], DEAD, 0);
+        m.heard(10, 2, &header(1, 10));
+        let heard = m.hear_members(20, 2, &[member(9, 0, MemberState::Alive)]);
+        assert_eq!(heard.changes, vec![Change::Learned(9)]);
+        let p = m.peer(9).unwrap();
+        assert!(p.pending && !p.alive);
+        assert_eq!(p.addr.as_deref(), Some(&b"127.0.0.1:7009"[..]));
+        // Not counted, no owner, never declared dead by silence.
+        assert_eq!((m.quorum_of(), m.alive_count()), (2, 2));
+        assert!((0..100).all(|k| m.owner_and_successor(k).0 != 9));
+        m.heard(DEAD + 5, 2, &header(1, 30));
+        assert!(!m.check(DEAD + 10).contains(&Change::Down(9)));
+        // Heard: a member like any other.
+        assert_eq!(m.heard(DEAD + 20, 9, &header(3, 5)), vec![Change::Up(9)]);
+        assert_eq!(m.quorum_of(), 3);
+        // Another pending member, told dead, is forgotten.
+        m.hear_members(DEAD + 30, 2, &[member(8, 0, MemberState::Alive)]);
+        let heard = m.hear_members(DEAD + 40, 2, &[member(8, 0, MemberState::Dead)]);
+        assert_eq!(heard.changes, vec![Change::Forgotten(8)]);
+        assert!(m.peer(8).is_none());
+    }
+
+    #[test]
+    fn a_suspected_node_refutes_and_the_refutation_clears_the_suspicion() {
+        let mut suspect = Membership::new(3, 9, &[1, 2, 3], DEAD, 0);
+        let mut told = member(3, 0, MemberState::Suspect);
+        told.incarnation = 9;
+        suspect.hear_members(10, 2, &[told]);
+        assert_eq!(suspect.seq(), 1);
+        let refutation = suspect.news();
+        assert_eq!(refutation.len(), 1);
+        assert_eq!(
+            (refutation[0].id, refutation[0].seq, refutation[0].state),
+            (3, 1, MemberState::Alive)
+        );
+        // Node 1 no longer hears node 3, suspects it, and tells.
+        let mut m = Membership::new(1, 7, &[1, 2, 3], DEAD, 0);
+        m.heard(DEAD / 2, 2, &header(1, 10));
+        assert!(m.check(DEAD / 2).contains(&Change::Suspected(3)));
+        let news = m.news();
+        assert!(
+            news.iter()
+                .any(|n| n.id == 3 && n.state == MemberState::Suspect)
+        );
+        // Node 2 passes node 3's refutation on: node 3 is alive, vouched for.
+        m.hear_members(DEAD / 2 + 10, 2, &refutation);
+        assert!(m.peer(3).unwrap().suspect_since.is_none());
+        m.heard(DEAD, 2, &header(1, 20));
+        // Silent for `dead_after`, but vouched for since: suspected again, not dead.
+        assert_eq!(m.check(DEAD + 10), vec![Change::Suspected(3)]);
+        assert!(m.is_alive(3));
+        // A suspicion of node 3 told by node 2 is passed on to node 3.
+        let heard = m.hear_members(DEAD + 20, 2, &[member(3, 1, MemberState::Suspect)]);
+        assert_eq!(heard.relay.len(), 1);
+        assert_eq!(heard.relay[0].0, 3);
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub struct Header {
     /// The sender's incarnation (chosen at start): a new value means it restarted and lost
     /// its state.
     pub incarnation: u64,
+    /// The receiver's incarnation as the sender knows it (0: not known yet). Grants and
+    /// recalls in a frame addressed to an earlier run of the receiver are about that run's
+    /// leases, not this one's: the receiver drops them.
+    pub to_incarnation: u64,
     /// The sender's clock when it sent this frame, in ns.
     pub sent_at: u64,
     /// The `sent_at` of the newest frame the sender received from the receiver (0: none).
@@ -78,6 +82,46 @@ pub enum Item {
     SyncDone,
     /// The sender's own counts of a key (the `stale_sum` baseline's gossip).
     Count(Count),
+    /// What the sender knows of some members (at most [`MAX_MEMBERS_PER_ITEM`]): its whole
+    /// list when a peer starts or now and then, and news (a member came, is suspected,
+    /// refuted a suspicion, left) as it learns them.
+    Members(Vec<Member>),
+}
+
+/// The most members one [`Item::Members`] lists.
+pub const MAX_MEMBERS_PER_ITEM: usize = 32;
+
+/// The longest contact address a [`Member`] carries, in bytes.
+pub const MAX_ADDR_BYTES: usize = 64;
+
+/// One member as the sender knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct Member {
+    /// Its id (from its certificate).
+    pub id: u64,
+    /// Its incarnation (0: the sender has not heard it yet).
+    pub incarnation: u64,
+    /// Its liveness counter within the incarnation: a member that hears it is suspected
+    /// refutes with a higher one.
+    pub seq: u32,
+    /// What the sender thinks of it.
+    pub state: MemberState,
+    /// Where the sender reaches it (a socket address as text; empty: unknown). Opaque to the
+    /// mesh; at most [`MAX_ADDR_BYTES`].
+    pub addr: Vec<u8>,
+}
+
+/// A member's state as a sender tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub enum MemberState {
+    /// Heard recently.
+    Alive,
+    /// Silent for a while: it should refute if it is alive.
+    Suspect,
+    /// Declared dead by the sender.
+    Dead,
+    /// It left the cluster (a drain).
+    Left,
 }
 
 /// A node's own counts of a key, for the `stale_sum` baseline.

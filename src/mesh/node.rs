@@ -44,10 +44,12 @@ use crate::mesh::timing::Offset;
 use crate::policy::Policy;
 
 mod config;
+mod join;
+mod members;
 mod owner;
 mod recovery;
 
-pub use config::{MeshError, NodeConfig};
+pub use config::{MeshError, NodeConfig, WhileJoining};
 
 /// How a request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +78,14 @@ pub enum Event {
     PeerRestarted(NodeId),
     /// A member left the cluster.
     PeerLeft(NodeId),
+    /// A member went silent long enough to be suspected.
+    PeerSuspected(NodeId),
+    /// A member named by another, not heard yet: reach it (address in [`Membership::peer`]).
+    PeerLearned(NodeId),
+    /// A member was dropped from the table (gone for long, or pending and told gone).
+    PeerForgotten(NodeId),
+    /// The node joined its cluster (a member answered it, or it started one of its own).
+    Joined,
     /// The node has heard from every peer since it started and admits for its own keys.
     Recovered,
     /// An authority of this node began a window (windows): where the key's windows lie.
@@ -118,6 +128,10 @@ pub struct NodeStats {
     pub backups_sent: u64,
     /// Requests for keys beyond `max_keys`, decided by the node's share alone.
     pub overflow: u64,
+    /// Grants and recalls dropped because they were sent to this node's earlier run.
+    pub to_earlier_run: u64,
+    /// Requests decided by `while_joining`, before the node joined its cluster.
+    pub joining_decisions: u64,
 }
 
 /// One mesh node.
@@ -162,6 +176,8 @@ pub struct Node {
     /// Per policy, the keys beyond `max_keys`: each limited here to this node's share
     /// (`limit / members`), in a store of at most `max_keys` keys of its own.
     overflow: Vec<Option<Store<u64>>>,
+    /// Joining the cluster, and the decisions before.
+    join: join::Join,
 }
 
 impl Node {
@@ -216,7 +232,8 @@ impl Node {
         } else {
             BTreeSet::new()
         };
-        membership.set_syncing(!sync_waiting.is_empty());
+        let running = sync_waiting.is_empty() && !config.joins;
+        membership.set_syncing(!running);
         let baseline = (!leases).then(|| {
             Baseline::new(
                 config.admission,
@@ -252,7 +269,7 @@ impl Node {
             next_holding: 1,
             local_depth: 0,
             dirty: BTreeSet::new(),
-            running: sync_waiting.is_empty(),
+            running,
             timers: BinaryHeap::new(),
             armed: HashMap::new(),
             touched: Vec::new(),
@@ -260,6 +277,7 @@ impl Node {
             sync_waiting,
             answered_sync: HashMap::new(),
             deaths_seen: BTreeMap::new(),
+            join: join::Join::new(&config, now),
             config,
         };
         // Say hello (and ask for what this node should hold) at once.
@@ -432,6 +450,9 @@ impl Node {
         if cost == 0 || cost > p.capacity() {
             return Admit::Now(Decision::cannot_fit(p.capacity()));
         }
+        if !self.join.joined() {
+            return Admit::Now(self.joining_decide(kr, p, cost, now));
+        }
         if self.holdings.len() >= self.config.max_keys && !self.holdings.contains_key(&kr) {
             return Admit::Now(self.overflow_decide(kr, p, cost, now));
         }
@@ -559,12 +580,19 @@ impl Node {
         self.apply_changes(now, &changes);
         self.check_deaths(from);
         let incarnation = frame.header.incarnation;
+        // Sent before the peer heard that this node restarted: its grants and recalls are
+        // about the leases of this node's earlier run.
+        let to_earlier_run = frame.header.to_incarnation != 0
+            && frame.header.to_incarnation != self.membership.incarnation();
         if frame.header.syncing && self.answered_sync.get(&from) != Some(&incarnation) {
             self.answer_sync(from, incarnation);
         }
         for item in frame.items {
             match item {
                 Item::Want(w) => self.on_want(now, from, incarnation, w),
+                Item::Grant(_) | Item::Recall { .. } if to_earlier_run => {
+                    self.stats.to_earlier_run += 1;
+                }
                 Item::Grant(g) => self.on_grant(now, from, g),
                 Item::Recall { key, keep } => {
                     // Give back what it can, and report either way: the authority then knows
@@ -608,6 +636,7 @@ impl Node {
                 }
                 Item::SyncDone => {
                     self.sync_waiting.remove(&from);
+                    self.join_answered(now, from);
                     self.finish_sync();
                 }
                 Item::Count(c) => {
@@ -615,6 +644,7 @@ impl Node {
                         b.apply(from, &c, now);
                     }
                 }
+                Item::Members(list) => self.on_members(now, from, &list),
             }
         }
         Ok(())
@@ -630,6 +660,7 @@ impl Node {
             self.stats.rounds += 1;
             let changes = self.membership.check(now);
             self.apply_changes(now, &changes);
+            self.join_tick(now);
         }
         let round = self.round;
         // The keys due now; on a new round, every key.
@@ -744,6 +775,7 @@ impl Node {
                 }
             }
         }
+        self.spread_members(round);
         // Heartbeats: every live peer hears from this node every round; dead ones every 8.
         let peers: Vec<(NodeId, bool)> = self
             .membership

@@ -7,7 +7,10 @@
 use std::collections::BTreeMap;
 
 use crate::mesh::NodeId;
-use crate::mesh::message::{AuthorityState, Frame, Header, Item, MAX_DEAD_LISTED, Want};
+use crate::mesh::message::{
+    AuthorityState, Frame, Header, Item, MAX_ADDR_BYTES, MAX_DEAD_LISTED, MAX_MEMBERS_PER_ITEM,
+    Member, Want,
+};
 use crate::mesh::wire::{self, MAX_FRAME_BYTES, WireError};
 use crate::policy::Policy;
 
@@ -244,6 +247,18 @@ fn check_state(s: &AuthorityState, policies: &[Policy]) -> Result<(), FrameError
     Ok(())
 }
 
+fn check_members(members: &[Member]) -> Result<(), FrameError> {
+    if members.len() > MAX_MEMBERS_PER_ITEM {
+        return Err(invalid("members", "too many in one item"));
+    }
+    for m in members {
+        if m.addr.len() > MAX_ADDR_BYTES {
+            return Err(invalid("members.addr", "too long"));
+        }
+    }
+    Ok(())
+}
+
 fn check_item(item: &Item, policies: &[Policy]) -> Result<(), FrameError> {
     match item {
         Item::Want(w) => check_want(w, policies),
@@ -260,6 +275,7 @@ fn check_item(item: &Item, policies: &[Policy]) -> Result<(), FrameError> {
         Item::Backup(s) | Item::Handoff(s) | Item::Restore(s) => check_state(s, policies),
         Item::SyncDone => Ok(()),
         Item::Count(c) => policy_of(policies, c.key.policy).map(|_| ()),
+        Item::Members(m) => check_members(m),
     }
 }
 

@@ -1,5 +1,7 @@
-//! The accepting side of the peer port. Anything that arrives there and is not a QUIC
-//! handshake from a cluster member is dropped quietly: counted by reason
+//! The accepting side of the peer port. A handshake whose certificate the cluster CA signed
+//! and that names exactly one node (`node-<id>.ratemesh`) is a member's, known or new: the
+//! id comes from the certificate and goes to the driver with the connection (a new member
+//! is added to the node and told to the others). Anything else is dropped quietly: counted by reason
 //! (`ratemesh_quic_refused_handshakes_total{reason}`), and logged in at most one line per
 //! [`LOG_EVERY`] that sums up what was dropped, never one line per packet. The acceptor runs
 //! in its own task, so a flood of junk does not hold up the driver that carries the gossip,
@@ -11,13 +13,13 @@
 //! word, and they are not counted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::mesh::NodeId;
-use crate::net::tls::peer_node_id;
+use crate::net::tls::peer_id;
 use crate::net::{Input, Shared};
 
 /// At most one log line about refused handshakes per this interval.
@@ -35,7 +37,8 @@ pub enum Refusal {
     Tls,
     /// The handshake started and never finished.
     Timeout,
-    /// A valid certificate of the cluster CA that names no member of this cluster.
+    /// A valid certificate of the cluster CA that names no node (`node-<id>.ratemesh`), or
+    /// several.
     UnknownMember,
     /// Too many handshakes in progress at once.
     Busy,
@@ -144,10 +147,10 @@ impl LogWindow {
 }
 
 /// Accept connections on `endpoint` until it closes: a member's goes to the driver as
-/// [`Input::Connected`]; anything else is refused and counted in `shared`.
+/// [`Input::Connected`]; anything else is refused and counted in `shared`. A connection
+/// from this node itself (a seed address that is its own) is closed without a word.
 pub(crate) async fn accept_loop(
     endpoint: quinn::Endpoint,
-    members: Arc<RwLock<Vec<NodeId>>>,
     me: NodeId,
     inputs: mpsc::UnboundedSender<Input>,
     shared: Arc<Shared>,
@@ -181,13 +184,6 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
-        let candidates: Vec<NodeId> = members
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .filter(|&m| m != me)
-            .collect();
         let inputs = inputs.clone();
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
@@ -207,15 +203,16 @@ pub(crate) async fn accept_loop(
                     return;
                 }
             };
-            match peer_node_id(&connection, candidates) {
-                Some(id) => {
+            match peer_id(&connection) {
+                Ok(id) if id == me => connection.close(3u32.into(), b"this is you"),
+                Ok(id) => {
                     let _ = inputs.send(Input::Connected(id, connection));
                 }
-                None => {
+                Err(error) => {
                     shared.stats.refused.fetch_add(1, Ordering::Relaxed);
-                    shared.refusals.refuse(Refusal::UnknownMember, || {
-                        format!("from {remote}: its certificate names no member of this cluster")
-                    });
+                    shared
+                        .refusals
+                        .refuse(Refusal::UnknownMember, || format!("from {remote}: {error}"));
                     connection.close(2u32.into(), b"not a member");
                 }
             }

@@ -6,12 +6,16 @@
 //! cannot carry, on a unidirectional stream per frame, read with the frame size limit.
 //! Keep-alives and an idle timeout notice a dead peer; a lost connection is dialed again
 //! with backoff ([`dial`]: the reason of a failure is logged once per peer and backoff step,
-//! not per attempt). A peer's node id comes from its certificate; a peer whose certificate
-//! the cluster CA did not sign, or that names no member, is refused and counted, and so is
-//! anything else on the peer port that is not a member's handshake ([`accept`]), quietly.
-//! A peer is *up* ([`MeshNet::peers_up`]) while this node has a connection to it whose
-//! handshake completed on both sides, shown by a frame heard from it within
-//! [`PEER_UP_WITHIN`].
+//! not per attempt). A peer's node id comes from its certificate: any peer whose certificate
+//! the cluster CA signed for one node name is a member (a new one is added to the node, which
+//! tells the others; a member the node learns of that way is dialed at the address it was
+//! told). A peer whose certificate the CA did not sign, or that names no node, is refused and
+//! counted, and so is anything else on the peer port that is not a member's handshake
+//! ([`accept`]), quietly. Seeds ([`seeds`]: addresses or DNS names, re-resolved) are dialed
+//! to find the cluster; the node there says who it is with its certificate.
+//! A peer is *up* ([`MeshNet::peers_up`]) while it is a live member and this node has a
+//! connection to it whose handshake completed on both sides, shown by a frame heard from it
+//! within [`PEER_UP_WITHIN`].
 //!
 //! The request path ([`MeshNet::decide`]) takes no lock while the node's lease of the key
 //! covers the request: one map read and the lease's compare-and-swap ([`Cells::decide`]).
@@ -21,12 +25,13 @@
 pub mod accept;
 pub mod certs;
 pub mod dial;
+pub mod seeds;
 pub mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -41,7 +46,8 @@ use crate::mesh::wire::MAX_FRAME_BYTES;
 use crate::mesh::{Cells, NodeId, Transmit};
 use crate::net::accept::Refusals;
 use crate::net::dial::{DialState, Failure};
-use crate::net::tls::{NodeTls, peer_node_id};
+use crate::net::seeds::SeedBook;
+use crate::net::tls::{NodeTls, SEED_NAME, peer_id};
 
 /// A connected peer counts as up while a frame from it arrived within this time.
 pub const PEER_UP_WITHIN: Duration = Duration::from_secs(3);
@@ -124,6 +130,8 @@ pub(crate) struct Shared {
     /// Wakes the driver when the request path gave the node something to send.
     wake: tokio::sync::Notify,
     running: AtomicBool,
+    /// The node has joined its cluster.
+    joined: AtomicBool,
     closed: AtomicBool,
     clock: SystemClock,
     stats: NetStats,
@@ -137,6 +145,16 @@ pub(crate) enum Input {
     Dialed(NodeId, Result<quinn::Connection, (Failure, String)>),
     Closed(NodeId, usize),
     AddPeer(NodeId, SocketAddr),
+    /// The seeds' addresses, and whether every seed resolved.
+    Seeds {
+        addrs: Vec<SocketAddr>,
+        complete: bool,
+    },
+    /// A seed address dialed: the member there (by its certificate) and the connection.
+    SeedDialed(
+        SocketAddr,
+        Result<(NodeId, quinn::Connection), (Failure, String)>,
+    ),
 }
 
 /// A running mesh node with its QUIC transport.
@@ -153,6 +171,7 @@ impl MeshNet {
     pub async fn start(config: NetConfig) -> Result<MeshNet, NetError> {
         let clock = SystemClock::new();
         let node = Node::new(config.node.clone(), clock.now_ns())?;
+        let joined = node.is_joined();
         let mut endpoint = quinn::Endpoint::server(config.tls.server.clone(), config.listen)
             .map_err(|source| NetError::Bind {
                 addr: config.listen,
@@ -169,27 +188,27 @@ impl MeshNet {
             }),
             wake: tokio::sync::Notify::new(),
             running: AtomicBool::new(false),
+            joined: AtomicBool::new(joined),
             closed: AtomicBool::new(false),
             clock,
             stats: NetStats::default(),
             refusals: Refusals::default(),
         });
         let (inputs, receiver) = mpsc::unbounded_channel();
-        let members = Arc::new(RwLock::new(config.node.seeds.clone()));
         let driver = Driver {
             shared: Arc::clone(&shared),
             endpoint: endpoint.clone(),
             inputs: inputs.clone(),
             connections: HashMap::new(),
             addresses: config.peers.iter().copied().collect(),
-            members: Arc::clone(&members),
+            statics: config.peers.iter().map(|(id, _)| *id).collect(),
             dials: HashMap::new(),
+            seeds: SeedBook::default(),
         };
         let driver = tokio::spawn(driver.run(receiver).in_current_span());
         let acceptor = tokio::spawn(
             accept::accept_loop(
                 endpoint.clone(),
-                members,
                 config.node.id,
                 inputs.clone(),
                 Arc::clone(&shared),
@@ -220,6 +239,29 @@ impl MeshNet {
         let _ = self.inputs.send(Input::AddPeer(id, addr));
     }
 
+    /// Find the cluster through `seeds`: socket addresses or DNS names with a port, resolved
+    /// now and every `refresh` (every second until the node joined), each address dialed.
+    pub fn add_seeds(&self, seeds: Vec<String>, refresh: Duration) {
+        if seeds.is_empty() {
+            return;
+        }
+        tokio::spawn(
+            seeds::resolve_loop(
+                seeds,
+                refresh,
+                self.inputs.clone(),
+                Arc::clone(&self.shared),
+            )
+            .in_current_span(),
+        );
+    }
+
+    /// Tell whether the node has joined its cluster (before, it decides by
+    /// `while_joining` and owns no key).
+    pub fn is_joined(&self) -> bool {
+        self.shared.joined.load(Ordering::Acquire)
+    }
+
     /// Tell whether the node has recovered its state and admits.
     pub fn is_running(&self) -> bool {
         self.shared.running.load(Ordering::Acquire)
@@ -235,19 +277,21 @@ impl MeshNet {
         &self.shared.refusals
     }
 
-    /// Return the peers that are up: connected, with the handshake completed on both sides
-    /// (a frame from them arrived within [`PEER_UP_WITHIN`]).
+    /// Return the peers that are up: live members connected, with the handshake completed
+    /// on both sides (a frame from them arrived within [`PEER_UP_WITHIN`]).
     pub fn peers_up(&self) -> Vec<NodeId> {
         let inner = self.shared.inner.lock().expect("node lock");
+        let membership = inner.node.membership();
         let mut up: Vec<NodeId> = inner
             .connected
             .iter()
             .copied()
-            .filter(|id| {
-                inner
-                    .heard
-                    .get(id)
-                    .is_some_and(|at| at.elapsed() <= PEER_UP_WITHIN)
+            .filter(|&id| {
+                membership.is_alive(id)
+                    && inner
+                        .heard
+                        .get(&id)
+                        .is_some_and(|at| at.elapsed() <= PEER_UP_WITHIN)
             })
             .collect();
         up.sort_unstable();
@@ -338,8 +382,10 @@ struct Driver {
     inputs: mpsc::UnboundedSender<Input>,
     connections: HashMap<NodeId, quinn::Connection>,
     addresses: HashMap<NodeId, SocketAddr>,
-    members: Arc<RwLock<Vec<NodeId>>>,
+    /// Peers given by address (configured): dialed for as long as the node runs.
+    statics: std::collections::HashSet<NodeId>,
     dials: HashMap<NodeId, DialState>,
+    seeds: SeedBook,
 }
 
 impl Driver {
@@ -425,26 +471,105 @@ impl Driver {
             }
             Input::AddPeer(id, addr) => {
                 self.addresses.insert(id, addr);
-                {
-                    let mut members = self.members.write().unwrap_or_else(|e| e.into_inner());
-                    if !members.contains(&id) {
-                        members.push(id);
-                    }
-                }
+                self.statics.insert(id);
                 self.dial(id, Duration::ZERO);
+            }
+            Input::Seeds { addrs, complete } => {
+                let connected: std::collections::HashSet<SocketAddr> = self
+                    .connections
+                    .values()
+                    .map(quinn::Connection::remote_address)
+                    .chain(
+                        self.addresses
+                            .iter()
+                            .filter(|(id, _)| self.connections.contains_key(id))
+                            .map(|(_, &a)| a),
+                    )
+                    .collect();
+                for addr in self
+                    .seeds
+                    .resolved(addrs, complete, |a| connected.contains(&a))
+                {
+                    self.dial_seed(addr);
+                }
+                self.seeds_settled();
+            }
+            Input::SeedDialed(addr, result) => {
+                match result {
+                    Ok((id, connection)) if id == self.me() => {
+                        connection.close(3u32.into(), b"this is me");
+                        self.seeds.is_self(addr);
+                    }
+                    Ok((id, connection)) => {
+                        self.seeds.reached(addr);
+                        self.addresses.entry(id).or_insert(addr);
+                        self.connected(id, connection);
+                    }
+                    Err((kind, reason)) => self.seeds.failed(addr, kind, &reason),
+                }
+                self.seeds_settled();
             }
         }
     }
 
+    fn me(&self) -> NodeId {
+        self.shared.inner.lock().expect("node lock").node.id()
+    }
+
+    /// After a resolution or a seed dial: tell the node how many members the seeds stand
+    /// for, and start a cluster when the seeds are this node alone.
+    fn seeds_settled(&mut self) {
+        let now = self.shared.clock.now_ns();
+        let mut inner = self.shared.inner.lock().expect("node lock");
+        inner.node.expect_members(self.seeds.expected_members());
+        if self.seeds.only_self() && !inner.node.is_joined() {
+            tracing::info!("the seeds name no other member: starting the cluster");
+            inner.node.start_alone(now);
+        }
+    }
+
+    /// Dial seed address `addr` (its node's id unknown); the result comes back as
+    /// [`Input::SeedDialed`].
+    fn dial_seed(&mut self, addr: SocketAddr) {
+        let endpoint = self.endpoint.clone();
+        let inputs = self.inputs.clone();
+        let shared = Arc::clone(&self.shared);
+        tokio::spawn(async move {
+            if shared.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let result = match endpoint.connect(addr, SEED_NAME) {
+                Err(error) => Err((Failure::Other, error.to_string())),
+                Ok(connecting) => match connecting.await {
+                    Err(error) => Err(dial::describe(&error)),
+                    // The certificate was checked against the CA for the node it names.
+                    Ok(connection) => match peer_id(&connection) {
+                        Ok(id) => Ok((id, connection)),
+                        Err(error) => {
+                            connection.close(1u32.into(), b"unexpected identity");
+                            Err((Failure::WrongIdentity, format!("at {addr}: {error}")))
+                        }
+                    },
+                },
+            };
+            let _ = inputs.send(Input::SeedDialed(addr, result));
+        });
+    }
+
     fn connected(&mut self, id: NodeId, connection: quinn::Connection) {
+        let addr = *self
+            .addresses
+            .entry(id)
+            .or_insert_with(|| connection.remote_address());
         spawn_readers(id, connection.clone(), self.inputs.clone());
         self.connections.insert(id, connection);
-        self.shared
-            .inner
-            .lock()
-            .expect("node lock")
-            .connected
-            .insert(id);
+        let now = self.shared.clock.now_ns();
+        let mut inner = self.shared.inner.lock().expect("node lock");
+        inner.connected.insert(id);
+        // A member the node did not know is one now (its certificate says who it is).
+        inner
+            .node
+            .add_member(now, id, Some(addr.to_string().into_bytes()));
     }
 
     /// Count a failed attempt to reach `id`, log it when due, and dial again after the
@@ -484,11 +609,6 @@ impl Driver {
         state.dialing = true;
         let endpoint = self.endpoint.clone();
         let inputs = self.inputs.clone();
-        let members = self
-            .members
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
         let shared = Arc::clone(&self.shared);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
@@ -500,11 +620,7 @@ impl Driver {
                 Ok(connecting) => match connecting.await {
                     Err(error) => Err(dial::describe(&error)),
                     // The server's certificate was checked for `id`'s name by the handshake.
-                    Ok(connection)
-                        if peer_node_id(&connection, members.iter().copied()) == Some(id) =>
-                    {
-                        Ok(connection)
-                    }
+                    Ok(connection) if peer_id(&connection) == Ok(id) => Ok(connection),
                     Ok(connection) => {
                         connection.close(1u32.into(), b"unexpected identity");
                         Err((
@@ -519,7 +635,7 @@ impl Driver {
     }
 
     fn flush(&mut self) {
-        let (transmits, events, running) = {
+        let (transmits, events, running, joined) = {
             let mut inner = self.shared.inner.lock().expect("node lock");
             let mut transmits = Vec::new();
             while let Some(t) = inner.node.poll_transmit() {
@@ -527,29 +643,68 @@ impl Driver {
             }
             let mut events = Vec::new();
             while let Some(e) = inner.node.poll_event() {
-                if let Event::Decided { id, decision } = e {
-                    if let Some(waiter) = inner.waiters.remove(&id) {
-                        let _ = waiter.send(decision);
+                match e {
+                    Event::Decided { id, decision } => {
+                        if let Some(waiter) = inner.waiters.remove(&id) {
+                            let _ = waiter.send(decision);
+                        }
                     }
-                } else {
-                    events.push(e);
+                    // Where the member that told of it reaches it.
+                    Event::PeerLearned(peer) => {
+                        let addr = inner
+                            .node
+                            .membership()
+                            .peer(peer)
+                            .and_then(|p| p.addr.as_deref())
+                            .and_then(|a| std::str::from_utf8(a).ok())
+                            .and_then(|a| a.parse::<SocketAddr>().ok());
+                        events.push((e, addr));
+                    }
+                    e => events.push((e, None)),
                 }
             }
-            (transmits, events, inner.node.is_running())
+            let node = &inner.node;
+            (transmits, events, node.is_running(), node.is_joined())
         };
         self.shared.running.store(running, Ordering::Release);
-        for event in events {
-            match event {
-                Event::PeerDown(peer) => tracing::warn!(peer, "peer declared dead"),
-                Event::PeerUp(peer) => tracing::info!(peer, "peer is up"),
-                Event::PeerRestarted(peer) => tracing::info!(peer, "peer restarted"),
-                Event::PeerLeft(peer) => tracing::info!(peer, "peer left the cluster"),
-                Event::Recovered => tracing::info!("every peer answered; serving owned keys"),
-                Event::Decided { .. } | Event::Window { .. } => {}
-            }
+        self.shared.joined.store(joined, Ordering::Release);
+        for (event, addr) in events {
+            self.event(event, addr);
         }
         for t in transmits {
             self.send(t);
+        }
+    }
+
+    /// Log a node event, and follow the membership: dial a member learned of, stop dialing
+    /// one that left or was forgotten (unless it was configured).
+    fn event(&mut self, event: Event, addr: Option<SocketAddr>) {
+        match event {
+            Event::PeerDown(peer) => tracing::warn!(peer, "peer declared dead"),
+            Event::PeerUp(peer) => tracing::info!(peer, "peer is up"),
+            Event::PeerRestarted(peer) => tracing::info!(peer, "peer restarted"),
+            Event::PeerSuspected(peer) => tracing::debug!(peer, "peer suspected (silent)"),
+            Event::PeerLeft(peer) | Event::PeerForgotten(peer) => {
+                if matches!(event, Event::PeerLeft(_)) {
+                    tracing::info!(peer, "peer left the cluster");
+                }
+                if !self.statics.contains(&peer) {
+                    self.addresses.remove(&peer);
+                    self.dials.remove(&peer);
+                }
+            }
+            Event::PeerLearned(peer) => {
+                tracing::info!(peer, addr = ?addr, "learned of a member");
+                if let Some(addr) = addr
+                    && !self.connections.contains_key(&peer)
+                {
+                    self.addresses.entry(peer).or_insert(addr);
+                    self.dial(peer, Duration::ZERO);
+                }
+            }
+            Event::Joined => tracing::info!("joined the cluster"),
+            Event::Recovered => tracing::info!("every peer answered; serving owned keys"),
+            Event::Decided { .. } | Event::Window { .. } => {}
         }
     }
 

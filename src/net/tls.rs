@@ -1,6 +1,12 @@
 //! Mutual TLS for the QUIC transport: every node presents a certificate signed by the
 //! cluster CA and verifies its peers' against it, with one crypto provider (`ring`) chosen
 //! explicitly (two providers in one build make rustls's implicit builders panic).
+//!
+//! A node's id is the one its certificate names (`node-<id>.ratemesh`, exactly one such
+//! name): the CA's signature is the only admission ticket, no list of members is needed.
+//! A peer dialed by id must present that id's certificate; a seed dialed by address (its id
+//! unknown) is dialed under [`SEED_NAME`], and its certificate must chain to the CA for the
+//! one node name it carries ([`node_id_of`]).
 
 use std::sync::Arc;
 
@@ -36,6 +42,111 @@ pub enum TlsError {
 
 /// The most incoming handshakes the endpoint holds before the node accepts or refuses them.
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+
+/// The server name under which a seed is dialed by address: its certificate is checked
+/// against the CA for whichever single node name it carries.
+pub const SEED_NAME: &str = "seed.ratemesh";
+
+/// Why a certificate names no node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    /// It is not a certificate webpki can read.
+    #[error("the certificate does not parse")]
+    Unreadable,
+    /// It names no `node-<id>.ratemesh`.
+    #[error("the certificate names no node (node-<id>.ratemesh)")]
+    NoNodeName,
+    /// It names more than one node.
+    #[error("the certificate names several nodes")]
+    SeveralNodes,
+}
+
+/// Return the node id a certificate names: its one `node-<id>.ratemesh` DNS name (id ≥ 1,
+/// written as [`node_name`] writes it). The chain is not checked here.
+pub fn node_id_of(cert: &CertificateDer<'_>) -> Result<NodeId, IdentityError> {
+    let leaf = webpki::EndEntityCert::try_from(cert).map_err(|_| IdentityError::Unreadable)?;
+    let mut ids = leaf.valid_dns_names().filter_map(|name| {
+        let id: NodeId = name
+            .strip_prefix("node-")?
+            .strip_suffix(".ratemesh")?
+            .parse()
+            .ok()?;
+        (id >= 1 && node_name(id).eq_ignore_ascii_case(name)).then_some(id)
+    });
+    let id = ids.next().ok_or(IdentityError::NoNodeName)?;
+    if ids.any(|other| other != id) {
+        return Err(IdentityError::SeveralNodes);
+    }
+    Ok(id)
+}
+
+/// Return the node id the peer's (verified) certificate names.
+pub fn peer_id(connection: &quinn::Connection) -> Result<NodeId, IdentityError> {
+    let identity = connection
+        .peer_identity()
+        .ok_or(IdentityError::Unreadable)?;
+    let certs = identity
+        .downcast::<Vec<CertificateDer<'static>>>()
+        .map_err(|_| IdentityError::Unreadable)?;
+    node_id_of(certs.first().ok_or(IdentityError::Unreadable)?)
+}
+
+/// Checks a server's certificate against the cluster CA: for the name dialed, or, dialed
+/// under [`SEED_NAME`], for the one node name the certificate carries.
+#[derive(Debug)]
+struct NodeServerVerifier {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for NodeServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let seed = matches!(server_name, ServerName::DnsName(name) if name.as_ref() == SEED_NAME);
+        if !seed {
+            return self.inner.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp_response,
+                now,
+            );
+        }
+        let not_a_node =
+            || rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
+        let id = node_id_of(end_entity).map_err(|_| not_a_node())?;
+        let name = ServerName::try_from(node_name(id)).map_err(|_| not_a_node())?;
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
 
 /// Why a node's own certificate or key cannot serve it in the cluster.
 #[derive(Debug, thiserror::Error)]
@@ -183,9 +294,15 @@ pub fn node_tls(
     server.max_incoming(MAX_PENDING_HANDSHAKES);
     server.incoming_buffer_size(64 * 1024);
     server.incoming_buffer_size_total(4 * 1024 * 1024);
+    let server_verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+            .build()?;
     let client_crypto = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NodeServerVerifier {
+            inner: server_verifier,
+        }))
         .with_client_auth_cert(chain, key)?;
     let mut client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto)?));
     client.transport_config(transport);

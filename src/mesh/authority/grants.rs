@@ -50,7 +50,22 @@ impl Authority {
         };
         // What is free now serves the first waiting requests; as much of the rest as a
         // recall may bring back waits; the rest is denied now.
-        let coming = (need - available).min(recoverable);
+        let mut coming = (need - available).min(recoverable);
+        if available + coming < need && now < deadline {
+            // Room the policy frees by itself (a sliding window's previous window fading, a
+            // bucket refilling, the next window) serves the rest if it comes soon enough,
+            // after what waits ahead: hold the rest for it rather than deny.
+            let ahead: u64 = self
+                .waiting
+                .iter()
+                .filter(|w| w.node != node)
+                .map(|w| w.need)
+                .sum();
+            let hold = self.hold_ns.min(deadline - now);
+            if self.until_room(now, need + ahead) <= hold {
+                coming = need - available;
+            }
+        }
         if coming > 0 {
             self.enqueue(now, node, coming, deadline);
         }
@@ -58,19 +73,27 @@ impl Authority {
         if available == 0 && !denied {
             return Answer::Wait;
         }
-        let answer = self.grant_more(node, incarnation, available, 0, coming);
-        if !denied {
-            return answer;
-        }
-        // When the cheapest of the requests left could fit, after this grant and with what
-        // the recall brings back (the holder asks again then; a later estimate would deny
-        // it requests there is room for).
         let smallest = self
             .smallest
             .get(&node)
             .copied()
             .unwrap_or(need)
             .clamp(1, need);
+        // What is free goes to the holder unless it serves none of its requests (even the
+        // cheapest needs more, and nothing more is coming): it then stays free for the
+        // others rather than sit unused in this holder's lease.
+        let free = if denied && coming == 0 && available < smallest {
+            0
+        } else {
+            available
+        };
+        let answer = self.grant_more(node, incarnation, free, 0, coming);
+        if !denied {
+            return answer;
+        }
+        // When the cheapest of the requests left could fit, after this grant and with what
+        // the recall brings back (the holder asks again then; a later estimate would deny
+        // it requests there is room for).
         let retry = self.retry_after(now, smallest.saturating_sub(coming).max(1));
         match answer {
             Answer::Grant {
@@ -338,8 +361,13 @@ impl Authority {
 
     /// When `need` tokens could be had at the earliest (from `now`), in ns (at least 1 ms).
     pub fn retry_after(&mut self, now: Nanos, need: u64) -> Nanos {
+        self.until_room(now, need).max(1_000_000)
+    }
+
+    /// How long until `need` tokens fit, from `now`, by the policy alone (no returns).
+    fn until_room(&mut self, now: Nanos, need: u64) -> Nanos {
         let limit = self.policy.capacity();
-        let retry = match self.kind {
+        match self.kind {
             MeshKind::Bucket => {
                 self.refill(now);
                 need.saturating_mul(self.interval())
@@ -360,8 +388,7 @@ impl Authority {
                     (self.start + e).saturating_sub(now)
                 }
             }
-        };
-        retry.max(1_000_000)
+        }
     }
 }
 

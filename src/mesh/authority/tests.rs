@@ -188,3 +188,67 @@ fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
     let answers = b.serve_waiting(6 * S + 2_000_000);
     assert_eq!(answers.len(), 1);
 }
+
+#[test]
+fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial() {
+    const MS: Nanos = 1_000_000;
+    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    for hold in [0, 20 * MS] {
+        let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S).with_hold(hold);
+        a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+        granted(a.request(10 * S, 1, 1, 100, 0));
+        // Half-way through the next window the previous window's 100 weigh 50; node 1
+        // takes them.
+        let t = 11 * S + S / 2;
+        let (g, _) = granted(a.request(t, 1, 1, 50, 0));
+        assert_eq!(g, 50);
+        // It reports them spent, and its final count of the previous window: nothing can
+        // come back from a recall.
+        let mut spent = want(a.frame().0, 50, 50, 0);
+        spent.previous_used = Some(100);
+        a.report(t, 1, 1, &spent);
+        // Room for one more comes 10 ms later (100 · 0.49 + 50 + 1 ≤ 100).
+        a.report(t, 2, 1, &want(0, 0, 0, 0));
+        let answer = a.request(t, 2, 1, 1, t + 100 * MS);
+        if hold == 0 {
+            assert_eq!(granted(answer), (0, 10 * MS));
+            continue;
+        }
+        assert_eq!(answer, Answer::Wait);
+        assert_eq!(a.next_timeout(), Some(t + 10 * MS));
+        assert!(a.serve_waiting(t + 9 * MS).is_empty());
+        let answers = a.serve_waiting(t + 10 * MS);
+        assert_eq!(answers.len(), 1);
+        assert_eq!((answers[0].0, granted(answers[0].2)), (2, (1, 0)));
+        a.report(t + 10 * MS, 2, 1, &want(a.frame().0, 1, 1, 0));
+        // Room that comes later than the hold is not waited for: a denial at once.
+        a.report(t + 10 * MS, 3, 1, &want(0, 0, 0, 0));
+        let (g, retry) = granted(a.request(t + 10 * MS, 3, 1, 5, t + 100 * MS));
+        assert_eq!(g, 0);
+        assert!(retry > 20 * MS, "{retry}");
+        assert!(!a.has_waiters());
+    }
+}
+
+#[test]
+fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 58, 0));
+    let window = a.frame().0;
+    a.report(10 * S, 1, 1, &want(window, 58, 58, 0));
+    // Node 2's one request costs 49: 42 are free, nothing can come back. It is denied, and
+    // the 42 stay free instead of sitting in node 2's lease.
+    let mut big = want(0, 0, 0, 0);
+    big.smallest = 49;
+    a.report(10 * S + 1, 2, 1, &big);
+    let (g, retry) = granted(a.request(10 * S + 1, 2, 1, 49, 11 * S));
+    assert_eq!(g, 0);
+    assert!(retry > 0);
+    assert_eq!(a.available(10 * S + 1), 42);
+    // Node 3's request of 16 is served at once.
+    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0));
+    let (g, _) = granted(a.request(10 * S + 2, 3, 1, 16, 11 * S));
+    assert!(g >= 16);
+}

@@ -32,6 +32,49 @@ pub struct NodeConfig {
     pub policies: Vec<Policy>,
     /// This run's incarnation (0: derived from the clock at start); must change on restart.
     pub incarnation: u64,
+    /// The node joins a running cluster: until a member answers it (or, with no configured
+    /// member, until `join_timeout_ns` passes and it starts a cluster of its own), it owns
+    /// no key and decides by `while_joining`. `false`: it starts as a member of `seeds`.
+    pub joins: bool,
+    /// How long a joining node with no configured member waits for one to answer before it
+    /// starts a cluster of its own.
+    pub join_timeout_ns: Nanos,
+    /// How a node decides mesh policies before it has joined.
+    pub while_joining: WhileJoining,
+}
+
+/// How a node decides the mesh policies before it has joined its cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WhileJoining {
+    /// Its even share of each limit (the limit over the members it expects), decided here.
+    #[default]
+    LocalShare,
+    /// Deny every request (429).
+    Deny,
+    /// Admit every request.
+    Allow,
+}
+
+impl WhileJoining {
+    /// The name used in files and metrics: `local-share`, `deny`, `allow`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WhileJoining::LocalShare => "local-share",
+            WhileJoining::Deny => "deny",
+            WhileJoining::Allow => "allow",
+        }
+    }
+
+    /// Parse a name (see [`WhileJoining::name`]).
+    pub fn parse(name: &str) -> Option<WhileJoining> {
+        [
+            WhileJoining::LocalShare,
+            WhileJoining::Deny,
+            WhileJoining::Allow,
+        ]
+        .into_iter()
+        .find(|w| w.name() == name)
+    }
 }
 
 impl NodeConfig {
@@ -49,6 +92,9 @@ impl NodeConfig {
             max_keys: 1_000_000,
             policies,
             incarnation: 0,
+            joins: false,
+            join_timeout_ns: 10_000_000_000,
+            while_joining: WhileJoining::LocalShare,
         }
     }
 
@@ -58,6 +104,13 @@ impl NodeConfig {
     /// round trip plus a round must stay below it, or the owner stalls.
     pub fn authority_lease_rounds(&self) -> u64 {
         self.dead_after_rounds.saturating_sub(1).max(1)
+    }
+
+    /// How long a request may wait at its key's owner for room the policy frees by itself
+    /// (one gossip interval, within `max_wait_ns`): near the limit, a request that room
+    /// reaches that soon is admitted a moment late instead of denied.
+    pub fn hold_ns(&self) -> Nanos {
+        self.gossip_interval_ns.min(self.max_wait_ns)
     }
 }
 

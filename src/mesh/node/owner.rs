@@ -42,7 +42,8 @@ impl Node {
             }
             None => Authority::fresh(key, policy, kind, now),
         };
-        self.authorities.insert(key, authority);
+        self.authorities
+            .insert(key, authority.with_hold(self.config.hold_ns()));
         self.dirty.insert(key);
         self.note_frame(key, None);
         true

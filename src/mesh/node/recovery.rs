@@ -40,7 +40,8 @@ impl Node {
             return;
         };
         self.backups.remove(&key);
-        let incoming = Authority::from_state(&state, policy, kind, offset, now);
+        let incoming = Authority::from_state(&state, policy, kind, offset, now)
+            .with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
         match self.authorities.get_mut(&key) {
             Some(a) => a.merge(&incoming),
@@ -85,6 +86,8 @@ impl Node {
     /// keys it would take over.
     pub(super) fn answer_sync(&mut self, to: NodeId, incarnation: u64) {
         self.answered_sync.insert(to, incarnation);
+        // The members it should know first (a joining node learns its cluster here).
+        self.send_members(to, true);
         let owned: Vec<KeyRef> = self
             .authorities
             .keys()
@@ -120,7 +123,7 @@ impl Node {
     }
 
     pub(super) fn finish_sync(&mut self) {
-        if !self.running && self.sync_waiting.is_empty() {
+        if !self.running && self.sync_waiting.is_empty() && self.join.joined() {
             self.running = true;
             self.membership.set_syncing(false);
             self.events.push_back(Event::Recovered);
@@ -141,7 +144,24 @@ impl Node {
                     }
                     self.sync_waiting.remove(&p);
                 }
-                Change::Up(p) => self.events.push_back(Event::PeerUp(p)),
+                Change::Up(p) | Change::Learned(p) => {
+                    self.events.push_back(if matches!(change, Change::Up(_)) {
+                        Event::PeerUp(p)
+                    } else {
+                        Event::PeerLearned(p)
+                    });
+                    // A joining node waits for every member it learns of before it owns keys.
+                    if !self.join.joined() {
+                        self.sync_waiting.insert(p);
+                    }
+                }
+                Change::Suspected(p) => self.events.push_back(Event::PeerSuspected(p)),
+                Change::Forgotten(p) => {
+                    self.events.push_back(Event::PeerForgotten(p));
+                    self.sync_waiting.remove(&p);
+                    self.answered_sync.remove(&p);
+                    self.deaths_seen.remove(&p);
+                }
                 Change::Restarted(p) => {
                     self.events.push_back(Event::PeerRestarted(p));
                     for a in self.authorities.values_mut() {
