@@ -45,8 +45,13 @@
 //! method = "GET"
 //! path_prefix = "/search"
 //! cost = 10
+//!
+//! [[envoy.domains]]                            # Envoy's rate limit service API (a node's [envoy_rls])
+//! domain = "edge"
+//! descriptors = [{ key = "remote_address", rate_limit = { requests_per_unit = 100, unit = "minute" } }]
 //! ```
 
+mod envoy;
 mod identity;
 mod limits;
 mod policy;
@@ -58,6 +63,10 @@ mod source;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use envoy::build_envoy;
+pub use envoy::{
+    DescriptorLimit, EnvoyConfig, EnvoyDescriptor, EnvoyDomain, MAX_DESCRIPTOR_DEPTH, RateLimitUnit,
+};
 use identity::build_identity;
 pub use identity::{IdentityConfig, IdentitySource};
 use limits::check_limits_something;
@@ -102,6 +111,9 @@ pub struct GatewayConfig {
     pub routes: Vec<RouteRule>,
     /// The Redis deployment of `backend = "redis"` policies.
     pub redis: Option<RedisConfig>,
+    /// The domains and descriptors of Envoy's rate limit service API (`[envoy]`); their
+    /// inline limits are in `policies`, named after their paths.
+    pub envoy: EnvoyConfig,
 }
 
 impl GatewayConfig {
@@ -198,6 +210,22 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
 
     let routes = build_routes(source, &raw.routes, &policies, &tiers)?;
 
+    // After the tiers and routes: the inline limits of descriptors are for Envoy alone.
+    let envoy = match &raw.envoy {
+        Some(spanned) => {
+            let mut cx = envoy::Context {
+                source,
+                policies: &mut policies,
+                has_redis: redis.is_some(),
+                has_key_secret: raw.key_secret.is_some(),
+            };
+            build_envoy(&mut cx, spanned)?
+        }
+        None => EnvoyConfig::default(),
+    };
+    // Policies stay ordered by name: the mesh numbers its policies in this order.
+    policies.sort_by(|a, b| a.name.cmp(&b.name));
+
     let refuse_without_tier = match &raw.no_tier {
         Some(no_tier) if default_tier.is_some() => {
             return Err(source.error(
@@ -218,6 +246,7 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
             default_tier.as_deref(),
             refuse_without_tier,
             &routes,
+            !envoy.domains.is_empty(),
         )?;
     }
 
@@ -239,5 +268,6 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         tenants,
         routes,
         redis,
+        envoy,
     })
 }

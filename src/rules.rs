@@ -12,6 +12,7 @@
 
 mod compile;
 mod decide;
+mod envoy;
 mod request;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +27,11 @@ use crate::ids::KeyHasher;
 use crate::limiter::MAX_POLICIES;
 use compile::{CompiledPolicy, CompiledRoute, Layers, compile};
 pub use decide::NO_TIER_POLICY;
+use envoy::EnvoyDomains;
+pub use envoy::{
+    CurrentLimit, DescriptorMatch, DescriptorQuery, DescriptorStatus, EnvoyError, EnvoyOutcome,
+    MAX_DESCRIPTORS_PER_REQUEST,
+};
 pub use request::{Identity, Outcome, PolicyReport, RequestFacts};
 
 /// Why the rules could not be built from a valid file.
@@ -93,6 +99,8 @@ pub struct Rules {
     tiers: BTreeMap<String, Layers>,
     routes: Vec<CompiledRoute>,
     tenants: HashMap<String, String>,
+    /// The `[envoy]` descriptors, for Envoy's rate limit service API.
+    envoy: EnvoyDomains,
 }
 
 impl std::fmt::Debug for Rules {
@@ -211,6 +219,7 @@ impl Rules {
             mesh.is_some(),
             exact.is_some(),
         )?;
+        let envoy = EnvoyDomains::compile(&config.envoy, &compiled.policies);
         let tenants = config
             .tenants
             .iter()
@@ -226,6 +235,7 @@ impl Rules {
             tiers: compiled.tiers,
             routes: compiled.routes,
             tenants,
+            envoy,
         })
     }
 

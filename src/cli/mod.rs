@@ -109,9 +109,12 @@ fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
             let running = ratemesh::daemon::start(&file).await?;
             // One line on stdout that scripts (and `ratemesh demo`) wait for.
             let mut stdout = std::io::stdout();
+            let rls = running
+                .envoy_rls_addr()
+                .map_or_else(String::new, |addr| format!(" envoy_rls={addr}"));
             let _ = writeln!(
                 stdout,
-                "ratemesh node {} ready: http={} quic={}",
+                "ratemesh node {} ready: http={} quic={}{rls}",
                 file.id,
                 running.http_addr(),
                 running.quic_addr()

@@ -10,7 +10,8 @@ use super::source::{ConfigError, Source};
 /// Refuse a file under which requests would pass no enforced policy at all, unless it says
 /// `allow_unlimited = true`: no tier or route enforces anything, or a client that matches no
 /// tier (no `default_tier`, no `no_tier = "refuse"`, or a default tier that enforces
-/// nothing) meets no enforced policy on some route, or on a path no route covers.
+/// nothing) meets no enforced policy on some route, or on a path no route covers. A file
+/// with Envoy domains (`envoy`) and neither tiers nor routes limits through Envoy's API only.
 pub(super) fn check_limits_something(
     source: &Source<'_>,
     policies: &[NamedPolicy],
@@ -18,7 +19,11 @@ pub(super) fn check_limits_something(
     default_tier: Option<&str>,
     refuse_without_tier: bool,
     routes: &[RouteRule],
+    envoy: bool,
 ) -> Result<(), ConfigError> {
+    if envoy && tiers.is_empty() && routes.is_empty() {
+        return Ok(());
+    }
     let enforces = |names: &[String]| {
         names
             .iter()

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::envoy::RawEnvoy;
 use super::identity::RawIdentity;
 use super::policy::RawPolicy;
 use super::redis::RawRedis;
@@ -39,6 +40,8 @@ pub(super) struct RawConfig {
     pub(super) routes: Vec<Spanned<RawRoute>>,
     #[serde(default)]
     pub(super) redis: Option<Spanned<RawRedis>>,
+    #[serde(default)]
+    pub(super) envoy: Option<Spanned<RawEnvoy>>,
 }
 
 /// What happens to a client that matches no tier when there is no `default_tier`.

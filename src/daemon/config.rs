@@ -36,6 +36,8 @@
 //! # upstream = "http://127.0.0.1:9000"
 //! # [forward_auth]
 //! # path = "/v1/check"
+//! # [envoy_rls]                    # Envoy's rate limit service API over gRPC (see [`envoy_rls`])
+//! # listen = "127.0.0.1:8081"
 //!
 //! # Or, instead of (or besides) a list of peers: where to find the cluster. Its members'
 //! # ids come from their certificates.
@@ -48,6 +50,7 @@
 //! Errors name the file, the line, the field and the reason (the policy file's own errors
 //! name the policy file).
 
+pub mod envoy_rls;
 pub mod upstreams;
 
 use std::collections::BTreeSet;
@@ -67,6 +70,7 @@ use crate::net::tls::{
     NodeTls, OwnCertError, certificate_names_node, check_own_certificate, node_tls,
 };
 use crate::net::transport_config;
+pub use envoy_rls::EnvoyRls;
 pub use upstreams::{ForwardAuth, ProxyRoute};
 
 /// The shortest gossip interval a node accepts.
@@ -151,6 +155,8 @@ pub struct NodeFile {
     pub proxies: Vec<ProxyRoute>,
     /// The `[forward_auth]` endpoint, if any.
     pub forward_auth: Option<ForwardAuth>,
+    /// The `[envoy_rls]` gRPC port, if any.
+    pub envoy_rls: Option<EnvoyRls>,
 }
 
 /// The `[http]` section of a node file.
@@ -241,6 +247,7 @@ struct RawNodeFile {
     #[serde(default)]
     proxy: Vec<Spanned<upstreams::RawProxy>>,
     forward_auth: Option<Spanned<upstreams::RawForwardAuth>>,
+    envoy_rls: Option<Spanned<envoy_rls::RawEnvoyRls>>,
 }
 
 #[derive(Deserialize)]
@@ -530,7 +537,25 @@ impl NodeFile {
             .as_ref()
             .map(|table| upstreams::forward_auth(&source, table))
             .transpose()?;
+        let envoy_rls = raw
+            .envoy_rls
+            .as_ref()
+            .map(|table| envoy_rls::envoy_rls(&source, table, http))
+            .transpose()?;
         let (gateway, policy_sha256) = read_policy_file(&policy_file)?;
+        if let Some(rls) = &envoy_rls
+            && gateway.envoy.domains.is_empty()
+        {
+            return Err(source.error(
+                rls.line,
+                "envoy_rls",
+                format!(
+                    "the policy file {} has no `[[envoy.domains]]`: every request to this port \
+                     would be answered NOT_FOUND",
+                    policy_file.display()
+                ),
+            ));
+        }
 
         Ok(NodeFile {
             path: path.to_path_buf(),
@@ -554,6 +579,7 @@ impl NodeFile {
             policy_sha256,
             proxies,
             forward_auth,
+            envoy_rls,
         })
     }
 

@@ -6,7 +6,8 @@
 //! deny is answered 429 (with `Retry-After` and the `RateLimit` fields); an admitted one is
 //! sent on to its `[[proxy]]` route's upstream (`daemon::proxy`), or answered `200 ok` under
 //! no route. With `[forward_auth]`, checks at its path are decided for another gateway
-//! (`daemon::forward_auth`).
+//! (`daemon::forward_auth`). With `[envoy_rls]`, a gRPC port answers Envoy's rate limit
+//! service API with the policy file's `[envoy]` descriptors (`daemon::envoy_rls`).
 //!
 //! SIGHUP re-reads the policy file (`daemon::reload`): a valid file applies, an invalid one is
 //! refused and logged, and the node keeps serving either way.
@@ -19,6 +20,7 @@
 //! (the keys are still handed over).
 
 pub mod config;
+mod envoy_rls;
 mod forward_auth;
 mod proxy;
 mod reload;
@@ -40,7 +42,8 @@ use axum::routing::get;
 use tower::Layer;
 
 use crate::config::ConfigError;
-use crate::daemon::config::NodeFile;
+use crate::daemon::config::{EnvoyRls, NodeFile};
+use crate::daemon::envoy_rls::RlsServer;
 use crate::daemon::forward_auth::ForwardAuthService;
 use crate::daemon::proxy::{Gateway, Proxy};
 use crate::daemon::reload::PolicyReloader;
@@ -75,6 +78,16 @@ pub enum DaemonError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// Another port could not be opened.
+    #[error("opening {what} {addr}: {source}")]
+    Listen {
+        /// Which port.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The Prometheus recorder could not be installed (another one is).
     #[error("installing the metrics recorder: {0}")]
     Metrics(String),
@@ -102,6 +115,9 @@ pub struct RunningNode {
     limits: Limits,
     proxy: Arc<Proxy>,
     signals: Signals,
+    layer: RateLimitLayer,
+    /// The `[envoy_rls]` port, bound, and its settings.
+    envoy_rls: Option<(tokio::net::TcpListener, EnvoyRls)>,
 }
 
 /// Start a node from its file: open the QUIC endpoint, dial the peers, install the
@@ -135,6 +151,10 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
             addr: file.http,
             source,
         })?;
+    let envoy_rls = match &file.envoy_rls {
+        Some(settings) => Some((envoy_rls::bind(settings).await?, settings.clone())),
+        None => None,
+    };
     let state = Arc::new(NodeState {
         id: file.id,
         mesh,
@@ -168,6 +188,8 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         limits,
         proxy,
         signals,
+        layer,
+        envoy_rls,
     })
 }
 
@@ -184,6 +206,15 @@ impl RunningNode {
         self.state.mesh.local_addr()
     }
 
+    /// Return the `[envoy_rls]` gRPC address, if the node has one.
+    pub fn envoy_rls_addr(&self) -> Option<SocketAddr> {
+        self.envoy_rls.as_ref().map(|(listener, _)| {
+            listener
+                .local_addr()
+                .expect("a bound listener has an address")
+        })
+    }
+
     /// Serve until SIGTERM or SIGINT, reloading the policy file on SIGHUP; then drain (see
     /// the module's documentation) and return.
     pub async fn serve(self) {
@@ -196,8 +227,12 @@ impl RunningNode {
             limits,
             proxy,
             mut signals,
+            layer,
+            envoy_rls,
         } = self;
         let server = Server::start(listener, app, limits, proxy);
+        let rls =
+            envoy_rls.map(|(listener, settings)| RlsServer::start(listener, &settings, layer));
 
         // Serving: reload on SIGHUP until told to stop.
         let first = loop {
@@ -221,8 +256,15 @@ impl RunningNode {
             now = wait_or_stop(&mut signals, &state, drain_grace).await;
         }
 
-        // Stop accepting; let the requests in flight finish for at most `drain`.
-        let stopping = server.stop();
+        // Stop accepting (HTTP and gRPC); let the requests in flight finish for at most `drain`.
+        let http_stopping = server.stop();
+        let rls_stopping = rls.map(RlsServer::stop);
+        let stopping = async move {
+            http_stopping.await;
+            if let Some(rls) = rls_stopping {
+                rls.await;
+            }
+        };
         if !now {
             tracing::info!("draining: no new connections; finishing the requests in flight");
             tokio::select! {

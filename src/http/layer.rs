@@ -158,6 +158,12 @@ impl RateLimitLayer {
         self.shared.rules.load_full()
     }
 
+    /// Read the layer's clock (nanoseconds), for decisions made beside the layer (Envoy's
+    /// rate limit service API in a node).
+    pub fn now_ns(&self) -> crate::clock::Nanos {
+        self.shared.clock.now_ns()
+    }
+
     /// Replace the rules with `config`, keeping the counters of unchanged policies.
     pub fn reload(&self, config: GatewayConfig) -> Result<(), RulesError> {
         let current = self.shared.rules.load_full();
