@@ -325,10 +325,17 @@ impl Walk<'_, '_> {
             };
             let here = format!("{path}/{segment}");
             let given = [d.rate_limit.is_some(), d.policy.is_some(), d.unlimited];
-            if given.iter().filter(|&&g| g).count() > 1 {
+            let mut named = ["rate_limit", "policy", "unlimited"]
+                .into_iter()
+                .zip(given)
+                .filter_map(|(name, g)| g.then_some(name));
+            if let (Some(first), Some(second)) = (named.next(), named.next()) {
                 return Err(fail(
-                    "rate_limit",
-                    "give one of `rate_limit`, `policy` and `unlimited = true`".into(),
+                    second,
+                    format!(
+                        "`{second}` with `{first}`: give one of `rate_limit`, `policy` and \
+                         `unlimited = true`"
+                    ),
                 ));
             }
             if d.backend.is_some() && d.rate_limit.is_none() {

@@ -18,7 +18,6 @@
 //! matches no configured descriptor is not an error: it is answered `OK` without a limit, as
 //! envoyproxy/ratelimit answers it.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
