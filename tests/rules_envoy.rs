@@ -105,8 +105,14 @@ fn descriptors_match_like_envoyproxy_ratelimit_each_value_with_its_own_counter()
     // A policy of the file, per key.
     assert_eq!(admitted(&rules, &[("api_key", "k1")], 5), 3);
     // Nested: the last entry's descriptor decides.
-    assert_eq!(admitted(&rules, &[("path", "/login"), ("user", "ann")], 3), 1);
-    assert_eq!(admitted(&rules, &[("path", "/login"), ("user", "bob")], 3), 1);
+    assert_eq!(
+        admitted(&rules, &[("path", "/login"), ("user", "ann")], 3),
+        1
+    );
+    assert_eq!(
+        admitted(&rules, &[("path", "/login"), ("user", "bob")], 3),
+        1
+    );
 
     // Unknown: another key, a value without a descriptor, stopping short of a limit, going
     // deeper than the file, an unlimited one: OK, never limited, no limit reported.
@@ -154,7 +160,10 @@ fn statuses_carry_the_limit_what_is_left_and_the_time_to_the_window_end() {
     assert!(over.over_limit && over.statuses[0].over_limit);
     assert_eq!(over.statuses[0].remaining, 0);
     assert_eq!(over.statuses[0].reset_after_ns, Some(45_000_000_000));
-    assert_eq!(over.outcome.denied_by().unwrap().name.as_ref(), "edge/remote_address");
+    assert_eq!(
+        over.outcome.denied_by().unwrap().name.as_ref(),
+        "edge/remote_address"
+    );
     // A token bucket of the file: its burst, and an hour's unit is its refill time (3 h).
     let bucket = decide(&rules, "edge", &[query(&[("api_key", "z")], 1)]);
     let limit = bucket.statuses[0].limit.as_ref().unwrap();
@@ -165,7 +174,10 @@ fn statuses_carry_the_limit_what_is_left_and_the_time_to_the_window_end() {
 fn a_request_is_charged_all_or_nothing() {
     let rules = rules(FILE);
     // Use up /login for ann (1 an hour).
-    assert_eq!(admitted(&rules, &[("path", "/login"), ("user", "ann")], 1), 1);
+    assert_eq!(
+        admitted(&rules, &[("path", "/login"), ("user", "ann")], 1),
+        1
+    );
     // Two descriptors: the address would admit, the user is over: nothing is taken.
     for _ in 0..5 {
         let outcome = decide(
@@ -205,7 +217,11 @@ fn shadow_check_only_and_oversized_descriptors() {
     let look = decide(&rules, "edge", &[query(&[("remote_address", "c")], 0)]);
     assert!(look.over_limit);
     // More hits than the limit holds: over, nothing charged, no wait helps.
-    let huge = decide(&rules, "edge", &[query(&[("remote_address", "d")], u64::MAX)]);
+    let huge = decide(
+        &rules,
+        "edge",
+        &[query(&[("remote_address", "d")], u64::MAX)],
+    );
     assert!(huge.over_limit);
     assert_eq!(huge.statuses[0].reset_after_ns, None);
     assert_eq!(
@@ -219,7 +235,10 @@ fn shadow_check_only_and_oversized_descriptors() {
 fn a_reload_keeps_the_counters_of_unchanged_descriptors() {
     let before = rules(FILE);
     assert_eq!(admitted(&before, &[("remote_address", "e")], 2), 2);
-    let changed = FILE.replace("requests_per_unit = 1, unit = \"second\"", "requests_per_unit = 9, unit = \"second\"");
+    let changed = FILE.replace(
+        "requests_per_unit = 1, unit = \"second\"",
+        "requests_per_unit = 9, unit = \"second\"",
+    );
     let after = Rules::reloaded(
         GatewayConfig::from_toml_str(&changed, "policies.toml").unwrap(),
         &before,
@@ -241,17 +260,72 @@ fn error_of(text: &str) -> (usize, String, String) {
 fn bad_descriptors_are_refused_with_file_line_and_field() {
     let head = "key_secret = \"s\"\n[policies.p]\nalgorithm = \"token-bucket\"\nrate = 1\nperiod = \"1s\"\nburst = 1\n\n[[envoy.domains]]\ndomain = \"edge\"\n\n[[envoy.domains.descriptors]]\nkey = \"a\"\n";
     let cases: &[(&str, usize, &str, &str)] = &[
-        ("policy = \"nope\"\n", 13, "envoy.domains[0].descriptors[0].policy", "no policy named `nope`"),
-        ("rate_limit = { requests_per_unit = 1, unit = \"fortnight\" }\n", 13, "envoy.domains[0].descriptors[0].rate_limit", "not a unit"),
-        ("rate_limit = { requests_per_unit = 0, unit = \"second\" }\n", 13, "envoy.domains[0].descriptors[0].rate_limit", "between 1 and"),
-        ("policy = \"p\"\nunlimited = true\n", 14, "envoy.domains[0].descriptors[0].unlimited", "give one of"),
-        ("", 12, "envoy.domains[0].descriptors[0].key", "limits nothing"),
-        ("policy = \"p\"\n\n[[envoy.domains.descriptors]]\nkey = \"a\"\nunlimited = true\n", 16, "envoy.domains[0].descriptors[1].key", "a second descriptor"),
-        ("policy = \"p\"\nshadow_mode = true\nbackend = \"mesh\"\n", 15, "envoy.domains[0].descriptors[0].backend", "inline"),
-        ("rate_limit = { requests_per_unit = 1, unit = \"second\" }\nbackend = \"redis\"\n", 13, "envoy.domains[0].descriptors[0].rate_limit", "[redis]"),
-        ("rate_limit = { requests_per_unit = 1, unit = \"second\" }\nbackend = \"mesh\"\nshadow_mode = true\n", 15, "envoy.domains[0].descriptors[0].shadow_mode", "counted on each node"),
-        ("policy = \"p\"\n\n[[envoy.domains]]\ndomain = \"edge\"\ndescriptors = [{ key = \"b\", policy = \"p\" }]\n", 16, "envoy.domains[1].domain", "a second domain"),
-        ("policy = \"p\"\nvalue = \"\"\n", 14, "envoy.domains[0].descriptors[0].value", "must not be empty"),
+        (
+            "policy = \"nope\"\n",
+            13,
+            "envoy.domains[0].descriptors[0].policy",
+            "no policy named `nope`",
+        ),
+        (
+            "rate_limit = { requests_per_unit = 1, unit = \"fortnight\" }\n",
+            13,
+            "envoy.domains[0].descriptors[0].rate_limit",
+            "not a unit",
+        ),
+        (
+            "rate_limit = { requests_per_unit = 0, unit = \"second\" }\n",
+            13,
+            "envoy.domains[0].descriptors[0].rate_limit",
+            "between 1 and",
+        ),
+        (
+            "policy = \"p\"\nunlimited = true\n",
+            14,
+            "envoy.domains[0].descriptors[0].unlimited",
+            "give one of",
+        ),
+        (
+            "",
+            12,
+            "envoy.domains[0].descriptors[0].key",
+            "limits nothing",
+        ),
+        (
+            "policy = \"p\"\n\n[[envoy.domains.descriptors]]\nkey = \"a\"\nunlimited = true\n",
+            16,
+            "envoy.domains[0].descriptors[1].key",
+            "a second descriptor",
+        ),
+        (
+            "policy = \"p\"\nshadow_mode = true\nbackend = \"mesh\"\n",
+            15,
+            "envoy.domains[0].descriptors[0].backend",
+            "inline",
+        ),
+        (
+            "rate_limit = { requests_per_unit = 1, unit = \"second\" }\nbackend = \"redis\"\n",
+            13,
+            "envoy.domains[0].descriptors[0].rate_limit",
+            "[redis]",
+        ),
+        (
+            "rate_limit = { requests_per_unit = 1, unit = \"second\" }\nbackend = \"mesh\"\nshadow_mode = true\n",
+            15,
+            "envoy.domains[0].descriptors[0].shadow_mode",
+            "counted on each node",
+        ),
+        (
+            "policy = \"p\"\n\n[[envoy.domains]]\ndomain = \"edge\"\ndescriptors = [{ key = \"b\", policy = \"p\" }]\n",
+            16,
+            "envoy.domains[1].domain",
+            "a second domain",
+        ),
+        (
+            "policy = \"p\"\nvalue = \"\"\n",
+            14,
+            "envoy.domains[0].descriptors[0].value",
+            "must not be empty",
+        ),
     ];
     for (tail, line, field, reason) in cases {
         let (got_line, got_field, got_reason) = error_of(&format!("{head}{tail}"));
@@ -318,7 +392,12 @@ fn mesh_descriptors_are_asked_after_the_local_ones_and_a_mesh_denial_gives_them_
         })
     };
     let config = GatewayConfig::from_toml_str(&text, "policies.toml").unwrap();
-    assert!(config.mesh_policies().iter().any(|p| p.name == "edge/remote_address"));
+    assert!(
+        config
+            .mesh_policies()
+            .iter()
+            .any(|p| p.name == "edge/remote_address")
+    );
     let denying = mesh(true);
     let rules = Rules::with_mesh(config.clone(), denying.clone()).unwrap();
     for _ in 0..5 {
@@ -343,7 +422,10 @@ fn mesh_descriptors_are_asked_after_the_local_ones_and_a_mesh_denial_gives_them_
     let outcome = decide(
         &rules,
         "edge",
-        &[query(&[("api_key", "k")], 1), query(&[("remote_address", "x")], 1)],
+        &[
+            query(&[("api_key", "k")], 1),
+            query(&[("remote_address", "x")], 1),
+        ],
     );
     assert!(outcome.over_limit && outcome.statuses[0].over_limit);
     assert_eq!(denying.calls.load(Ordering::Relaxed), calls);

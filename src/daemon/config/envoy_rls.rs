@@ -5,7 +5,7 @@
 //! ```toml
 //! [envoy_rls]
 //! listen = "127.0.0.1:8081"          # gRPC (HTTP/2 over TCP, no TLS)
-//! max_message_bytes = 65536          # a larger request is refused (RESOURCE_EXHAUSTED)
+//! max_message_bytes = 65536          # a larger request is refused (OUT_OF_RANGE)
 //! ```
 
 use std::net::SocketAddr;
