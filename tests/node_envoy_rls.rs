@@ -13,7 +13,8 @@
 //! A tonic client (the `envoy-types` stubs) sends bad input: gRPC statuses with messages,
 //! nothing charged, and the node keeps serving; it also reloads the descriptors on SIGHUP
 //! and drains on SIGTERM. Node files with a bad `[envoy_rls]` are refused with file, line
-//! and field.
+//! and field. `cluster/envoy.yaml` is parsed as Envoy's `Bootstrap` message from Envoy's own
+//! `.proto` files (those the envoy-types crate ships) by the same Python tools.
 
 mod support;
 
@@ -82,7 +83,8 @@ fn away_from_window_ends(seconds: f64) {
     }
 }
 
-/// The Python client, or `None` (after a notice, or a failure when it is required).
+/// The Python client (python3 with grpcio, grpcio-tools and PyYAML), or `None` (after a
+/// notice, or a failure when it is required).
 fn python_client() -> Option<PathBuf> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/envoy_rls/client.py");
     let check = Command::new("python3").arg(&script).arg("--check").output();
@@ -95,13 +97,13 @@ fn python_client() -> Option<PathBuf> {
             };
             if std::env::var("RATEMESH_REQUIRE_ENVOY_CLIENT").as_deref() == Ok("1") {
                 panic!(
-                    "the Envoy RLS client needs python3 with grpcio and grpcio-tools ({why}); \
+                    "the Envoy RLS client needs python3 with grpcio, grpcio-tools and PyYAML ({why}); \
                      RATEMESH_REQUIRE_ENVOY_CLIENT=1 is set"
                 );
             }
             eprintln!(
-                "skipping: the Envoy RLS client needs python3 with grpcio and grpcio-tools \
-                 (`python3 -m pip install grpcio grpcio-tools`): {why}"
+                "skipping: the Envoy RLS client needs python3 with grpcio, grpcio-tools and \
+                 PyYAML (`python3 -m pip install grpcio grpcio-tools pyyaml`): {why}"
             );
             None
         }
@@ -672,4 +674,78 @@ fn bad_envoy_rls_tables_are_refused_with_file_line_and_field() {
         ("envoy_rls", line_of(&text, "[envoy_rls]"))
     );
     assert!(error.reason.contains("[[envoy.domains]]"), "{error}");
+}
+
+/// The directory of Envoy's API `.proto` files that the envoy-types crate ships, in cargo's
+/// registry (the version of Cargo.lock).
+fn envoy_proto_root() -> Option<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lock = std::fs::read_to_string(manifest.join("Cargo.lock")).ok()?;
+    let version = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"envoy-types\""))?
+        .lines()
+        .find_map(|l| l.strip_prefix("version = "))?
+        .trim_matches('"')
+        .to_string();
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))?;
+    std::fs::read_dir(home.join("registry/src"))
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|index| index.path().join(format!("envoy-types-{version}/proto")))
+        .find(|root| root.join("data-plane-api").is_dir())
+}
+
+#[test]
+fn the_example_envoy_configuration_is_envoys_api_and_matches_the_demo_cluster() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join("cluster/envoy.yaml")).unwrap();
+    // The domain it sends is one the demo cluster's policy file describes, and its rate
+    // limit cluster is the nodes' [envoy_rls] ports.
+    let policies =
+        ratemesh::config::GatewayConfig::from_file(root.join("cluster/policies.toml")).unwrap();
+    assert!(yaml.contains("domain: edge"));
+    assert!(policies.envoy.domains.iter().any(|d| d.domain == "edge"));
+    for id in 1..=3 {
+        let node = std::fs::read_to_string(root.join(format!("cluster/node-{id}.toml"))).unwrap();
+        let listen = node
+            .lines()
+            .skip_while(|l| !l.starts_with("[envoy_rls]"))
+            .find_map(|l| l.strip_prefix("listen = \"127.0.0.1:"))
+            .and_then(|rest| rest.split('"').next())
+            .unwrap();
+        assert!(
+            yaml.contains(&format!("port_value: {listen} }}")),
+            "node {id}'s [envoy_rls] port {listen} is not in cluster/envoy.yaml"
+        );
+    }
+
+    // Parsed as Envoy's own Bootstrap message, from Envoy's .proto files.
+    if python_client().is_none() {
+        return;
+    }
+    let Some(protos) = envoy_proto_root() else {
+        assert!(
+            std::env::var("RATEMESH_REQUIRE_ENVOY_CLIENT").as_deref() != Ok("1"),
+            "no envoy-types sources in cargo's registry to read Envoy's .proto files from"
+        );
+        eprintln!("skipping the Bootstrap check: no envoy-types sources in cargo's registry");
+        return;
+    };
+    let script = root.join("tests/fixtures/envoy_rls/check_bootstrap.py");
+    let output = Command::new("python3")
+        .arg(&script)
+        .arg(&protos)
+        .arg(root.join("cluster/envoy.yaml"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "cluster/envoy.yaml is not an Envoy Bootstrap: {said}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(said.contains("1 listener(s) and 2 cluster(s)"), "{said}");
 }
