@@ -86,6 +86,10 @@ impl RlsServer {
         for result in RESULTS {
             metrics::counter!("ratemesh_envoy_rls_requests_total", "result" => result).increment(0);
         }
+        for matched in ["limited", "shadow", "unlimited", "unknown"] {
+            metrics::counter!("ratemesh_envoy_rls_descriptors_total", "match" => matched)
+                .increment(0);
+        }
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
