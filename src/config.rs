@@ -136,6 +136,32 @@ impl GatewayConfig {
         self.policies.iter().find(|p| p.name == name)
     }
 
+    /// Return the digest the mesh nodes compare (never 0): their `mesh` policies (names,
+    /// algorithms, limits, windows), `env` and `key_secret`, hashed with the secret as the key
+    /// so it reveals nothing. Nodes whose digests differ report it and enforce the lowest of
+    /// each policy's limits until they agree.
+    pub fn mesh_digest(&self) -> u64 {
+        let secret = self.key_secret.as_deref().unwrap_or("");
+        let mut bytes = Vec::new();
+        for p in self.mesh_policies() {
+            bytes.extend_from_slice(&(p.name.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(p.name.as_bytes());
+            bytes.extend_from_slice(p.policy.algorithm().name().as_bytes());
+            for n in [
+                p.policy.capacity(),
+                p.policy.interval_ns(),
+                p.policy.window_ns(),
+            ] {
+                bytes.extend_from_slice(&n.to_le_bytes());
+            }
+        }
+        crate::ids::KeyHasher::from_secret(secret).config_digest(&[
+            b"ratemesh-config-1",
+            self.env.as_bytes(),
+            &bytes,
+        ])
+    }
+
     /// Return the `backend = "mesh"` policies in their mesh order (by name): the index of
     /// each is its policy number on the mesh, the same on every node that loads this file.
     pub fn mesh_policies(&self) -> Vec<&NamedPolicy> {

@@ -22,6 +22,8 @@ enum Domain {
     Key = 0,
     /// A label that names a client in logs.
     Label = 1,
+    /// The digest of a configuration nodes must share.
+    Config = 2,
 }
 
 /// Hash identities with a secret key (SipHash-1-3), so keys and labels reveal nothing.
@@ -76,6 +78,13 @@ impl KeyHasher {
     /// identity, route): the same on every node that shares the secret.
     pub fn key(&self, parts: &[&[u8]]) -> u64 {
         self.hash(Domain::Key, parts)
+    }
+
+    /// Return the digest of a configuration made of `parts`: the same on nodes that share
+    /// the secret and the parts, different (almost surely) if either differs, and revealing
+    /// neither.
+    pub fn config_digest(&self, parts: &[&[u8]]) -> u64 {
+        self.hash(Domain::Config, parts).max(1)
     }
 
     /// Return a short, secret-free label for logs: `api_key:9f2c41d07ab3e6f1` for `kind`

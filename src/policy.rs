@@ -344,6 +344,29 @@ impl Policy {
         )
     }
 
+    /// The same algorithm (and window, for a window) with a limit (burst) of `capacity` and,
+    /// for a bucket, `interval_ns` per token: a policy changed live (the mesh's reloads).
+    /// `capacity` and `interval_ns` are at least 1; a bucket's depth saturates.
+    #[cfg(feature = "mesh")]
+    pub(crate) fn with_limits(&self, capacity: u64, interval_ns: Nanos) -> Policy {
+        let capacity = capacity.max(1);
+        if self.algorithm.is_rate_based() {
+            let interval_ns = interval_ns.max(1);
+            let depth = capacity
+                .saturating_mul(interval_ns)
+                .min(MAX_BUCKET_DEPTH_NS);
+            Policy::from_parts(self.algorithm, capacity, interval_ns, depth)
+        } else {
+            let window_ns = self.window_ns();
+            Policy::from_parts(
+                self.algorithm,
+                capacity,
+                (window_ns / capacity).max(1),
+                window_ns,
+            )
+        }
+    }
+
     /// Return the algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm

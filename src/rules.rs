@@ -65,9 +65,16 @@ pub enum RulesError {
         /// The first mesh policy.
         policy: String,
     },
-    /// A reload changed the mesh policies, which a running node cannot change.
+    /// A reload changed mesh policies in a way a running node cannot (an algorithm, a
+    /// window's length).
+    #[error("the `mesh` policies cannot change this way while the nodes run: {reason}")]
+    MeshReconfigure {
+        /// Why, from the mesh node.
+        reason: String,
+    },
+    /// A reload added, removed or renamed mesh policies, which a running node cannot do.
     #[error(
-        "the `mesh` policies changed ({before} → {after}); they are fixed for the life of a node and numbered by name on every node: stop every node, then start them all with the new file"
+        "the `mesh` policies changed ({before} → {after}): they are numbered by name on every node, so adding, removing or renaming one needs every node stopped, then started with the new file (their limits and rates change live)"
     )]
     MeshPoliciesChanged {
         /// The mesh policies before, by name.
@@ -164,18 +171,24 @@ impl Rules {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        let same = |c: &GatewayConfig| {
+        let named = |c: &GatewayConfig| {
             c.mesh_policies()
                 .iter()
-                .map(|p| (p.name.clone(), p.policy))
+                .map(|p| p.name.clone())
                 .collect::<Vec<_>>()
         };
-        if same(&config) != same(&previous.config) {
+        if named(&config) != named(&previous.config) {
             return Err(RulesError::MeshPoliciesChanged {
                 before: names(&previous.config),
                 after: names(&config),
             });
         }
+        // Limits, rates and bursts of mesh policies change live: the mesh node takes them
+        // (and the new digest) once the rest of the file compiled.
+        let digest = config.mesh_digest();
+        let changed = digest != previous.config.mesh_digest();
+        let policies: Vec<crate::policy::Policy> =
+            config.mesh_policies().iter().map(|p| p.policy).collect();
         let redis_of = |c: &GatewayConfig| {
             let policies = c.redis_policies();
             let policies: Vec<_> = policies
@@ -189,7 +202,12 @@ impl Rules {
             .as_ref()
             .filter(|_| previous.exact_given || redis_of(&config) == redis_of(&previous.config))
             .map(|exact| (Arc::clone(exact), previous.exact_given));
-        Self::build(config, Some(previous), previous.mesh.clone(), exact)
+        let rules = Self::build(config, Some(previous), previous.mesh.clone(), exact)?;
+        if changed && let Some(mesh) = &rules.mesh {
+            mesh.reconfigure(&policies, digest)
+                .map_err(|reason| RulesError::MeshReconfigure { reason })?;
+        }
+        Ok(rules)
     }
 
     fn build(

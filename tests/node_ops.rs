@@ -87,8 +87,14 @@ async fn sighup_applies_a_valid_policy_file_refuses_a_bad_one_and_never_stops_th
     assert_eq!(status_of(&client, &node, "a").await, 429);
     assert_eq!(status_of(&client, &node, "b").await, 200);
 
-    // A file that changes a mesh policy: refused, saying what to do.
-    std::fs::write(&policy_path, reload_policies(2000, "5", true)).unwrap();
+    // A file that changes a mesh policy's algorithm: refused, saying what to do (its limit
+    // would change live: tests/node_live_limits.rs).
+    let other_algorithm = reload_policies(1000, "5", true).replacen(
+        "algorithm = \"token-bucket\"",
+        "algorithm = \"gcra\"",
+        1,
+    );
+    std::fs::write(&policy_path, other_algorithm).unwrap();
     signal(&node, libc::SIGHUP);
     let text = wait_metric_line(
         &client,
@@ -109,7 +115,7 @@ async fn sighup_applies_a_valid_policy_file_refuses_a_bad_one_and_never_stops_th
     let located = format!("policies.toml:{bad_line}: `policies.per_key.burst`");
     assert!(log.contains(&located), "no `{located}` in the log:\n{log}");
     assert!(
-        log.contains("stop every node, then start them all with the new file"),
+        log.contains("its algorithm cannot change while the nodes run"),
         "{log}"
     );
 }

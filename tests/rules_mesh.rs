@@ -136,9 +136,18 @@ fn mesh_policies_need_a_mesh_one_per_request_and_fixed_policies() {
         })
     ));
     let rules = Rules::with_mesh(config(FILE), fake(0)).unwrap();
+    // A new limit goes to the mesh node, which may refuse it (this one cannot change).
     let changed = FILE.replace("limit = 100", "limit = 200");
     assert!(matches!(
         Rules::reloaded(config(&changed), &rules),
+        Err(RulesError::MeshReconfigure { .. })
+    ));
+    // A renamed mesh policy would number the policies differently on the nodes.
+    let renamed = FILE
+        .replace("[policies.global]", "[policies.worldwide]")
+        .replace("\"global\"]", "\"worldwide\"]");
+    assert!(matches!(
+        Rules::reloaded(config(&renamed), &rules),
         Err(RulesError::MeshPoliciesChanged { .. })
     ));
     let local_changed = FILE.replace("burst = 5", "burst = 6");

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::decision::Decision;
+use crate::policy::Policy;
 
 /// Decide requests against the cluster-wide policies of a mesh node.
 pub trait GlobalLimits: Send + Sync {
@@ -18,6 +19,15 @@ pub trait GlobalLimits: Send + Sync {
     /// under mesh policy number `policy` (its index in
     /// [`crate::config::GatewayConfig::mesh_policies`]).
     fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision;
+
+    /// Enforce `policies` (the file's `mesh` policies, in order) from now on, and announce
+    /// `digest` ([`crate::config::GatewayConfig::mesh_digest`]) to the peers: a live change of
+    /// limits, rates or bursts (a reload). Refused (with the reason) when the change needs
+    /// the nodes restarted, e.g. another algorithm; the default refuses every change.
+    fn reconfigure(&self, policies: &[Policy], digest: u64) -> Result<(), String> {
+        let _ = (policies, digest);
+        Err("this mesh cannot change its policies while it runs".to_owned())
+    }
 }
 
 /// A global decision: ready at once (the node's lease decided), or on its way from the key's

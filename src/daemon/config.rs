@@ -603,6 +603,7 @@ impl NodeFile {
         config.joins = !(self.peers.is_empty() && self.seeds.is_empty());
         config.join_timeout_ns = duration_to_nanos(self.join_timeout);
         config.while_joining = self.while_joining;
+        config.digest = self.gateway.mesh_digest();
         config
     }
 

@@ -1,7 +1,9 @@
 //! SIGHUP: re-read the policy file. A valid file applies at once (the counters of unchanged
 //! policies are kept); an invalid one is refused, logged with its file, line and field, and
-//! the node keeps serving under the rules it had. The `mesh` policies are fixed for the life
-//! of a node: a file that changes, adds or removes one is refused.
+//! the node keeps serving under the rules it had. A `mesh` policy's limit, rate and burst
+//! change live (the node announces its new configuration digest; until every node runs the
+//! same, each policy is enforced with the lowest limit among them); a file that adds, removes
+//! or renames a `mesh` policy, or changes its algorithm or window, is refused.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -81,7 +83,7 @@ impl PolicyReloader {
                         %file,
                         before = %before,
                         after = %after,
-                        "policy reload refused: the file changes, adds or removes a `mesh` policy, \
+                        "policy reload refused: the file adds, removes or renames a `mesh` policy, \
                          which a running node cannot change; the node keeps serving the policies it had. \
                          To apply it, stop every node, then start them all with the new file (mesh policies are numbered by name on every node)"
                     );

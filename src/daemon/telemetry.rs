@@ -51,6 +51,9 @@ impl Exporter {
                 )
             });
         let peers_up = mesh.peers_up().iter().filter(|&&peer| peer != id).count();
+        let mismatch = mesh.config_mismatch().len();
+        metrics::gauge!("ratemesh_config_mismatch").set(mismatch as f64);
+        metrics::counter!("ratemesh_mesh_policy_changes_total").absolute(node_stats.policy_changes);
         let net = mesh.stats();
         let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         metrics::gauge!("ratemesh_node_running").set(if running { 1.0 } else { 0.0 });
@@ -112,6 +115,15 @@ fn describe() {
     describe_counter!(
         "ratemesh_decisions_total",
         "Decisions by policy and outcome (allowed, denied, shadow_denied)"
+    );
+    describe_gauge!(
+        "ratemesh_config_mismatch",
+        "Live peers whose configuration digest (mesh policies, key_secret, env) differs from \
+         this node's; while any does, each mesh policy is enforced with the lowest limit among them"
+    );
+    describe_counter!(
+        "ratemesh_mesh_policy_changes_total",
+        "Changes of the limits mesh policies are enforced with (reloads, peers' differing limits)"
     );
     describe_gauge!(
         "ratemesh_node_running",

@@ -192,6 +192,21 @@ impl Authority {
         a
     }
 
+    /// Enforce `policy` from now on: the same algorithm (and window) with another limit, or
+    /// another rate and burst (a live change). What was counted stays counted; a bucket keeps
+    /// its free tokens (at most its new depth).
+    pub fn set_policy(&mut self, policy: Policy) {
+        if self.kind == MeshKind::Bucket {
+            let old = self.policy.interval_ns().max(1);
+            let tokens = self.level_ns / old;
+            self.level_ns = tokens
+                .saturating_mul(policy.interval_ns())
+                .min(policy.window_ns());
+        }
+        self.policy = policy;
+        self.version += 1;
+    }
+
     /// Let a request wait up to `hold_ns` for room the policy frees by itself (a sliding
     /// window's previous window fading, a bucket refilling) when that room comes within the
     /// hold, after the requests waiting ahead; beyond it, the request is denied at once.

@@ -6,6 +6,7 @@
 //! decide (no cell yet, too few tokens, expired): the caller then takes the node's slow path.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
@@ -20,7 +21,16 @@ use crate::policy::Policy;
 #[derive(Debug)]
 pub struct Cells {
     map: DashMap<KeyRef, Arc<LeaseCell>, ahash::RandomState>,
-    policies: Vec<(Policy, MeshKind)>,
+    policies: Vec<Limits>,
+}
+
+/// What the request path needs of a policy; its limit and rate change live
+/// ([`Cells::set_policy`]).
+#[derive(Debug)]
+struct Limits {
+    kind: MeshKind,
+    capacity: AtomicU64,
+    interval_ns: AtomicU64,
 }
 
 impl Cells {
@@ -28,27 +38,45 @@ impl Cells {
     pub fn new(policies: Vec<(Policy, MeshKind)>) -> Self {
         Cells {
             map: DashMap::with_hasher(ahash::RandomState::new()),
-            policies,
+            policies: policies
+                .into_iter()
+                .map(|(p, kind)| Limits {
+                    kind,
+                    capacity: AtomicU64::new(p.capacity()),
+                    interval_ns: AtomicU64::new(p.interval_ns()),
+                })
+                .collect(),
+        }
+    }
+
+    /// Decide policy number `index` by `policy` from now on (the same kind, another limit
+    /// or rate).
+    pub(crate) fn set_policy(&self, index: usize, policy: &Policy) {
+        if let Some(l) = self.policies.get(index) {
+            l.capacity.store(policy.capacity(), Ordering::Relaxed);
+            l.interval_ns.store(policy.interval_ns(), Ordering::Relaxed);
         }
     }
 
     /// Decide a request from its lease alone, if the lease can.
     #[inline]
     pub fn decide(&self, policy: u32, key: u64, cost: u64, now: Nanos) -> Option<Decision> {
-        let &(p, kind) = self.policies.get(policy as usize)?;
-        if cost == 0 || cost > p.capacity() {
-            return Some(Decision::cannot_fit(p.capacity()));
+        let limits = self.policies.get(policy as usize)?;
+        let kind = limits.kind;
+        let capacity = limits.capacity.load(Ordering::Relaxed);
+        if cost == 0 || cost > capacity {
+            return Some(Decision::cannot_fit(capacity));
         }
         let cell = self.map.get(&KeyRef { policy, key })?;
         let remaining = cell.take(now, cost).ok()?;
         let reset = if kind.is_window() {
             cell.expiry().unwrap_or(now).saturating_sub(now)
         } else {
-            p.capacity()
+            capacity
                 .saturating_sub(remaining)
-                .saturating_mul(p.interval_ns())
+                .saturating_mul(limits.interval_ns.load(Ordering::Relaxed))
         };
-        Some(Decision::allowed(p.capacity(), remaining, reset))
+        Some(Decision::allowed(capacity, remaining, reset))
     }
 
     /// Return the number of cells.

@@ -143,6 +143,14 @@ impl Holding {
         }
     }
 
+    /// Decide with `policy` from now on (a live change of its limit or rate); the lease
+    /// keeps the tokens it was granted. A denial the authority gave under the old limit no
+    /// longer holds: the next request asks again.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.policy = policy;
+        self.denied_until = 0;
+    }
+
     /// Return the lease cell the request path uses.
     pub fn cell(&self) -> &Arc<LeaseCell> {
         &self.cell

@@ -119,6 +119,8 @@ pub struct Membership {
     version: u64,
     leaving: bool,
     syncing: bool,
+    /// The digest of this node's configuration, sent in every header.
+    digest: u64,
     /// It heard less than a majority at its last check.
     cut_off: bool,
     /// What this node tells every live peer for the next few rounds: members that came,
@@ -159,6 +161,7 @@ impl Membership {
             version: 1,
             leaving: false,
             syncing: false,
+            digest: 0,
             cut_off: false,
             news: Vec::new(),
         }
@@ -243,6 +246,11 @@ impl Membership {
     /// Mark this node as syncing (its headers ask peers for what it should hold) or not.
     pub fn set_syncing(&mut self, syncing: bool) {
         self.syncing = syncing;
+    }
+
+    /// Set the digest of this node's configuration that its headers carry.
+    pub fn set_digest(&mut self, digest: u64) {
+        self.digest = digest;
     }
 
     /// Add a member that reached this node at `now` (an authenticated connection), with the
@@ -475,6 +483,7 @@ impl Membership {
             syncing: self.syncing,
             leaving: self.leaving,
             dead: (dead.len() <= MAX_DEAD_LISTED).then_some(dead),
+            digest: self.digest,
         }
     }
 

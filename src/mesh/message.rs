@@ -48,6 +48,10 @@ pub struct Header {
     /// when it counts more. A key's owner grants only while its successor's view, so told,
     /// names it the owner too.
     pub dead: Option<Vec<u64>>,
+    /// A digest of the sender's mesh policies, `key_secret` and `env`. A
+    /// receiver whose own differs reports the mismatch, and each tells the other its limits
+    /// ([`Item::Limits`]) so that the lowest of each policy's limits applies while they differ.
+    pub digest: u64,
 }
 
 /// The most dead members a header lists (beyond, it lists none and says so).
@@ -86,6 +90,25 @@ pub enum Item {
     /// list when a peer starts or now and then, and news (a member came, is suspected,
     /// refuted a suspicion, left) as it learns them.
     Members(Vec<Member>),
+    /// The sender's own mesh policies, in their order, sent while its configuration digest
+    /// differs from the receiver's (at most [`MAX_POLICIES_ANNOUNCED`]).
+    Limits(Vec<PolicyLimits>),
+}
+
+/// The most policies one [`Item::Limits`] lists.
+pub const MAX_POLICIES_ANNOUNCED: usize = 256;
+
+/// One mesh policy as a sender enforces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub struct PolicyLimits {
+    /// The algorithm (`1` token bucket, `2` GCRA, `3` fixed window, `4` sliding window).
+    pub algorithm: u8,
+    /// The limit of a window, the burst of a bucket.
+    pub capacity: u64,
+    /// Nanoseconds per token (a bucket's rate).
+    pub interval_ns: u64,
+    /// The window, or a bucket's time to refill from empty.
+    pub window_ns: u64,
 }
 
 /// The most members one [`Item::Members`] lists.

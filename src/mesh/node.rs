@@ -45,6 +45,7 @@ use crate::policy::Policy;
 
 mod config;
 mod join;
+mod limits;
 mod members;
 mod owner;
 mod recovery;
@@ -88,6 +89,11 @@ pub enum Event {
     Joined,
     /// The node has heard from every peer since it started and admits for its own keys.
     Recovered,
+    /// A member's configuration digest differs from this node's (mesh policies, `key_secret`
+    /// or `env`): the lowest of their limits applies until they agree.
+    ConfigDiffers(NodeId),
+    /// A member whose configuration differed now agrees with this node's (or is gone).
+    ConfigAgrees(NodeId),
     /// An authority of this node began a window (windows): where the key's windows lie.
     Window {
         /// The key.
@@ -130,6 +136,8 @@ pub struct NodeStats {
     pub overflow: u64,
     /// Grants and recalls dropped because they were sent to this node's earlier run.
     pub to_earlier_run: u64,
+    /// Changes of the limits a policy is enforced with (reloads, peers' differing limits).
+    pub policy_changes: u64,
     /// Requests decided by `while_joining`, before the node joined its cluster.
     pub joining_decisions: u64,
 }
@@ -178,6 +186,8 @@ pub struct Node {
     overflow: Vec<Option<Store<u64>>>,
     /// Joining the cluster, and the decisions before.
     join: join::Join,
+    /// The node's own policies, and its peers' while their configurations differ.
+    limits: limits::Limits,
 }
 
 impl Node {
@@ -234,6 +244,7 @@ impl Node {
         };
         let running = sync_waiting.is_empty() && !config.joins;
         membership.set_syncing(!running);
+        membership.set_digest(config.digest);
         let baseline = (!leases).then(|| {
             Baseline::new(
                 config.admission,
@@ -278,6 +289,7 @@ impl Node {
             answered_sync: HashMap::new(),
             deaths_seen: BTreeMap::new(),
             join: join::Join::new(&config, now),
+            limits: limits::Limits::new(config.policies.clone()),
             config,
         };
         // Say hello (and ask for what this node should hold) at once.
@@ -578,6 +590,7 @@ impl Node {
         }
         let changes = self.membership.heard(now, from, &frame.header);
         self.apply_changes(now, &changes);
+        self.heard_digest(from, frame.header.digest);
         self.check_deaths(from);
         let incarnation = frame.header.incarnation;
         // Sent before the peer heard that this node restarted: its grants and recalls are
@@ -645,6 +658,7 @@ impl Node {
                     }
                 }
                 Item::Members(list) => self.on_members(now, from, &list),
+                Item::Limits(limits) => self.on_limits(from, limits),
             }
         }
         Ok(())
@@ -776,6 +790,7 @@ impl Node {
             }
         }
         self.spread_members(round);
+        self.limits_round();
         // Heartbeats: every live peer hears from this node every round; dead ones every 8.
         let peers: Vec<(NodeId, bool)> = self
             .membership

@@ -7,12 +7,13 @@
 use std::collections::BTreeMap;
 
 use crate::mesh::NodeId;
+use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::message::{
     AuthorityState, Frame, Header, Item, MAX_ADDR_BYTES, MAX_DEAD_LISTED, MAX_MEMBERS_PER_ITEM,
-    Member, Want,
+    MAX_POLICIES_ANNOUNCED, Member, PolicyLimits, Want,
 };
 use crate::mesh::wire::{self, MAX_FRAME_BYTES, WireError};
-use crate::policy::Policy;
+use crate::policy::{MAX_BUCKET_DEPTH_NS, Policy};
 
 /// Bytes for one peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,11 +219,13 @@ fn policy_of(policies: &[Policy], index: u32) -> Result<&Policy, FrameError> {
 const MAX_COUNT: u64 = 1 << 62;
 
 fn check_want(w: &Want, policies: &[Policy]) -> Result<(), FrameError> {
-    let p = policy_of(policies, w.key.policy)?;
+    policy_of(policies, w.key.policy)?;
     if w.granted > MAX_COUNT || w.returned > w.granted || w.used > w.granted {
         return Err(invalid("want", "counts out of range"));
     }
-    if w.need > p.capacity().saturating_mul(MAX_ITEMS as u64) {
+    // A peer's limit may differ from this node's while a change rolls out: bounded by the
+    // largest lease any policy allows, not by this node's limit.
+    if w.need > MAX_LEASE_TOKENS.saturating_mul(MAX_ITEMS as u64) {
         return Err(invalid("want.need", "larger than any request could need"));
     }
     if w.previous_used.is_some_and(|u| u > MAX_COUNT) {
@@ -232,12 +235,14 @@ fn check_want(w: &Want, policies: &[Policy]) -> Result<(), FrameError> {
 }
 
 fn check_state(s: &AuthorityState, policies: &[Policy]) -> Result<(), FrameError> {
-    let p = policy_of(policies, s.key.policy)?;
+    policy_of(policies, s.key.policy)?;
     if s.holders.len() > MAX_HOLDERS {
         return Err(invalid("state.holders", "too many"));
     }
-    if s.level_ns > p.window_ns() {
-        return Err(invalid("state.level_ns", "above the bucket's depth"));
+    // A bucket's level is at most its depth; the sender's bucket may be deeper than this
+    // node's while a change rolls out (the receiver caps it at its own depth).
+    if s.level_ns > MAX_BUCKET_DEPTH_NS {
+        return Err(invalid("state.level_ns", "above any bucket's depth"));
     }
     for h in &s.holders {
         if h.granted > MAX_COUNT || h.returned > h.granted || h.used > h.granted {
@@ -254,6 +259,21 @@ fn check_members(members: &[Member]) -> Result<(), FrameError> {
     for m in members {
         if m.addr.len() > MAX_ADDR_BYTES {
             return Err(invalid("members.addr", "too long"));
+        }
+    }
+    Ok(())
+}
+
+fn check_limits(limits: &[PolicyLimits]) -> Result<(), FrameError> {
+    if limits.len() > MAX_POLICIES_ANNOUNCED {
+        return Err(invalid("limits", "too many policies"));
+    }
+    for l in limits {
+        if l.capacity == 0 || l.capacity > MAX_LEASE_TOKENS {
+            return Err(invalid("limits.capacity", "out of range"));
+        }
+        if l.interval_ns == 0 || l.window_ns == 0 || l.window_ns > MAX_BUCKET_DEPTH_NS {
+            return Err(invalid("limits.window_ns", "out of range"));
         }
     }
     Ok(())
@@ -276,6 +296,7 @@ fn check_item(item: &Item, policies: &[Policy]) -> Result<(), FrameError> {
         Item::SyncDone => Ok(()),
         Item::Count(c) => policy_of(policies, c.key.policy).map(|_| ()),
         Item::Members(m) => check_members(m),
+        Item::Limits(l) => check_limits(l),
     }
 }
 

@@ -336,6 +336,30 @@ impl MeshNet {
         decision
     }
 
+    /// Enforce `policies` from now on and announce `digest` (see
+    /// [`crate::mesh::node::Node::reconfigure`]).
+    pub fn reconfigure(
+        &self,
+        policies: Vec<crate::policy::Policy>,
+        digest: u64,
+    ) -> Result<(), MeshError> {
+        let result = self
+            .shared
+            .inner
+            .lock()
+            .expect("node lock")
+            .node
+            .reconfigure(policies, digest);
+        self.shared.wake.notify_one();
+        result
+    }
+
+    /// Return the live peers whose configuration (mesh policies, `key_secret`, `env`)
+    /// differs from this node's.
+    pub fn config_mismatch(&self) -> Vec<NodeId> {
+        self.with_node(|n| n.config_mismatch())
+    }
+
     /// Leave the cluster for good: give every lease back, hand every key this node owns to
     /// its next owner, and tell the peers (they drop this node at once instead of waiting
     /// to declare it dead). Then close.
@@ -373,6 +397,10 @@ impl MeshNet {
 impl crate::backend::mesh::GlobalLimits for MeshNet {
     fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
         MeshNet::decide(self, policy, key, cost)
+    }
+
+    fn reconfigure(&self, policies: &[crate::policy::Policy], digest: u64) -> Result<(), String> {
+        MeshNet::reconfigure(self, policies.to_vec(), digest).map_err(|e| e.to_string())
     }
 }
 
@@ -703,6 +731,18 @@ impl Driver {
                 }
             }
             Event::Joined => tracing::info!("joined the cluster"),
+            Event::ConfigDiffers(peer) => tracing::warn!(
+                peer,
+                "the peer's configuration (mesh policies, key_secret or env) differs from this \
+                 node's: each mesh policy is enforced with the lowest limit among them until \
+                 they agree (ratemesh_config_mismatch)"
+            ),
+            Event::ConfigAgrees(peer) => {
+                tracing::info!(
+                    peer,
+                    "the peer's configuration agrees with this node's again"
+                );
+            }
             Event::Recovered => tracing::info!("every peer answered; serving owned keys"),
             Event::Decided { .. } | Event::Window { .. } => {}
         }

@@ -41,6 +41,10 @@ pub struct NodeConfig {
     pub join_timeout_ns: Nanos,
     /// How a node decides mesh policies before it has joined.
     pub while_joining: WhileJoining,
+    /// A digest of the configuration the nodes must share (mesh policies, `key_secret`,
+    /// `env`), announced to peers (0: none). Nodes whose digests differ are reported
+    /// ([`crate::mesh::node::Node::config_mismatch`]) and enforce the lowest of their limits.
+    pub digest: u64,
 }
 
 /// How a node decides the mesh policies before it has joined its cluster.
@@ -95,6 +99,7 @@ impl NodeConfig {
             joins: false,
             join_timeout_ns: 10_000_000_000,
             while_joining: WhileJoining::LocalShare,
+            digest: 0,
         }
     }
 
@@ -134,6 +139,14 @@ pub enum MeshError {
         index: usize,
         /// Its limit.
         limit: u64,
+    },
+    /// A live change of the policies that a running node cannot make.
+    #[error("policy {index}: {reason}")]
+    Reconfigure {
+        /// The policy's index.
+        index: usize,
+        /// Why.
+        reason: &'static str,
     },
     /// A setting out of range.
     #[error("{field}: {reason}")]

@@ -1,0 +1,252 @@
+//! Live changes of the mesh policies, and what nodes do while their configurations differ.
+//!
+//! [`Node::reconfigure`] (a reload) changes a window's limit, or a bucket's rate and burst,
+//! while the node runs; not an algorithm or a window's length, whose counts would not carry
+//! over (those need every node restarted). Every header carries the digest of its sender's
+//! configuration ([`super::NodeConfig::digest`]: the mesh policies, `key_secret`, `env`). A
+//! node that hears a digest other than its own reports the peer ([`Node::config_mismatch`])
+//! and sends it its own limits every round ([`Item::Limits`]). The rule while they differ:
+//! each policy is enforced with the lowest limit (and the slowest rate) among this node and
+//! the live peers that announced theirs. A rollout half done then enforces the lower of the
+//! old and new limits, on every node, and never a sum or a mix of the two; a raised limit
+//! applies once every live member runs it.
+
+use std::collections::BTreeMap;
+
+use super::{Event, MeshError, Node};
+use crate::mesh::NodeId;
+use crate::mesh::authority::MeshKind;
+use crate::mesh::lease::MAX_LEASE_TOKENS;
+use crate::mesh::message::{Item, PolicyLimits};
+use crate::policy::{Algorithm, Policy};
+
+/// The policies a node was given, and its peers' where their configurations differ.
+#[derive(Debug, Default)]
+pub(super) struct Limits {
+    /// The node's own policies (its file), before the lowest-limit rule.
+    own: Vec<Policy>,
+    /// Each peer's digest as last heard.
+    digests: BTreeMap<NodeId, u64>,
+    /// The peers whose digest differs from this node's, with the limits they announced.
+    differ: BTreeMap<NodeId, Option<Vec<PolicyLimits>>>,
+}
+
+impl Limits {
+    pub(super) fn new(own: Vec<Policy>) -> Self {
+        Limits {
+            own,
+            ..Limits::default()
+        }
+    }
+}
+
+/// The wire code of a mesh algorithm (0: one the mesh does not share).
+fn code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::TokenBucket => 1,
+        Algorithm::Gcra => 2,
+        Algorithm::FixedWindow => 3,
+        Algorithm::SlidingWindow => 4,
+        _ => 0,
+    }
+}
+
+fn announced(policy: &Policy) -> PolicyLimits {
+    PolicyLimits {
+        algorithm: code(policy.algorithm()),
+        capacity: policy.capacity(),
+        interval_ns: policy.interval_ns(),
+        window_ns: policy.window_ns(),
+    }
+}
+
+impl Node {
+    /// Enforce `policies` from now on, with `digest` as this node's configuration's: the
+    /// same number of policies, each with its algorithm (and window) unchanged; limits, rates
+    /// and bursts may change. While a live peer's digest differs, the lowest of each
+    /// policy's limits applies (see the module's docs).
+    pub fn reconfigure(&mut self, policies: Vec<Policy>, digest: u64) -> Result<(), MeshError> {
+        let old = &self.limits.own;
+        if policies.len() != old.len() {
+            return Err(MeshError::Reconfigure {
+                index: policies.len().min(old.len()),
+                reason: "the number of mesh policies cannot change while the nodes run: restart them all with the new file",
+            });
+        }
+        for (index, (new, old)) in policies.iter().zip(old).enumerate() {
+            let Some(kind) = MeshKind::of(new) else {
+                return Err(MeshError::UnsupportedAlgorithm {
+                    index,
+                    algorithm: new.algorithm().name(),
+                });
+            };
+            if new.algorithm() != old.algorithm() {
+                return Err(MeshError::Reconfigure {
+                    index,
+                    reason: "its algorithm cannot change while the nodes run (the counts would not carry over): restart them all with the new file",
+                });
+            }
+            if kind.is_window() && new.window_ns() != old.window_ns() {
+                return Err(MeshError::Reconfigure {
+                    index,
+                    reason: "its window cannot change while the nodes run (the counts would not carry over): restart them all with the new file",
+                });
+            }
+            if new.capacity() > MAX_LEASE_TOKENS {
+                return Err(MeshError::LimitTooLarge {
+                    index,
+                    limit: new.capacity(),
+                });
+            }
+        }
+        let before = self.config.digest;
+        // The peers that ran this node's configuration until now run its old limits: they
+        // count at once, before their own announcements arrive.
+        let old_limits: Vec<PolicyLimits> = self.limits.own.iter().map(announced).collect();
+        if digest != before {
+            for (&peer, &d) in &self.limits.digests {
+                if d == before && self.membership.is_alive(peer) {
+                    self.limits.differ.insert(peer, Some(old_limits.clone()));
+                }
+            }
+        }
+        let digests = &self.limits.digests;
+        let events = &mut self.events;
+        let differ = &mut self.limits.differ;
+        differ.retain(|&peer, _| {
+            let agrees = digests.get(&peer) == Some(&digest);
+            if agrees {
+                events.push_back(Event::ConfigAgrees(peer));
+            }
+            !agrees
+        });
+        // Peers that ran this node's old configuration differ now.
+        for (&peer, &d) in digests {
+            if d == before && digest != before && self.membership.is_alive(peer) {
+                events.push_back(Event::ConfigDiffers(peer));
+            }
+        }
+        self.limits.own = policies;
+        self.config.digest = digest;
+        self.membership.set_digest(digest);
+        self.apply_limits();
+        Ok(())
+    }
+
+    /// Return the live peers whose configuration's digest differs from this node's.
+    pub fn config_mismatch(&self) -> Vec<NodeId> {
+        self.limits
+            .differ
+            .keys()
+            .copied()
+            .filter(|&p| self.membership.is_alive(p))
+            .collect()
+    }
+
+    /// Return this node's own policies (before the lowest-limit rule); the ones it enforces
+    /// are [`super::NodeConfig::policies`] of [`Node::config`].
+    pub fn own_policies(&self) -> &[Policy] {
+        &self.limits.own
+    }
+
+    /// A frame from `from` carried `digest`.
+    pub(super) fn heard_digest(&mut self, from: NodeId, digest: u64) {
+        self.limits.digests.insert(from, digest);
+        if digest == self.config.digest {
+            if let Some(announced) = self.limits.differ.remove(&from) {
+                self.events.push_back(Event::ConfigAgrees(from));
+                if announced.is_some() {
+                    self.apply_limits();
+                }
+            }
+        } else if let std::collections::btree_map::Entry::Vacant(entry) =
+            self.limits.differ.entry(from)
+        {
+            entry.insert(None);
+            self.events.push_back(Event::ConfigDiffers(from));
+            // Told at once, not at the next round: the lower limit applies a round sooner.
+            let own = self.limits.own.iter().map(announced).collect();
+            self.outbox.push(from, Item::Limits(own));
+        }
+    }
+
+    /// Peer `from` announced its limits.
+    pub(super) fn on_limits(&mut self, from: NodeId, limits: Vec<PolicyLimits>) {
+        if let Some(entry) = self.limits.differ.get_mut(&from)
+            && entry.as_ref() != Some(&limits)
+        {
+            *entry = Some(limits);
+            self.apply_limits();
+        }
+    }
+
+    /// Once a round: forget the peers that died or left, and tell the others whose digest
+    /// differs this node's limits.
+    pub(super) fn limits_round(&mut self) {
+        let membership = &self.membership;
+        let events = &mut self.events;
+        let before = self.limits.differ.len();
+        self.limits.differ.retain(|&p, _| {
+            let alive = membership.is_alive(p);
+            if !alive {
+                events.push_back(Event::ConfigAgrees(p));
+            }
+            alive
+        });
+        self.limits
+            .digests
+            .retain(|&p, _| membership.peer(p).is_some());
+        if self.limits.differ.len() != before {
+            self.apply_limits();
+        }
+        if self.limits.differ.is_empty() {
+            return;
+        }
+        let own: Vec<PolicyLimits> = self.limits.own.iter().map(announced).collect();
+        let peers: Vec<NodeId> = self.limits.differ.keys().copied().collect();
+        for p in peers {
+            self.outbox.push(p, Item::Limits(own.clone()));
+        }
+    }
+
+    /// Enforce, for each policy, the lowest limit of this node's and the live differing
+    /// peers' (those of the same algorithm and window).
+    fn apply_limits(&mut self) {
+        for index in 0..self.limits.own.len() {
+            let own = self.limits.own[index];
+            let kind = self.kinds[index];
+            let mut capacity = own.capacity();
+            let mut interval = own.interval_ns();
+            for (&peer, list) in &self.limits.differ {
+                let Some(l) = list.as_ref().and_then(|l| l.get(index)) else {
+                    continue;
+                };
+                let comparable = l.algorithm == code(own.algorithm())
+                    && (!kind.is_window() || l.window_ns == own.window_ns());
+                if comparable && self.membership.is_alive(peer) {
+                    capacity = capacity.min(l.capacity);
+                    interval = interval.max(l.interval_ns);
+                }
+            }
+            let enforced = own.with_limits(capacity, interval);
+            if self.config.policies[index] == enforced {
+                continue;
+            }
+            self.config.policies[index] = enforced;
+            self.cells.set_policy(index, &enforced);
+            let index = index as u32;
+            for (key, a) in self.authorities.iter_mut() {
+                if key.policy == index {
+                    a.set_policy(enforced);
+                    self.dirty.insert(*key);
+                }
+            }
+            for (key, h) in self.holdings.iter_mut() {
+                if key.policy == index {
+                    h.set_policy(enforced);
+                }
+            }
+            self.stats.policy_changes += 1;
+        }
+    }
+}
