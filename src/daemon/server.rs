@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{Request, Response, StatusCode};
@@ -28,8 +27,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
-use tower::Service;
 
+use crate::daemon::App;
 use crate::daemon::config::{HttpSettings, RESERVED_FDS};
 use crate::daemon::proxy::Proxy;
 
@@ -318,7 +317,7 @@ impl Server {
     /// under `proxy`'s routes are streamed, not read first.
     pub(crate) fn start(
         listener: TcpListener,
-        app: Router,
+        app: App,
         limits: Limits,
         proxy: Arc<Proxy>,
     ) -> Server {
@@ -332,7 +331,7 @@ impl Server {
         );
         let accept = tokio::spawn(accept_loop(
             listener,
-            app,
+            Arc::new(app),
             limits,
             proxy,
             Arc::clone(&permits),
@@ -360,7 +359,7 @@ impl Server {
 
 async fn accept_loop(
     listener: TcpListener,
-    app: Router,
+    app: Arc<App>,
     limits: Limits,
     proxy: Arc<Proxy>,
     permits: Arc<Semaphore>,
@@ -405,7 +404,7 @@ async fn accept_loop(
             _ = stopped.changed() => return,
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
+        let app = Arc::clone(&app);
         let proxy = Arc::clone(&proxy);
         let stopped = stopped.clone();
         tokio::spawn(async move {
@@ -420,7 +419,7 @@ async fn accept_loop(
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    app: Router,
+    app: Arc<App>,
     limits: Limits,
     proxy: Arc<Proxy>,
     mut stopped: watch::Receiver<bool>,
@@ -438,7 +437,7 @@ async fn serve_connection(
             .route(request.uri().path())
             .map(|route| route.max_body_bytes);
         let body_in_flight = streamed.map(|_| InFlight::begin(&service_activity));
-        let mut app = app.clone();
+        let app = Arc::clone(&app);
         async move {
             let request = match (streamed, body_in_flight) {
                 (Some(max), Some(body_in_flight)) => {
