@@ -16,8 +16,10 @@
 # `algorithm = "token-bucket"`. Each mode first runs a check at a low rate (100/s, burst 100)
 # where both must deny nearly everything and admit about the same count, then the measured
 # runs at a rate and burst no load reaches (1,000,000/s, burst 1,000,000), where both admit
-# every request (a smaller burst lets a check whose thread was preempted between reading the
-# clock and charging the bucket see the bucket empty, on either side).
+# every request. With a burst of 1000 the node denied a few requests in 200k: a check whose
+# thread is preempted between reading the clock and charging the bucket finds the bucket
+# charged up to the other threads' later clock, so a burst shorter than such a pause
+# (1000 tokens at 1M/s is 1 ms) can look empty.
 set -euo pipefail
 
 MODES=${1:-all}
