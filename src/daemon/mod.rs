@@ -109,7 +109,7 @@ struct NodeState {
 pub struct RunningNode {
     state: Arc<NodeState>,
     listener: tokio::net::TcpListener,
-    app: Router,
+    app: App,
     drain: Duration,
     drain_grace: Duration,
     limits: Limits,
@@ -174,11 +174,11 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
             .map(|settings| ForwardAuthService::new(settings, layer.clone())),
         gateway: layer.layer(Gateway::new(Arc::clone(&proxy), layer.clone())),
     };
-    let app = Router::new()
+    let own = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
-        .with_state(Arc::clone(&state))
-        .fallback_service(front);
+        .with_state(Arc::clone(&state));
+    let app = App { own, front };
     Ok(RunningNode {
         state,
         listener,
@@ -298,6 +298,36 @@ async fn wait_or_stop(signals: &mut Signals, state: &NodeState, time: Duration) 
                 }
                 _ => return true,
             },
+        }
+    }
+}
+
+/// The node's HTTP service: `/health` and `/metrics` through their axum router, every other
+/// path straight to [`Front`] (no routing table on the gateway's path).
+#[derive(Clone)]
+pub(crate) struct App {
+    own: Router,
+    front: Front,
+}
+
+/// What [`App::call`] returns.
+pub(crate) type AppFuture = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<axum::http::Response<Body>, std::convert::Infallible>,
+            > + Send,
+    >,
+>;
+
+impl App {
+    /// Answer `request`.
+    pub(crate) fn call(&self, request: axum::http::Request<Body>) -> AppFuture {
+        match request.uri().path() {
+            "/health" | "/metrics" => {
+                let mut own = self.own.clone();
+                Box::pin(async move { tower::Service::call(&mut own, request).await })
+            }
+            _ => tower::Service::call(&mut self.front.clone(), request),
         }
     }
 }

@@ -10,6 +10,9 @@
 //! (bounded by the route's `max_body_bytes`, a longer declared `Content-Length` answered 413
 //! at once). A request counts as in flight until its response body has been sent and its
 //! own body dropped, so streams are never cut by the connection's timeouts.
+//!
+//! The accept loop hands the connections in turn to the HTTP threads, one per core (or
+//! `TOKIO_WORKER_THREADS`), each with a single-threaded runtime of its own.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -18,7 +21,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{Request, Response, StatusCode};
@@ -28,8 +30,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
-use tower::Service;
 
+use crate::daemon::App;
 use crate::daemon::config::{HttpSettings, RESERVED_FDS};
 use crate::daemon::proxy::Proxy;
 
@@ -318,7 +320,7 @@ impl Server {
     /// under `proxy`'s routes are streamed, not read first.
     pub(crate) fn start(
         listener: TcpListener,
-        app: Router,
+        app: App,
         limits: Limits,
         proxy: Arc<Proxy>,
     ) -> Server {
@@ -332,7 +334,7 @@ impl Server {
         );
         let accept = tokio::spawn(accept_loop(
             listener,
-            app,
+            Arc::new(app),
             limits,
             proxy,
             Arc::clone(&permits),
@@ -360,12 +362,14 @@ impl Server {
 
 async fn accept_loop(
     listener: TcpListener,
-    app: Router,
+    app: Arc<App>,
     limits: Limits,
     proxy: Arc<Proxy>,
     permits: Arc<Semaphore>,
     mut stopped: watch::Receiver<bool>,
 ) {
+    let threads = start_http_threads(&app, limits, &proxy, &stopped);
+    let mut next = 0usize;
     let mut at_cap = false;
     loop {
         let permit = match Arc::clone(&permits).try_acquire_owned() {
@@ -405,22 +409,130 @@ async fn accept_loop(
             _ = stopped.changed() => return,
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let proxy = Arc::clone(&proxy);
-        let stopped = stopped.clone();
-        tokio::spawn(async move {
-            metrics::gauge!("ratemesh_http_connections").increment(1.0);
-            serve_connection(stream, peer, app, limits, proxy, stopped).await;
-            metrics::gauge!("ratemesh_http_connections").decrement(1.0);
-            drop(permit);
-        });
+        // In turn to the HTTP threads; here if there are none (or one is gone).
+        let accepted = match stream.into_std() {
+            Ok(stream) => Accepted {
+                stream,
+                peer,
+                permit,
+            },
+            Err(error) => {
+                tracing::warn!(%error, "taking a connection off the accept loop");
+                continue;
+            }
+        };
+        let unsent = match threads.get(next % threads.len().max(1)) {
+            Some(thread) => thread.send(accepted).err().map(|returned| returned.0),
+            None => Some(accepted),
+        };
+        next = next.wrapping_add(1);
+        if let Some(accepted) = unsent {
+            tokio::spawn(serve_accepted(
+                accepted,
+                Arc::clone(&app),
+                limits,
+                Arc::clone(&proxy),
+                stopped.clone(),
+            ));
+        }
     }
+}
+
+/// A connection accepted, on its way to an HTTP thread.
+struct Accepted {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// How many HTTP threads: `TOKIO_WORKER_THREADS`, else one per core.
+fn http_thread_count() -> usize {
+    std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .min(1024)
+}
+
+/// Start the HTTP threads: each runs a single-threaded runtime of its own (its own `epoll`,
+/// timers and tasks) and serves the connections sent to it to their end, like one worker
+/// process of nginx, so that no thread waits for another to be scheduled to learn that its
+/// sockets are ready. Return where to send each its connections.
+fn start_http_threads(
+    app: &Arc<App>,
+    limits: Limits,
+    proxy: &Arc<Proxy>,
+    stopped: &watch::Receiver<bool>,
+) -> Vec<tokio::sync::mpsc::UnboundedSender<Accepted>> {
+    let mut threads = Vec::new();
+    for i in 0..http_thread_count() {
+        let (send, mut received) = tokio::sync::mpsc::unbounded_channel::<Accepted>();
+        let (app, proxy, stopped) = (Arc::clone(app), Arc::clone(proxy), stopped.clone());
+        let serve = async move {
+            while let Some(accepted) = received.recv().await {
+                tokio::spawn(serve_accepted(
+                    accepted,
+                    Arc::clone(&app),
+                    limits,
+                    Arc::clone(&proxy),
+                    stopped.clone(),
+                ));
+            }
+            // The accept loop has stopped: serve the open connections until the process ends
+            // (the node's drain waits for them).
+            std::future::pending::<()>().await;
+        };
+        let started = std::thread::Builder::new()
+            .name(format!("ratemesh-http-{i}"))
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(serve),
+                    Err(error) => tracing::error!(%error, "starting an HTTP thread's runtime"),
+                }
+            });
+        match started {
+            Ok(_) => threads.push(send),
+            Err(error) => tracing::error!(%error, "starting an HTTP thread"),
+        }
+    }
+    threads
+}
+
+/// Serve one accepted connection on the current runtime.
+async fn serve_accepted(
+    accepted: Accepted,
+    app: Arc<App>,
+    limits: Limits,
+    proxy: Arc<Proxy>,
+    stopped: watch::Receiver<bool>,
+) {
+    let Accepted {
+        stream,
+        peer,
+        permit,
+    } = accepted;
+    let stream = match TcpStream::from_std(stream) {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::warn!(%error, %peer, "registering a connection");
+            return;
+        }
+    };
+    metrics::gauge!("ratemesh_http_connections").increment(1.0);
+    serve_connection(stream, peer, app, limits, proxy, stopped).await;
+    metrics::gauge!("ratemesh_http_connections").decrement(1.0);
+    drop(permit);
 }
 
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
-    app: Router,
+    app: Arc<App>,
     limits: Limits,
     proxy: Arc<Proxy>,
     mut stopped: watch::Receiver<bool>,
@@ -438,7 +550,7 @@ async fn serve_connection(
             .route(request.uri().path())
             .map(|route| route.max_body_bytes);
         let body_in_flight = streamed.map(|_| InFlight::begin(&service_activity));
-        let mut app = app.clone();
+        let app = Arc::clone(&app);
         async move {
             let request = match (streamed, body_in_flight) {
                 (Some(max), Some(body_in_flight)) => {
