@@ -51,20 +51,24 @@ fn free_ports(count: usize) -> std::io::Result<(Vec<SocketAddr>, Vec<SocketAddr>
 
 impl LocalCluster {
     /// Write certificates, the policy file (`policies`) and one node file per node into a
-    /// temporary directory. Starts nothing.
+    /// temporary directory: `nodes` members that list each other as peers, then `joiners`
+    /// that no member lists, whose files name node 1 as their seed (they join the running
+    /// cluster). Starts nothing.
     pub fn prepare(
         nodes: usize,
+        joiners: usize,
         policies: &str,
     ) -> Result<LocalCluster, Box<dyn std::error::Error>> {
         let dir = tempfile::Builder::new()
             .prefix("ratemesh-demo-")
             .tempdir()?;
-        let certs = ratemesh::net::certs::generate("demo", nodes as u64)?;
+        let total = nodes + joiners;
+        let certs = ratemesh::net::certs::generate("demo", total as u64)?;
         ratemesh::net::certs::write(&dir.path().join("certs"), &certs)?;
         std::fs::write(dir.path().join("policies.toml"), policies)?;
-        let (quic, http) = free_ports(nodes)?;
+        let (quic, http) = free_ports(total)?;
         let mut out = Vec::new();
-        for i in 0..nodes {
+        for i in 0..total {
             let id = i as u64 + 1;
             let mut text = format!(
                 "id = {id}\nlisten = \"{}\"\nhttp = \"{}\"\ngossip_interval = \"20ms\"\n\
@@ -72,8 +76,13 @@ impl LocalCluster {
                  ca = \"certs/ca.pem\"\ncert = \"certs/node-{id}.pem\"\nkey = \"certs/node-{id}.key\"\n",
                 quic[i], http[i]
             );
-            for (j, addr) in quic.iter().enumerate().filter(|&(j, _)| j != i) {
-                text.push_str(&format!("\n[[peers]]\nid = {}\naddr = \"{addr}\"\n", j + 1));
+            if i < nodes {
+                for (j, addr) in quic[..nodes].iter().enumerate().filter(|&(j, _)| j != i) {
+                    text.push_str(&format!("\n[[peers]]\nid = {}\naddr = \"{addr}\"\n", j + 1));
+                }
+            } else {
+                // Seeds go before the first table.
+                text = format!("seeds = [\"{}\"]\n{text}", quic[0]);
             }
             let config = dir.path().join(format!("node-{id}.toml"));
             std::fs::write(&config, text)?;
@@ -161,6 +170,27 @@ impl LocalCluster {
     pub async fn kill(&mut self, index: usize) {
         if let Some(mut child) = self.nodes[index].child.take() {
             let _ = child.kill().await;
+        }
+    }
+
+    /// Make node `index` leave for good: SIGTERM (it drains: hands its keys to their next
+    /// owners and tells the others), then wait at most `limit` for it to exit; return how long
+    /// it took and whether it exited cleanly, or `None` if it had to be killed.
+    pub async fn leave(&mut self, index: usize, limit: Duration) -> Option<(Duration, bool)> {
+        let mut child = self.nodes[index].child.take()?;
+        let started = Instant::now();
+        if let Some(pid) = child.id() {
+            // SAFETY: sending a signal to our own child's pid has no memory effects.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGTERM);
+            }
+        }
+        match tokio::time::timeout(limit, child.wait()).await {
+            Ok(Ok(status)) => Some((started.elapsed(), status.success())),
+            _ => {
+                let _ = child.kill().await;
+                None
+            }
         }
     }
 

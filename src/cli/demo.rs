@@ -2,15 +2,18 @@
 //!
 //! It starts `--nodes` `ratemesh node` processes (mutual-TLS QUIC between them), drives HTTP
 //! load at three times the limit through their gateway ports (most of it on one node, then
-//! on another, then spread), kills one node, restarts it, and reports phase by phase what
-//! the cluster admitted against the limit, next to what `local_only` nodes (each enforcing
-//! the limit alone) would have admitted for the same offered load.
+//! on another, then spread), kills one node, restarts it, starts one more node that joins the
+//! running cluster through a seed, makes node 1 leave for good, and reports phase by phase
+//! what the cluster admitted against the limit, next to what `local_only` nodes (each
+//! enforcing the limit alone) would have admitted for the same offered load.
 //!
 //! Admissions are counted at the client, by the middle of each request's round trip, in the
 //! policy's aligned one-second windows.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -27,6 +30,8 @@ use super::cluster::LocalCluster;
 const API_KEY: &str = "demo-tenant";
 const TICK: Duration = Duration::from_millis(2);
 const MAX_IN_FLIGHT: usize = 512;
+/// Skewed, moving, a node killed, restarted, a node joins, one leaves.
+const PHASES: u64 = 6;
 
 /// `ratemesh demo` options.
 #[derive(Args, Debug)]
@@ -34,7 +39,7 @@ pub struct DemoArgs {
     /// Nodes to start (3 to 9).
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    /// Length of the load, in seconds (four phases of a quarter each, at least 2 s).
+    /// Length of the load, in seconds (six phases of a sixth each, at least 2 s).
     #[arg(long, default_value_t = 24)]
     duration_s: u64,
     /// The global limit: requests per 1 s window, cluster-wide.
@@ -85,6 +90,26 @@ enum Outcome {
     Failed,
 }
 
+/// A node's fate during a phase, run beside the phase's load.
+type SideFuture<'a> = Pin<Box<dyn Future<Output = Result<Side, Box<dyn std::error::Error>>> + 'a>>;
+
+/// How long the nodes took to do what the phases asked of them.
+struct Timings {
+    restart_ready_ms: Option<u64>,
+    join_ready_ms: Option<u64>,
+    leave_ms: Option<u64>,
+}
+
+/// What befell a node during a phase.
+enum Side {
+    /// The killed node was started again: how long until it admitted.
+    Restarted(Option<Duration>),
+    /// The joiner was started: how long until it admitted.
+    Joined(Option<Duration>),
+    /// Node 1 was sent SIGTERM: how long until it exited, and whether cleanly.
+    Left(Option<(Duration, bool)>),
+}
+
 /// What happens in one phase.
 struct PhasePlan {
     name: String,
@@ -124,7 +149,12 @@ struct Report {
     worst_window_certain: u64,
     overshoot: f64,
     local_only_overshoot: f64,
+    /// How long the killed node took to admit again after it was started.
     restart_ready_ms: Option<u64>,
+    /// How long the joining node took to admit after it was started.
+    join_ready_ms: Option<u64>,
+    /// How long node 1 took to drain and exit after SIGTERM.
+    leave_ms: Option<u64>,
     plot: String,
     /// Per second: admitted per node, and what `local_only` would have admitted.
     per_second: Vec<SecondReport>,
@@ -153,31 +183,50 @@ fn hot(nodes: usize, hot: usize, share: f64) -> Vec<f64> {
         .collect()
 }
 
+/// The plans of the phases for `nodes` members and one joiner (weights by process: the
+/// members, then the joiner).
 fn phases(nodes: usize) -> Vec<PhasePlan> {
     let last = nodes - 1;
+    let total = nodes + 1;
+    // The members' weights with the joiner's (0) after them.
+    let members = move |w: Vec<f64>| w.into_iter().chain([0.0]).collect::<Vec<f64>>();
     vec![
         PhasePlan {
             name: "skewed: 80% on node 1".into(),
-            weights: Box::new(move |_| hot(nodes, 0, 0.8)),
+            weights: Box::new(move |_| members(hot(nodes, 0, 0.8))),
         },
         PhasePlan {
             name: format!("moving: 80% on node 2 → node {nodes}"),
             weights: Box::new(move |f| {
                 let hot_node = 1 + ((f * (nodes - 1) as f64) as usize).min(nodes - 2);
-                hot(nodes, hot_node, 0.8)
+                members(hot(nodes, hot_node, 0.8))
             }),
         },
         PhasePlan {
             name: format!("node {nodes} killed"),
             weights: Box::new(move |_| {
-                (0..nodes)
-                    .map(|i| if i == last { 0.0 } else { 1.0 / last as f64 })
-                    .collect()
+                members(
+                    (0..nodes)
+                        .map(|i| if i == last { 0.0 } else { 1.0 / last as f64 })
+                        .collect(),
+                )
             }),
         },
         PhasePlan {
             name: format!("node {nodes} restarted"),
-            weights: Box::new(move |_| vec![1.0 / nodes as f64; nodes]),
+            weights: Box::new(move |_| members(vec![1.0 / nodes as f64; nodes])),
+        },
+        PhasePlan {
+            name: format!("node {total} joins (seed: node 1)"),
+            weights: Box::new(move |_| vec![1.0 / total as f64; total]),
+        },
+        PhasePlan {
+            name: "node 1 leaves for good".into(),
+            weights: Box::new(move |_| {
+                (0..total)
+                    .map(|i| if i == 0 { 0.0 } else { 1.0 / nodes as f64 })
+                    .collect()
+            }),
         },
     ]
 }
@@ -195,8 +244,12 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
             "--nodes: between 3 and 9 (one node is killed; the rest must be a majority)".into(),
         );
     }
-    if args.duration_s < 8 {
-        return Err("--duration-s: at least 8 (four phases of at least 2 s)".into());
+    if args.duration_s < 2 * PHASES {
+        return Err(format!(
+            "--duration-s: at least {} (six phases of at least 2 s)",
+            2 * PHASES
+        )
+        .into());
     }
     if args.limit == 0 || args.limit > ratemesh::policy::MAX_GLOBAL_WINDOW_LIMIT {
         return Err(format!(
@@ -215,7 +268,7 @@ pub fn run(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn demo(args: &DemoArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut cluster = LocalCluster::prepare(args.nodes, &policies(args.limit))?;
+    let mut cluster = LocalCluster::prepare(args.nodes, 1, &policies(args.limit))?;
     let result = drive(args, &mut cluster).await;
     if result.is_err() {
         // Keep the node logs that the error points to.
@@ -233,7 +286,8 @@ async fn drive(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let nodes = args.nodes;
     let rate = args.rate.unwrap_or(3 * args.limit);
-    let phase_s = (args.duration_s / 4).max(2);
+    let phase_s = (args.duration_s / PHASES).max(2);
+    let total = nodes + 1;
     let say = |text: String| {
         if !args.json {
             println!("{text}");
@@ -246,6 +300,7 @@ async fn drive(
         args.limit,
         cluster.dir().display()
     ));
+    // The last node joins later, through its seed.
     for i in 0..nodes {
         cluster.start(i).await?;
     }
@@ -259,8 +314,8 @@ async fn drive(
         }
     }
     say(format!(
-        "all {nodes} nodes admitting; load for {} s in four phases…",
-        4 * phase_s
+        "all {nodes} nodes admitting; load for {} s in six phases…",
+        PHASES * phase_s
     ));
 
     // Start on a window boundary so every window lies in one phase.
@@ -279,6 +334,10 @@ async fn drive(
         .collect::<Result<_, _>>()?;
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     let mut restart_ready_ms = None;
+    let mut join_ready_ms = None;
+    let mut leave_ms = None;
+    // The joiner takes load once it admits.
+    let joiner_up = std::sync::atomic::AtomicBool::new(false);
     let mut skipped = 0u64;
     for (p, plan) in plans.iter().enumerate() {
         let phase_start = start_ns + p as u64 * phase_s * 1_000_000_000;
@@ -292,21 +351,41 @@ async fn drive(
                  leased and not spent is lost until the window ends"
             ));
         }
-        let mut restart = None;
-        if p == 3 {
-            // Restart while the load runs; time it from the spawn to the first 200 on /health.
-            let cluster_ref = &mut *cluster;
-            restart = Some(async move {
+        // What happens to a node while the phase's load runs.
+        let cluster_ref = &mut *cluster;
+        let joiner_up = &joiner_up;
+        let side: Option<SideFuture<'_>> = match p {
+            // Restart while the load runs; time it from the spawn to the first 200 on
+            // /health.
+            3 => Some(Box::pin(async move {
                 let started = Instant::now();
                 cluster_ref.start(killed).await?;
                 let ready = cluster_ref
                     .wait_healthy(killed, Duration::from_secs(phase_s))
                     .await
                     .map(|_| started.elapsed());
-                Ok::<_, Box<dyn std::error::Error>>(ready)
-            });
-        }
-        let mut credit = vec![0.0f64; nodes];
+                Ok(Side::Restarted(ready))
+            })),
+            // A node no member lists joins through its seed; it takes load once it admits.
+            4 => Some(Box::pin(async move {
+                let started = Instant::now();
+                cluster_ref.start(total - 1).await?;
+                let ready = cluster_ref
+                    .wait_healthy(total - 1, Duration::from_secs(phase_s))
+                    .await
+                    .map(|_| started.elapsed());
+                joiner_up.store(ready.is_some(), std::sync::atomic::Ordering::Relaxed);
+                Ok(Side::Joined(ready))
+            })),
+            // Node 1 drains and leaves for good.
+            5 => Some(Box::pin(async move {
+                Ok(Side::Left(
+                    cluster_ref.leave(0, Duration::from_secs(phase_s + 5)).await,
+                ))
+            })),
+            _ => None,
+        };
+        let mut credit = vec![0.0f64; total];
         let mut ticker = tokio::time::interval(TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last = unix_ns().max(phase_start);
@@ -323,6 +402,9 @@ async fn drive(
                 let dt = (now - last) as f64 / 1e9;
                 last = now;
                 for (node, weight) in weights.iter().enumerate() {
+                    if node == total - 1 && !joiner_up.load(std::sync::atomic::Ordering::Relaxed) {
+                        continue;
+                    }
                     credit[node] += rate as f64 * weight * dt;
                     while credit[node] >= 1.0 {
                         credit[node] -= 1.0;
@@ -369,16 +451,40 @@ async fn drive(
                 }
             }
         };
-        match restart {
-            Some(ready) => {
-                let (ready, ()) = tokio::join!(ready, load);
-                restart_ready_ms = ready?.map(|d| d.as_millis() as u64);
-                let text = match restart_ready_ms {
-                    Some(ms) => format!(
-                        "  node {nodes} restarted: recovered its counts from the others and admits again {ms} ms after it was started"
-                    ),
-                    None => {
-                        format!("  node {nodes} restarted but did not recover within the phase")
+        match side {
+            Some(side) => {
+                let (side, ()) = tokio::join!(side, load);
+                let text = match side? {
+                    Side::Restarted(ready) => {
+                        restart_ready_ms = ready.map(|d| d.as_millis() as u64);
+                        match restart_ready_ms {
+                            Some(ms) => format!(
+                                "  node {nodes} restarted: recovered its counts from the others and admits again {ms} ms after it was started"
+                            ),
+                            None => format!(
+                                "  node {nodes} restarted but did not recover within the phase"
+                            ),
+                        }
+                    }
+                    Side::Joined(ready) => {
+                        join_ready_ms = ready.map(|d| d.as_millis() as u64);
+                        match join_ready_ms {
+                            Some(ms) => format!(
+                                "  node {total} (listed by no member) joined the running cluster through its seed, node 1, and admits {ms} ms after it was started"
+                            ),
+                            None => format!("  node {total} did not join within the phase"),
+                        }
+                    }
+                    Side::Left(left) => {
+                        leave_ms = left.map(|(d, _)| d.as_millis() as u64);
+                        match left {
+                            Some((d, clean)) => format!(
+                                "  node 1 left for good (SIGTERM): it handed its keys to their next owners, told the others, and exited {} after {} ms",
+                                if clean { "cleanly" } else { "with an error" },
+                                d.as_millis()
+                            ),
+                            None => "  node 1 did not exit after SIGTERM; it was killed".into(),
+                        }
                     }
                 };
                 say(text);
@@ -396,25 +502,23 @@ async fn drive(
 
     let samples = samples.lock().expect("samples").clone();
     let offered = offered.lock().expect("offered").clone();
-    let report = measure(
-        args,
-        nodes,
-        rate,
-        start_ns,
-        phase_s,
-        &plans,
-        &samples,
-        &offered,
+    let timings = Timings {
         restart_ready_ms,
+        join_ready_ms,
+        leave_ms,
+    };
+    let report = measure(
+        args, total, rate, start_ns, phase_s, &plans, &samples, &offered, timings,
     );
+    let seconds = PHASES * phase_s;
     super::plot::write_svg(
         &args.plot,
         &super::plot::Series {
-            seconds: 4 * phase_s,
+            seconds,
             limit: args.limit,
-            nodes,
-            admitted: per_second(&samples, start_ns, 4 * phase_s, nodes, Outcome::Admitted),
-            local_only: local_only_per_second(&offered, start_ns, 4 * phase_s, nodes, args.limit),
+            nodes: total,
+            admitted: per_second(&samples, start_ns, seconds, total, Outcome::Admitted),
+            local_only: local_only_per_second(&offered, start_ns, seconds, total, args.limit),
             phases: plans.iter().map(|p| p.name.clone()).collect(),
         },
     )?;
@@ -514,9 +618,9 @@ fn measure(
     plans: &[PhasePlan],
     samples: &[Sample],
     offered: &[(usize, u64)],
-    restart_ready_ms: Option<u64>,
+    timings: Timings,
 ) -> Report {
-    let seconds = 4 * phase_s;
+    let seconds = PHASES * phase_s;
     let admitted = per_second(samples, start_ns, seconds, nodes, Outcome::Admitted);
     let limited = per_second(samples, start_ns, seconds, nodes, Outcome::Limited);
     let failed = per_second(samples, start_ns, seconds, nodes, Outcome::Failed);
@@ -587,7 +691,9 @@ fn measure(
         worst_window_certain,
         overshoot: over(worst_window),
         local_only_overshoot: over(local_worst),
-        restart_ready_ms,
+        restart_ready_ms: timings.restart_ready_ms,
+        join_ready_ms: timings.join_ready_ms,
+        leave_ms: timings.leave_ms,
         plot: args.plot.display().to_string(),
         per_second: admitted
             .iter()
