@@ -505,6 +505,48 @@ fn a_grant_for_a_restarted_nodes_earlier_run_is_not_spent_by_the_new_one() {
     );
 }
 
+/// Node 0 crashes; after it restarts, a partition cuts it and node 1 off from node 2. At the
+/// heal node 1, the successor of both node 0 (which counts node 2 dead) and node 2 (which
+/// counts node 0 dead), hears node 2 again: node 0 still holds the authority lease node 1's
+/// earlier view confirmed while node 2 gets one from its new view. A successor's view must
+/// rank the owner first and the successor itself second, which node 1's new view does not
+/// (node 0 ranks between).
+#[test]
+fn a_successor_that_changes_its_view_does_not_confirm_a_second_owner() {
+    let mut c = SimConfig::new(Policy::sliding_window(36, Duration::from_millis(252)).unwrap());
+    c.nodes = 3;
+    c.gossip_interval_ns = 6_000_000;
+    c.latency_ns = 3_000_000;
+    c.jitter_ns = 5_000_000;
+    c.duplication = 0.07341307956338568;
+    c.traffic = Traffic::Zipf {
+        exponent_milli: 1000,
+    };
+    c.demand = 1.4103790577165645;
+    c.max_cost = 4;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 5123380076633937834;
+    c.partition = Some(Partition {
+        at_ns: 1_463_157_846,
+        heal_ns: 1_822_123_149,
+        minority: 2,
+    });
+    c.crashes = vec![Crash {
+        node: 0,
+        at_ns: 709_296_638,
+        restart_ns: Some(1_478_031_180),
+    }];
+    let r = sim::run(&c);
+    assert!(!r.double_authority, "{r:?}");
+    assert!(
+        r.policy_overshoot <= r.declared_bound.total() + 1e-9,
+        "{} over {:?}",
+        r.policy_overshoot,
+        r.declared_bound
+    );
+}
+
 /// Zero-latency links, a window's end between a holder's lease and its owner's: the holder
 /// asks again a little later, not at once (which never let simulated time move on).
 #[test]

@@ -51,8 +51,9 @@ impl Node {
 
     /// Tell whether this node may grant from `key` as its owner at `now`: its successor
     /// confirmed hearing it within the authority lease and, by the view it last told, ranks
-    /// it first for the key too (two nodes that each count the other dead cannot both lean on
-    /// one successor), and it heard a majority of the members within the lease.
+    /// it first for the key and itself second (two nodes that each count the other dead
+    /// cannot both lean on one successor, not even across a change of the successor's view),
+    /// and it heard a majority of the members within the lease.
     pub(super) fn lease_holds(&self, key: u64, successor: Option<NodeId>, now: Nanos) -> bool {
         let lease = self.config.authority_lease_rounds() * self.config.gossip_interval_ns;
         if let Some(s) = successor {
