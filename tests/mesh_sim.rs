@@ -547,6 +547,41 @@ fn a_successor_that_changes_its_view_does_not_confirm_a_second_owner() {
     );
 }
 
+/// Node 2 crashes and restarts just after a partition cut {0, 1} off from {2, 3}; nodes 0
+/// and 1, which had declared node 2 dead, hold a majority of their view and grant. Node 2 got
+/// its key back from node 3 at once, and counted nodes 0 and 1 as heard at its start: a
+/// majority on paper. Only members whose frames reached it since count.
+#[test]
+fn a_restarted_node_does_not_count_members_it_has_not_heard_as_a_majority() {
+    let mut c = SimConfig::new(Policy::sliding_window(20, Duration::from_millis(252)).unwrap());
+    c.nodes = 4;
+    c.gossip_interval_ns = 5_000_000;
+    c.latency_ns = 0;
+    c.traffic = Traffic::Uniform;
+    c.demand = 0.3;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 4_771_158_737_145_102_026;
+    c.partition = Some(Partition {
+        at_ns: 300_000_000,
+        heal_ns: 1_748_260_970,
+        minority: 2,
+    });
+    c.crashes = vec![Crash {
+        node: 2,
+        at_ns: 254_863_523,
+        restart_ns: Some(304_863_523),
+    }];
+    let r = sim::run(&c);
+    assert!(!r.double_authority, "{r:?}");
+    assert!(
+        r.policy_overshoot <= r.declared_bound.total() + 1e-9,
+        "{} over {:?}",
+        r.policy_overshoot,
+        r.declared_bound
+    );
+}
+
 /// Zero-latency links, a window's end between a holder's lease and its owner's: the holder
 /// asks again a little later, not at once (which never let simulated time move on).
 #[test]

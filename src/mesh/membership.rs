@@ -65,6 +65,10 @@ pub struct Peer {
     /// Local time of its newest frame (or of this node's start, before any; 0 while
     /// pending).
     pub heard_at: Nanos,
+    /// Local time of the last frame received from it (0: none yet). Unlike `heard_at`, never
+    /// set by this node's start or the end of a cut: the majority an authority lease needs
+    /// is of members actually heard.
+    pub frame_at: Nanos,
     /// Its incarnation, once heard.
     pub incarnation: Option<u64>,
     /// Its clock.
@@ -320,6 +324,7 @@ impl Membership {
         peer.suspect_since = None;
         peer.incarnation = Some(header.incarnation);
         peer.heard_at = now;
+        peer.frame_at = now;
         peer.clock
             .observe(now, header.sent_at, header.echo, header.held);
         if header.echo <= now {

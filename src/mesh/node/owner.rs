@@ -53,7 +53,8 @@ impl Node {
     /// confirmed hearing it within the authority lease and, by the view it last told, ranks
     /// it first for the key and itself second (two nodes that each count the other dead
     /// cannot both lean on one successor, not even across a change of the successor's view),
-    /// and it heard a majority of the members within the lease.
+    /// and it received frames from a majority of the members within the lease (members not
+    /// heard since this node started do not count: a restarted node does not lean on them).
     pub(super) fn lease_holds(&self, key: u64, successor: Option<NodeId>, now: Nanos) -> bool {
         let lease = self.config.authority_lease_rounds() * self.config.gossip_interval_ns;
         if let Some(s) = successor {
@@ -66,7 +67,7 @@ impl Node {
             .membership
             .peers()
             .values()
-            .filter(|p| !p.left && p.heard_at.saturating_add(lease) > now)
+            .filter(|p| !p.left && p.frame_at > 0 && p.frame_at.saturating_add(lease) > now)
             .count();
         self.membership.is_majority(heard)
     }
