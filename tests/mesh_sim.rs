@@ -582,6 +582,34 @@ fn a_restarted_node_does_not_count_members_it_has_not_heard_as_a_majority() {
     );
 }
 
+/// Loss alone (28%) makes node 3 declare node 1, the owner of a key it backs up, dead. Node 1
+/// hands the key's authority to node 3 to merge and hand back; meanwhile node 3 hears it again
+/// and confirms its lease, and node 1 must not make a fresh authority for the key (its window
+/// and the previous one counted from zero: 38% over).
+#[test]
+fn an_owner_declared_dead_by_mistake_waits_for_its_authority_to_come_back() {
+    let mut c = SimConfig::new(Policy::sliding_window(40, Duration::from_millis(616)).unwrap());
+    c.nodes = 5;
+    c.gossip_interval_ns = 8_000_000;
+    c.latency_ns = 14_000_000;
+    c.jitter_ns = 3_000_000;
+    c.loss = 0.28523274478530847;
+    c.duplication = 0.01590273614652874;
+    c.traffic = Traffic::OneNode;
+    c.demand = 3.824125301523922;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 10_966_403_928_559_038_949;
+    let r = sim::run(&c);
+    assert!(!r.double_authority, "{r:?}");
+    assert!(
+        r.policy_overshoot <= r.declared_bound.total() + 1e-9,
+        "{} over {:?}",
+        r.policy_overshoot,
+        r.declared_bound
+    );
+}
+
 /// Zero-latency links, a window's end between a holder's lease and its owner's: the holder
 /// asks again a little later, not at once (which never let simulated time move on).
 #[test]

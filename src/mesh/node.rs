@@ -164,6 +164,9 @@ pub struct Node {
     answered_sync: HashMap<NodeId, u64>,
     /// How many times each peer had declared this node dead when it last checked.
     deaths_seen: BTreeMap<NodeId, u32>,
+    /// Keys this node owns whose authority it handed to the peer that had declared it dead,
+    /// to merge and hand back: no fresh authority is made for them meanwhile.
+    returning: HashMap<KeyRef, NodeId>,
     running: bool,
     membership_version: u64,
     /// When each key needs the node next (a waiting request's deadline or resend, a lease's
@@ -277,6 +280,7 @@ impl Node {
             sync_waiting,
             answered_sync: HashMap::new(),
             deaths_seen: BTreeMap::new(),
+            returning: HashMap::new(),
             join: join::Join::new(&config, now),
             config,
         };
@@ -757,6 +761,10 @@ impl Node {
                 let (owner, successor) = membership.owner_and_successor(k.key);
                 (membership.is_alive(*from) && successor == Some(me)) || owner == me
             });
+            // This node owns such a key again only once the peer holding it is gone, which
+            // ends the wait anyway.
+            self.returning
+                .retain(|k, _| membership.owner_and_successor(k.key).0 == me);
         }
         if let Some(b) = &mut self.baseline {
             let counts = b.changed_counts();

@@ -28,7 +28,9 @@ impl Node {
         if self.authorities.contains_key(&key) {
             return true;
         }
-        if !self.running {
+        if !self.running || self.returning.contains_key(&key) {
+            // Recovering, or the key's authority is on its way back: a fresh one would count
+            // the window from zero again.
             return false;
         }
         let Some((policy, kind)) = self.policy(key.policy) else {

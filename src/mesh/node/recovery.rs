@@ -40,6 +40,7 @@ impl Node {
             return;
         };
         self.backups.remove(&key);
+        self.returning.remove(&key);
         let incoming = Authority::from_state(&state, policy, kind, offset, now)
             .with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
@@ -61,7 +62,8 @@ impl Node {
     }
 
     /// A peer that declared this node dead may have taken over the authorities it backs up:
-    /// hand them to it (it merges them with what it granted since) and let it hand them back.
+    /// hand them to it (it merges them with what it granted since) and let it hand them back,
+    /// making no fresh authority for those keys meanwhile.
     pub(super) fn check_deaths(&mut self, from: NodeId) {
         let Some(deaths) = self.membership.peer(from).map(|p| p.my_deaths) else {
             return;
@@ -79,6 +81,7 @@ impl Node {
             .collect();
         for key in keys {
             self.hand_off(key, from);
+            self.returning.insert(key, from);
         }
     }
 
@@ -143,6 +146,8 @@ impl Node {
                         a.forget_holder(p);
                     }
                     self.sync_waiting.remove(&p);
+                    // What it was to hand back is lost with it.
+                    self.returning.retain(|_, to| *to != p);
                 }
                 Change::Up(p) | Change::Learned(p) => {
                     self.events.push_back(if matches!(change, Change::Up(_)) {
@@ -161,6 +166,7 @@ impl Node {
                     self.sync_waiting.remove(&p);
                     self.answered_sync.remove(&p);
                     self.deaths_seen.remove(&p);
+                    self.returning.retain(|_, to| *to != p);
                 }
                 Change::Restarted(p) => {
                     self.events.push_back(Event::PeerRestarted(p));
@@ -172,6 +178,7 @@ impl Node {
                     }
                     self.answered_sync.remove(&p);
                     self.deaths_seen.remove(&p);
+                    self.returning.retain(|_, to| *to != p);
                 }
             }
         }
