@@ -610,6 +610,27 @@ fn an_owner_declared_dead_by_mistake_waits_for_its_authority_to_come_back() {
     );
 }
 
+/// The owner's own holder waits while the owner's window turns over: the new window dropped
+/// the holder's record (nothing in it), the grant that served the wait went to a record made
+/// afresh that named no holding, the holder ignored it, and the window kept those tokens
+/// counted (a fixed window then denied requests with two thirds of its limit left).
+#[test]
+fn a_waiting_holder_keeps_its_record_when_the_owners_window_turns() {
+    let mut c = SimConfig::new(Policy::fixed_window(180, Duration::from_millis(227)).unwrap());
+    c.nodes = 5;
+    c.gossip_interval_ns = 21_000_000;
+    c.latency_ns = 0;
+    c.skew_ns = 1_000_000_000;
+    c.traffic = Traffic::Bursty;
+    c.demand = 0.8281341706315885;
+    c.max_cost = 15;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 199_804_567_457_859_981;
+    let r = sim::run(&c);
+    assert_eq!(r.false_denials_with_room, 0, "{r:?}");
+}
+
 /// Zero-latency links, a window's end between a holder's lease and its owner's: the holder
 /// asks again a little later, not at once (which never let simulated time move on).
 #[test]
