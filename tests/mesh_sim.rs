@@ -631,6 +631,27 @@ fn a_waiting_holder_keeps_its_record_when_the_owners_window_turns() {
     assert_eq!(r.false_denials_with_room, 0, "{r:?}");
 }
 
+/// An owner answers a holder's want twice, the second time a trip later with a shorter retry
+/// time; the holder cannot tell when the repeated answer was decided, counted its retry from
+/// its arrival, and denied requests into the owner's next window. A denial about a window
+/// holds at most until the holder's lease of that window ends.
+#[test]
+fn a_denial_does_not_hold_past_its_window_however_late_it_came() {
+    let mut c = SimConfig::new(Policy::fixed_window(108, Duration::from_millis(267)).unwrap());
+    c.nodes = 5;
+    c.gossip_interval_ns = 18_000_000;
+    c.latency_ns = 12_000_000;
+    c.jitter_ns = 10_000_000;
+    c.traffic = Traffic::Bursty;
+    c.demand = 0.8539770554733639;
+    c.max_cost = 1;
+    c.keys = 2;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 904_921_711_814_975_485;
+    let r = sim::run(&c);
+    assert_eq!(r.false_denials_with_room, 0, "{r:?}");
+}
+
 /// Zero-latency links, a window's end between a holder's lease and its owner's: the holder
 /// asks again a little later, not at once (which never let simulated time move on).
 #[test]

@@ -400,6 +400,12 @@ impl Holding {
             self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
                 self.denied_until = decided_at.saturating_add(grant.retry_after);
+                if self.kind.is_window() {
+                    // A denial is about the owner's window: the next one is asked afresh,
+                    // however late the answer came (a repeated answer's decision time is
+                    // not known here).
+                    self.denied_until = self.denied_until.min(expiry);
+                }
                 self.denied_cost = min;
             }
             for w in denied {
