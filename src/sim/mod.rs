@@ -87,6 +87,9 @@ pub struct SimConfig {
     pub max_cost: u64,
     /// Number of keys the load is spread over (the measures are per key, worst key).
     pub keys: u64,
+    /// Each key's requests go to a fixed set of this many nodes, drawn at random per key
+    /// (`None`: to the nodes the traffic model picks, all of them).
+    pub nodes_per_key: Option<usize>,
     /// Length of the run in ns.
     pub duration_ns: Nanos,
     /// The RNG seed: the same seed gives the same run.
@@ -119,6 +122,7 @@ impl SimConfig {
             demand: 2.0,
             max_cost: 1,
             keys: 1,
+            nodes_per_key: None,
             duration_ns: 20_000_000_000,
             seed: 1,
             partition: None,
