@@ -41,6 +41,11 @@ pub(crate) struct Recorder {
     heal_at: Option<Nanos>,
     converged_at: Option<Nanos>,
     double_authority: bool,
+    /// The nodes that may grant from a checked key: those that could grant at the last
+    /// check, and those that ran since (a node starts granting only while it runs: between
+    /// its runs, time can only end its authority lease).
+    watched: Vec<usize>,
+    is_watched: Vec<bool>,
 }
 
 impl Recorder {
@@ -58,6 +63,16 @@ impl Recorder {
             heal_at: None,
             converged_at: None,
             double_authority: false,
+            watched: (0..config.nodes).collect(),
+            is_watched: vec![true; config.nodes],
+        }
+    }
+
+    /// Node `i` ran (a request, a frame, its timer, a restart).
+    pub(crate) fn ran(&mut self, i: usize) {
+        if !self.is_watched[i] {
+            self.is_watched[i] = true;
+            self.watched.push(i);
         }
     }
 
@@ -163,18 +178,26 @@ impl Recorder {
 
     /// At most one live node may grant from a key at any instant.
     pub(crate) fn check_authorities(&mut self, now: Nanos, nodes: &[SimNode], _partitioned: bool) {
-        for key in 0..(self.mesh.len() as u64).min(CHECKED_KEYS) {
-            let granting = nodes
-                .iter()
-                .filter(|n| {
-                    n.node
-                        .as_ref()
-                        .is_some_and(|node| node.can_grant(0, key + 1, n.local(now)))
-                })
-                .count();
-            if granting > 1 {
-                self.double_authority = true;
+        let keys = (self.mesh.len() as u64).min(CHECKED_KEYS);
+        let mut granting = [0u32; CHECKED_KEYS as usize];
+        let mut watched = std::mem::take(&mut self.watched);
+        watched.retain(|&i| {
+            let n = &nodes[i];
+            let mut any = false;
+            if let Some(node) = &n.node {
+                for key in 0..keys {
+                    if node.can_grant(0, key + 1, n.local(now)) {
+                        granting[key as usize] += 1;
+                        any = true;
+                    }
+                }
             }
+            self.is_watched[i] = any;
+            any
+        });
+        self.watched = watched;
+        if granting.iter().any(|&g| g > 1) {
+            self.double_authority = true;
         }
     }
 
