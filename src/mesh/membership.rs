@@ -72,6 +72,16 @@ pub struct Membership {
     syncing: bool,
     /// It heard less than a majority at its last check.
     cut_off: bool,
+    /// Derived from `peers` (rebuilt by `refresh` whenever `version` changes): the owner
+    /// candidates (this node, then the live peers by id) and the peers that did not leave,
+    /// each with its id mixed for [`weight`]; the peers counted dead (not left), by id; how
+    /// many left.
+    candidates: Vec<(NodeId, u64)>,
+    present: Vec<(NodeId, u64)>,
+    dead: Vec<NodeId>,
+    left_count: usize,
+    /// `heard_at` of the peers that did not leave, sorted.
+    recent: Vec<Nanos>,
 }
 
 impl Membership {
@@ -96,7 +106,7 @@ impl Membership {
             );
         }
         let configured = peers.len() + 1;
-        Membership {
+        let mut m = Membership {
             me,
             incarnation,
             configured,
@@ -106,6 +116,45 @@ impl Membership {
             leaving: false,
             syncing: false,
             cut_off: false,
+            candidates: Vec::new(),
+            present: Vec::new(),
+            dead: Vec::new(),
+            left_count: 0,
+            recent: Vec::new(),
+        };
+        m.refresh();
+        m
+    }
+
+    /// Rebuild what is derived from the peers (after a change of who is alive or left).
+    fn refresh(&mut self) {
+        self.candidates.clear();
+        self.candidates.push((self.me, mixed_id(self.me)));
+        self.present.clear();
+        self.dead.clear();
+        self.recent.clear();
+        for (&id, p) in &self.peers {
+            if p.alive {
+                self.candidates.push((id, mixed_id(id)));
+            }
+            if !p.left {
+                self.present.push((id, mixed_id(id)));
+                self.recent.push(p.heard_at);
+                if !p.alive {
+                    self.dead.push(id);
+                }
+            }
+        }
+        self.left_count = self.peers.len() - self.present.len();
+        self.recent.sort_unstable();
+    }
+
+    /// Return how many peers that did not leave were heard within `span` before `now`
+    /// (`heard_at + span > now`).
+    pub fn heard_within(&self, now: Nanos, span: Nanos) -> usize {
+        match now.checked_sub(span) {
+            Some(since) => self.recent.len() - self.recent.partition_point(|&h| h <= since),
+            None => self.recent.len(),
         }
     }
 
@@ -150,8 +199,7 @@ impl Membership {
     /// silence cannot tell a death from a cut). Two sides that each saw some of the leaves
     /// still cannot both hold a majority: every leave either saw is a real one.
     pub fn quorum_of(&self) -> usize {
-        let left = self.peers.values().filter(|p| p.left).count();
-        self.configured.saturating_sub(left).max(1)
+        self.configured.saturating_sub(self.left_count).max(1)
     }
 
     /// Tell whether `heard` members (this node included) are a majority.
@@ -161,7 +209,7 @@ impl Membership {
 
     /// Return the number of live members (this node included).
     pub fn alive_count(&self) -> usize {
-        1 + self.peers.values().filter(|p| p.alive).count()
+        self.candidates.len()
     }
 
     /// Tell whether this node sees a majority of the members alive.
@@ -199,11 +247,13 @@ impl Membership {
         );
         self.configured += 1;
         self.version += 1;
+        self.refresh();
     }
 
     /// Record a frame's header from `from` at `now`; return what changed.
     pub fn heard(&mut self, now: Nanos, from: NodeId, header: &Header) -> Vec<Change> {
         let mut changes = Vec::new();
+        let version = self.version;
         let Some(peer) = self.peers.get_mut(&from) else {
             return changes;
         };
@@ -220,7 +270,17 @@ impl Membership {
             changes.push(Change::Restarted(from));
         }
         peer.incarnation = Some(header.incarnation);
+        let heard_before = peer.heard_at;
         peer.heard_at = now;
+        if !peer.left {
+            // Keep `recent` sorted: move this peer's entry.
+            let at = self.recent.partition_point(|&h| h < heard_before);
+            if self.recent.get(at) == Some(&heard_before) {
+                self.recent.remove(at);
+            }
+            let to = self.recent.partition_point(|&h| h < now);
+            self.recent.insert(to, now);
+        }
         peer.their_dead.clone_from(&header.dead);
         peer.clock
             .observe(now, header.sent_at, header.echo, header.held);
@@ -249,6 +309,9 @@ impl Membership {
                 changes.push(Change::Up(from));
             }
         }
+        if self.version != version {
+            self.refresh();
+        }
         changes
     }
 
@@ -264,11 +327,7 @@ impl Membership {
         // goes silent within a round of the others, so a node on the small side cannot
         // count as alive those it heard just before the cut.
         let fresh = self.dead_after_ns / 2;
-        let heard = 1 + self
-            .peers
-            .values()
-            .filter(|p| !p.left && now.saturating_sub(p.heard_at) < fresh)
-            .count();
+        let heard = 1 + self.heard_within(now, fresh);
         if !self.is_majority(heard) {
             self.cut_off = true;
             return changes;
@@ -278,6 +337,7 @@ impl Membership {
             for p in self.peers.values_mut() {
                 p.heard_at = p.heard_at.max(now);
             }
+            self.refresh();
             return changes;
         }
         let silent: Vec<NodeId> = self
@@ -298,6 +358,7 @@ impl Membership {
             changes.push(Change::Down(id));
         }
         self.version += 1;
+        self.refresh();
         changes
     }
 
@@ -313,12 +374,7 @@ impl Membership {
             }
             None => (0, 0, 0),
         };
-        let dead: Vec<NodeId> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| !p.alive && !p.left)
-            .map(|(&id, _)| id)
-            .collect();
+        let dead = &self.dead;
         Header {
             incarnation: self.incarnation,
             sent_at: now,
@@ -327,7 +383,7 @@ impl Membership {
             your_deaths,
             syncing: self.syncing,
             leaving: self.leaving,
-            dead: (dead.len() <= MAX_DEAD_LISTED).then_some(dead),
+            dead: (dead.len() <= MAX_DEAD_LISTED).then(|| dead.clone()),
         }
     }
 
@@ -348,14 +404,8 @@ impl Membership {
     pub fn ranked(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
         let mut best: [(u64, NodeId); 2] = [(0, self.me), (0, self.me)];
         let mut found = 0usize;
-        let candidates = std::iter::once(self.me).chain(
-            self.peers
-                .iter()
-                .filter(|(_, p)| p.alive)
-                .map(|(&id, _)| id),
-        );
-        for id in candidates {
-            let w = weight(key, id);
+        for &(id, mixed) in &self.candidates {
+            let w = mix(key ^ mixed);
             if found == 0 || w > best[0].0 {
                 best[1] = best[0];
                 best[0] = (w, id);
@@ -378,10 +428,10 @@ impl Membership {
             return false;
         }
         let mine = weight(key, self.me);
-        self.peers
+        self.present
             .iter()
-            .filter(|(peer, p)| !p.left && !dead.contains(peer))
-            .all(|(&peer, _)| weight(key, peer) < mine)
+            .filter(|(peer, _)| !dead.contains(peer))
+            .all(|&(_, mixed)| mix(key ^ mixed) < mine)
     }
 
     /// Return the key's owner and successor (if there is a second live member).
@@ -394,7 +444,12 @@ impl Membership {
 
 /// The rendezvous weight of member `id` for `key`.
 pub fn weight(key: u64, id: NodeId) -> u64 {
-    mix(key ^ mix(id.wrapping_add(0x9e37_79b9_7f4a_7c15)))
+    mix(key ^ mixed_id(id))
+}
+
+/// The part of [`weight`] that depends on the member alone.
+fn mixed_id(id: NodeId) -> u64 {
+    mix(id.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 /// A 64-bit finalizer (splitmix64's): spreads every input bit over the output.
@@ -509,6 +564,7 @@ mod tests {
         }
         let mut smaller = m.clone();
         smaller.peers.get_mut(&4).unwrap().alive = false;
+        smaller.refresh();
         for (k, &owner) in owners.iter().enumerate() {
             let (now, _) = smaller.owner_and_successor(k as u64);
             if owner != 4 {

@@ -25,7 +25,7 @@
 //! and creates no new authority until each peer answered or was declared dead.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use crate::clock::Nanos;
@@ -36,6 +36,7 @@ use crate::mesh::authority::{Authority, MeshKind};
 use crate::mesh::baseline::{Admission, Baseline, scaled};
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
+use crate::mesh::keymap::FixedMap;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::membership::Membership;
 use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
@@ -126,9 +127,9 @@ pub struct Node {
     config: NodeConfig,
     kinds: Vec<MeshKind>,
     membership: Membership,
-    holdings: HashMap<KeyRef, Holding>,
-    authorities: HashMap<KeyRef, Authority>,
-    backups: HashMap<KeyRef, (NodeId, AuthorityState)>,
+    holdings: FixedMap<KeyRef, Holding>,
+    authorities: FixedMap<KeyRef, Authority>,
+    backups: FixedMap<KeyRef, (NodeId, AuthorityState)>,
     baseline: Option<Baseline>,
     cells: Arc<Cells>,
     outbox: Outbox,
@@ -147,7 +148,7 @@ pub struct Node {
     /// Peers whose answer to this node's start the node waits for.
     sync_waiting: BTreeSet<NodeId>,
     /// The incarnation of each peer whose start this node answered.
-    answered_sync: HashMap<NodeId, u64>,
+    answered_sync: FixedMap<NodeId, u64>,
     /// How many times each peer had declared this node dead when it last checked.
     deaths_seen: BTreeMap<NodeId, u32>,
     running: bool,
@@ -156,7 +157,7 @@ pub struct Node {
     /// end, an authority's waiter), earliest first; an entry may be stale (then harmless).
     timers: BinaryHeap<Reverse<(Nanos, KeyRef)>>,
     /// The earliest instant queued in `timers` per key.
-    armed: HashMap<KeyRef, Nanos>,
+    armed: FixedMap<KeyRef, Nanos>,
     /// Keys changed since the last call: their timers are armed before it returns.
     touched: Vec<KeyRef>,
     /// Per policy, the keys beyond `max_keys`: each limited here to this node's share
@@ -237,9 +238,9 @@ impl Node {
             kinds,
             membership_version: membership.version(),
             membership,
-            holdings: HashMap::new(),
-            authorities: HashMap::new(),
-            backups: HashMap::new(),
+            holdings: FixedMap::default(),
+            authorities: FixedMap::default(),
+            backups: FixedMap::default(),
             baseline,
             cells,
             outbox: Outbox::default(),
@@ -254,11 +255,11 @@ impl Node {
             dirty: BTreeSet::new(),
             running: sync_waiting.is_empty(),
             timers: BinaryHeap::new(),
-            armed: HashMap::new(),
+            armed: FixedMap::default(),
             touched: Vec::new(),
             overflow: Vec::new(),
             sync_waiting,
-            answered_sync: HashMap::new(),
+            answered_sync: FixedMap::default(),
             deaths_seen: BTreeMap::new(),
             config,
         };

@@ -61,12 +61,7 @@ impl Node {
                 return false;
             }
         }
-        let heard = 1 + self
-            .membership
-            .peers()
-            .values()
-            .filter(|p| !p.left && p.heard_at.saturating_add(lease) > now)
-            .count();
+        let heard = 1 + self.membership.heard_within(now, lease);
         self.membership.is_majority(heard)
     }
 
