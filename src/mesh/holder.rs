@@ -347,6 +347,10 @@ impl Holding {
                 self.expire(now.max(self.expiry));
                 self.previous_used = (self.window > 0 && grant.window == self.window + 1)
                     .then_some(self.closed_used);
+                // What the old lease admitted since the last round still counts toward the
+                // demand; the new lease's count starts at 0.
+                self.offered += self.closed_used.saturating_sub(self.used_at_tick);
+                self.used_at_tick = 0;
                 self.window = grant.window;
                 self.granted = grant.granted;
                 self.returned = 0;
@@ -500,7 +504,8 @@ impl Holding {
         let spent = used.saturating_sub(self.used_at_tick);
         let offered = spent + self.offered + self.waiting.iter().map(|w| w.cost).sum::<u64>();
         self.offered = 0;
-        self.used_at_tick = if self.closed { 0 } else { used };
+        // A closed lease's final count was counted when it was spent: it is no new demand.
+        self.used_at_tick = used;
         let sample = u32::try_from(offered.saturating_mul(16)).unwrap_or(u32::MAX);
         // div_ceil: with nothing offered the average reaches 0 (a floor would stop at 7).
         self.demand = self.demand - self.demand.div_ceil(8) + sample / 8;
@@ -703,5 +708,26 @@ mod tests {
         }
         assert_eq!(refills, 0);
         assert!(h.is_idle(S + 200), "{h:?}");
+    }
+
+    #[test]
+    fn a_closed_lease_is_no_new_demand() {
+        let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+        let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
+        h.slow(10 * S, 1, 1, 11 * S);
+        h.want(10 * S, 500, false, 1);
+        h.apply_grant(10 * S, &grant(10, 1, 0), 11 * S);
+        let round = S / 50;
+        // The window ends and the lease closes with its final count of 1.
+        let mut demands = Vec::new();
+        let mut refills = 0;
+        for r in 0..60u64 {
+            let now = 10 * S + (r + 1) * round;
+            h.expire_now(now);
+            let (_, refill) = h.tick(now, 501 + r);
+            refills += u32::from(refill && now > 11 * S);
+            demands.push(h.demand);
+        }
+        assert_eq!(refills, 0, "{demands:?}");
     }
 }

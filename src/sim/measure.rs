@@ -1,6 +1,7 @@
 //! The measures of a run (definitions in `docs/overshoot.md`).
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::clock::Nanos;
 use crate::mesh::MeshKind;
@@ -25,6 +26,8 @@ struct Request {
     /// The oracle's room for this key just before this request, in tokens.
     room: u64,
     mesh: Option<bool>,
+    /// When the mesh decided it (true time).
+    decided_at: Nanos,
 }
 
 /// Collects decisions while a run goes on.
@@ -101,6 +104,7 @@ impl Recorder {
             oracle: allowed,
             room,
             mesh: None,
+            decided_at: 0,
         });
         let oracle = allowed;
         if oracle {
@@ -115,6 +119,7 @@ impl Recorder {
             return;
         }
         r.mesh = Some(allowed);
+        r.decided_at = now;
         if allowed {
             self.mesh[r.key as usize].push((now, r.cost));
         }
@@ -290,6 +295,11 @@ impl Recorder {
         for (key, indices) in by_key.iter().enumerate() {
             let mut own = OwnRoom::new(kind, p, &self.mesh[key]);
             let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
+            // Requests offered before the margin that the mesh admits only after this
+            // arrival (they waited longer than the margin, across a window's end): the mesh's
+            // own room has that much less for this one. By admission time, earliest first.
+            let mut pending: BinaryHeap<Reverse<(Nanos, u64)>> = BinaryHeap::new();
+            let mut pending_cost = 0u64;
             for &i in indices {
                 let r = self.requests[i];
                 let own_room = own.at(r.at, r.oracle_at);
@@ -298,9 +308,22 @@ impl Recorder {
                     hi += 1;
                 }
                 while self.requests[indices[lo]].at + margin < r.at {
-                    sum -= self.requests[indices[lo]].cost;
+                    let left = self.requests[indices[lo]];
+                    sum -= left.cost;
+                    if left.mesh == Some(true) {
+                        pending.push(Reverse((left.decided_at, left.cost)));
+                        pending_cost += left.cost;
+                    }
                     lo += 1;
                 }
+                while let Some(&Reverse((at, cost))) = pending.peek() {
+                    if at >= r.at {
+                        break;
+                    }
+                    pending.pop();
+                    pending_cost -= cost;
+                }
+                let own_room = own_room.saturating_sub(pending_cost);
                 // A window's last round trip: the request may be decided in the next window
                 // (a holder's lease ends early by its clock error; the owner may answer after
                 // the window ended). Not counted.

@@ -236,11 +236,11 @@ pub struct SimReport {
     pub double_authority: bool,
     /// Requests the mesh denied although there was room for them, by the oracle's history
     /// and by the mesh's own admissions (one central limiter that admitted exactly what the
-    /// mesh admitted), for everything offered for their key within one gossip round and two
-    /// one-way delays either side of their arrival, and for one round of the policy's rate;
-    /// for windows, not counting those
-    /// that arrived within that time of the window's end (0 below the limit without loss or
-    /// faults: the guarantee of `docs/overshoot.md`).
+    /// mesh admitted, earlier requests it admitted after this arrival included), for
+    /// everything offered for their key within one gossip round and two one-way delays either
+    /// side of their arrival, and for one round of the policy's rate; for windows, not
+    /// counting those that arrived within that time of the window's end (0 below the limit
+    /// without loss or faults: the guarantee of `docs/overshoot.md`).
     pub false_denials_with_room: u64,
 }
 
