@@ -640,3 +640,24 @@ fn a_fresh_bucket_state_does_not_refund_an_earlier_states_returns() {
         "{report:?}"
     );
 }
+
+/// A denial that reaches a holder late (a duplicate, or one answering a want already
+/// answered) counts its retry time from its arrival: it must still end with its window, or
+/// the holder denies the next window's first requests without asking.
+#[test]
+fn a_windows_denial_ends_with_its_window() {
+    let mut c = SimConfig::new(Policy::fixed_window(121, Duration::from_millis(219)).unwrap());
+    c.nodes = 2;
+    c.gossip_interval_ns = 23_000_000;
+    c.latency_ns = 5_000_000;
+    c.jitter_ns = 5_000_000;
+    c.duplication = 0.146_646_649_875_287_94;
+    c.traffic = Traffic::SynchronizedBurst;
+    c.demand = 0.834_138_616_248_026_7;
+    c.max_cost = 12;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 17_735_182_064_281_807_385;
+    let report = sim::run(&c);
+    assert_eq!(report.false_denials_with_room, 0, "{report:?}");
+}

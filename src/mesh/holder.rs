@@ -403,7 +403,14 @@ impl Holding {
             }
             self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
-                self.denied_until = decided_at.saturating_add(grant.retry_after);
+                // A window's denial ends with its window at the latest (the authority's
+                // retry never reaches past it; counted from a late arrival, it could).
+                let until = decided_at.saturating_add(grant.retry_after);
+                self.denied_until = if self.kind.is_window() {
+                    until.min(expiry)
+                } else {
+                    until
+                };
                 self.denied_cost = min;
             }
             for w in denied {
