@@ -661,3 +661,25 @@ fn a_windows_denial_ends_with_its_window() {
     let report = sim::run(&c);
     assert_eq!(report.false_denials_with_room, 0, "{report:?}");
 }
+
+/// Bursts at one node while its key's owner is short: a holder that waits at the owner when
+/// the window ends keeps its record there, so what the next window grants it reaches it
+/// (granted to a fresh record, it went to no holding and counted as spent all window).
+#[test]
+fn a_holder_waiting_when_the_window_ends_gets_its_grant() {
+    let mut c = SimConfig::new(Policy::fixed_window(380, Duration::from_millis(208)).unwrap());
+    c.nodes = 5;
+    c.gossip_interval_ns = 19_000_000;
+    c.latency_ns = 9_000_000;
+    c.jitter_ns = 8_000_000;
+    c.duplication = 0.040_252_107_230_517_86;
+    c.skew_ns = 7_000_000;
+    c.traffic = Traffic::Bursty;
+    c.demand = 0.714_295_397_597_123_8;
+    c.max_cost = 9;
+    c.keys = 2;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 10_655_858_039_305_893_552;
+    let report = sim::run(&c);
+    assert_eq!(report.false_denials_with_room, 0, "{report:?}");
+}

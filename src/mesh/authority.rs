@@ -405,9 +405,16 @@ impl Authority {
         self.end = self.start + w;
         self.next_start = self.end;
         self.version += 1;
-        // Holders with nothing in either window need no record.
-        self.holders
-            .retain(|h| h.previous_held > 0 || h.demand > 0 || h.granted > 0);
+        // Holders with nothing in either window need no record, unless they wait here: what
+        // they are granted later goes on their record (made afresh, it would count for no
+        // holding of theirs, and the grant would be lost with its tokens).
+        let waiting = &self.waiting;
+        self.holders.retain(|h| {
+            h.previous_held > 0
+                || h.demand > 0
+                || h.granted > 0
+                || waiting.iter().any(|w| w.node == h.node)
+        });
     }
 
     /// Return the tokens that can be granted at `now`.

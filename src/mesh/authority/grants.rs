@@ -219,6 +219,8 @@ impl Authority {
     /// Serve the waiting requests that can be served at `now` (after returns, or a new
     /// window), and deny those past their deadline; return the answers by node.
     pub fn serve_waiting(&mut self, now: Nanos) -> Vec<(NodeId, u64, Answer)> {
+        // A new window first, while the waiters still count (their records are kept).
+        self.roll(now);
         let mut answers = Vec::new();
         let mut still = VecDeque::new();
         while let Some(w) = self.waiting.pop_front() {

@@ -229,3 +229,26 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
         assert!(!a.has_waiters());
     }
 }
+
+#[test]
+fn a_holder_waiting_across_a_window_end_keeps_its_record() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    // Node 2 holds the whole window, unspent as far as its report tells.
+    a.report(10 * S, 2, 7, &want(10, 0, 0, 16));
+    granted(a.request(10 * S, 2, 7, 100, 0));
+    // Node 1 (its second holding of the key, no demand yet) waits for a recall.
+    let mut w = want(0, 0, 0, 0);
+    w.holding = 2;
+    a.report(10 * S + S / 2, 1, 9, &w);
+    assert_eq!(a.request(10 * S + S / 2, 1, 9, 10, 12 * S), Answer::Wait);
+    // The window ends with node 1 still waiting: the next window serves it on its own
+    // record (its incarnation and holding), not on a blank one its grant would miss.
+    let answers = a.serve_waiting(11 * S);
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0].0, 1);
+    assert_eq!(answers[0].1, 9);
+    assert_eq!(a.holding_of(1), 2);
+    let r = a.holders().iter().find(|h| h.node == 1).unwrap();
+    assert_eq!((r.incarnation, r.granted), (9, 10));
+}
