@@ -158,7 +158,14 @@ impl Recorder {
                 .map(|h| {
                     let backed = backup
                         .filter(|_| same_window(a.frame().0))
-                        .and_then(|b| b.holders.iter().find(|r| r.node == h.node))
+                        .and_then(|b| {
+                            // The same holding's record: another holding of the node (one
+                            // it forgot, or made since) backs up none of this one's grants.
+                            b.holders.iter().find(|r| {
+                                (r.node, r.incarnation, r.holding)
+                                    == (h.node, h.incarnation, h.holding)
+                            })
+                        })
                         .map_or(0, |r| r.granted.saturating_sub(r.returned));
                     h.granted.saturating_sub(h.returned).saturating_sub(backed)
                 })
