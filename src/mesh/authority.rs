@@ -24,10 +24,11 @@
 //! When a request needs more than is free but holders sit on unspent leases, the authority
 //! recalls them and the request waits instead of being denied.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
+use crate::mesh::keymap::FixedMap;
 use crate::mesh::message::{AuthorityState, HolderRecord, KeyRef, Want};
 use crate::mesh::timing::Offset;
 use crate::policy::{Algorithm, Policy};
@@ -120,9 +121,9 @@ pub struct Authority {
     waiting: VecDeque<Waiter>,
     recalled_at: Nanos,
     /// Each holder's cheapest waiting request, as it last reported.
-    smallest: HashMap<NodeId, u64>,
+    smallest: FixedMap<NodeId, u64>,
     /// Each holder's newest want seen.
-    seqs: HashMap<NodeId, u32>,
+    seqs: FixedMap<NodeId, u32>,
     /// How long a request may wait for room the policy frees by itself (0: denied at once).
     hold_ns: Nanos,
 }
@@ -148,8 +149,8 @@ impl Authority {
             holders: Vec::new(),
             waiting: VecDeque::new(),
             recalled_at: 0,
-            smallest: HashMap::new(),
-            seqs: HashMap::new(),
+            smallest: FixedMap::default(),
+            seqs: FixedMap::default(),
             hold_ns: 0,
         }
     }
@@ -183,8 +184,8 @@ impl Authority {
             holders: state.holders.clone(),
             waiting: VecDeque::new(),
             recalled_at: 0,
-            smallest: HashMap::new(),
-            seqs: HashMap::new(),
+            smallest: FixedMap::default(),
+            seqs: FixedMap::default(),
             hold_ns: 0,
         };
         a.holders.sort_by_key(|h| h.node);

@@ -1,6 +1,7 @@
 //! The measures of a run (definitions in `docs/overshoot.md`).
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::clock::Nanos;
 use crate::mesh::MeshKind;
@@ -25,6 +26,8 @@ struct Request {
     /// The oracle's room for this key just before this request, in tokens.
     room: u64,
     mesh: Option<bool>,
+    /// When the mesh decided it (true time).
+    decided_at: Nanos,
 }
 
 /// Collects decisions while a run goes on.
@@ -41,6 +44,11 @@ pub(crate) struct Recorder {
     heal_at: Option<Nanos>,
     converged_at: Option<Nanos>,
     double_authority: bool,
+    /// The nodes that may grant from a checked key: those that could grant at the last
+    /// check, and those that ran since (a node starts granting only while it runs: between
+    /// its runs, time can only end its authority lease).
+    watched: Vec<usize>,
+    is_watched: Vec<bool>,
 }
 
 impl Recorder {
@@ -58,6 +66,16 @@ impl Recorder {
             heal_at: None,
             converged_at: None,
             double_authority: false,
+            watched: (0..config.nodes).collect(),
+            is_watched: vec![true; config.nodes],
+        }
+    }
+
+    /// Node `i` ran (a request, a frame, its timer, a restart).
+    pub(crate) fn ran(&mut self, i: usize) {
+        if !self.is_watched[i] {
+            self.is_watched[i] = true;
+            self.watched.push(i);
         }
     }
 
@@ -86,6 +104,7 @@ impl Recorder {
             oracle: allowed,
             room,
             mesh: None,
+            decided_at: 0,
         });
         let oracle = allowed;
         if oracle {
@@ -100,6 +119,7 @@ impl Recorder {
             return;
         }
         r.mesh = Some(allowed);
+        r.decided_at = now;
         if allowed {
             self.mesh[r.key as usize].push((now, r.cost));
         }
@@ -138,7 +158,14 @@ impl Recorder {
                 .map(|h| {
                     let backed = backup
                         .filter(|_| same_window(a.frame().0))
-                        .and_then(|b| b.holders.iter().find(|r| r.node == h.node))
+                        .and_then(|b| {
+                            // The same holding's record: another holding of the node (one
+                            // it forgot, or made since) backs up none of this one's grants.
+                            b.holders.iter().find(|r| {
+                                (r.node, r.incarnation, r.holding)
+                                    == (h.node, h.incarnation, h.holding)
+                            })
+                        })
                         .map_or(0, |r| r.granted.saturating_sub(r.returned));
                     h.granted.saturating_sub(h.returned).saturating_sub(backed)
                 })
@@ -163,18 +190,26 @@ impl Recorder {
 
     /// At most one live node may grant from a key at any instant.
     pub(crate) fn check_authorities(&mut self, now: Nanos, nodes: &[SimNode], _partitioned: bool) {
-        for key in 0..(self.mesh.len() as u64).min(CHECKED_KEYS) {
-            let granting = nodes
-                .iter()
-                .filter(|n| {
-                    n.node
-                        .as_ref()
-                        .is_some_and(|node| node.can_grant(0, key + 1, n.local(now)))
-                })
-                .count();
-            if granting > 1 {
-                self.double_authority = true;
+        let keys = (self.mesh.len() as u64).min(CHECKED_KEYS);
+        let mut granting = [0u32; CHECKED_KEYS as usize];
+        let mut watched = std::mem::take(&mut self.watched);
+        watched.retain(|&i| {
+            let n = &nodes[i];
+            let mut any = false;
+            if let Some(node) = &n.node {
+                for key in 0..keys {
+                    if node.can_grant(0, key + 1, n.local(now)) {
+                        granting[key as usize] += 1;
+                        any = true;
+                    }
+                }
             }
+            self.is_watched[i] = any;
+            any
+        });
+        self.watched = watched;
+        if granting.iter().any(|&g| g > 1) {
+            self.double_authority = true;
         }
     }
 
@@ -267,6 +302,11 @@ impl Recorder {
         for (key, indices) in by_key.iter().enumerate() {
             let mut own = OwnRoom::new(kind, p, &self.mesh[key]);
             let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
+            // Requests offered before the margin that the mesh admits only after this
+            // arrival (they waited longer than the margin, across a window's end): the mesh's
+            // own room has that much less for this one. By admission time, earliest first.
+            let mut pending: BinaryHeap<Reverse<(Nanos, u64)>> = BinaryHeap::new();
+            let mut pending_cost = 0u64;
             for &i in indices {
                 let r = self.requests[i];
                 let own_room = own.at(r.at, r.oracle_at);
@@ -275,9 +315,22 @@ impl Recorder {
                     hi += 1;
                 }
                 while self.requests[indices[lo]].at + margin < r.at {
-                    sum -= self.requests[indices[lo]].cost;
+                    let left = self.requests[indices[lo]];
+                    sum -= left.cost;
+                    if left.mesh == Some(true) {
+                        pending.push(Reverse((left.decided_at, left.cost)));
+                        pending_cost += left.cost;
+                    }
                     lo += 1;
                 }
+                while let Some(&Reverse((at, cost))) = pending.peek() {
+                    if at >= r.at {
+                        break;
+                    }
+                    pending.pop();
+                    pending_cost -= cost;
+                }
+                let own_room = own_room.saturating_sub(pending_cost);
                 // A window's last round trip: the request may be decided in the next window
                 // (a holder's lease ends early by its clock error; the owner may answer after
                 // the window ended). Not counted.

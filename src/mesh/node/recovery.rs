@@ -207,6 +207,7 @@ impl Node {
         for key in keys {
             let h = self.holdings.get_mut(&key).expect("listed");
             h.report_due();
+            self.touched.push(key);
             if h.waiting() > 0 {
                 self.ask(key, now, false);
             }
