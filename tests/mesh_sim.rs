@@ -731,6 +731,38 @@ fn two_nodes_that_count_each_other_dead_never_both_grant() {
     assert!(report.policy_overshoot <= report.declared_bound.total() + 1e-9);
 }
 
+/// Six nodes, one crashed, cut 3 | 2: the three declare the two dead and count three members,
+/// the two still count five. At the heal, the first of the three the two hear makes them three
+/// of five, while the owner among the three still grants their keys until it hears them: the
+/// owner among the two waits until every member it counts alive has heard it again.
+#[test]
+fn a_node_declared_dead_grants_only_once_every_member_heard_it_again() {
+    let mut c = SimConfig::new(Policy::sliding_window(59, Duration::from_millis(223)).unwrap());
+    c.nodes = 6;
+    c.gossip_interval_ns = 5_000_000;
+    c.latency_ns = 1_000_000;
+    c.jitter_ns = 3_000_000;
+    c.traffic = Traffic::Uniform;
+    c.demand = 2.04;
+    c.max_cost = 2;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 3_614_572_446_166_861_377;
+    c.partition = Some(Partition {
+        at_ns: 1_450_839_427,
+        heal_ns: 1_650_839_427,
+        minority: 2,
+    });
+    c.crashes.push(Crash {
+        node: 3,
+        at_ns: 1_359_945_307,
+        restart_ns: None,
+    });
+    let report = sim::run(&c);
+    assert!(!report.double_authority, "{report:?}");
+    assert!(report.policy_overshoot <= report.declared_bound.total() + 1e-9);
+}
+
 /// Gossip faster than the link, bursts at window starts: holders still on the old window ask
 /// again and again before the new window's grants reach them; those grants count toward
 /// their wants, so no node is leased more than it needs while another's burst times out.

@@ -169,6 +169,10 @@ pub struct Node {
     /// Keys this node owns whose authority it handed to the peer that had declared it dead,
     /// to merge and hand back: no fresh authority is made for them meanwhile.
     returning: FixedMap<KeyRef, NodeId>,
+    /// When this node last learned that a peer declared it dead (local time), until every
+    /// member it counts alive has echoed one of its frames sent since: until then, a member
+    /// that still counts it dead may own and grant its keys, and it grants nothing.
+    declared_dead_at: Option<Nanos>,
     running: bool,
     membership_version: u64,
     /// When each key needs the node next (a waiting request's deadline or resend, a lease's
@@ -290,6 +294,7 @@ impl Node {
             answered_sync: FixedMap::default(),
             deaths_seen: BTreeMap::new(),
             returning: FixedMap::default(),
+            declared_dead_at: None,
             join: join::Join::new(&config, now),
             config,
         };
@@ -595,7 +600,7 @@ impl Node {
         }
         let changes = self.membership.heard(now, from, &frame.header);
         self.apply_changes(now, &changes);
-        self.check_deaths(from);
+        self.check_deaths(now, from);
         let incarnation = frame.header.incarnation;
         // Sent before the peer heard that this node restarted: its grants and recalls are
         // about the leases of this node's earlier run.

@@ -63,8 +63,11 @@ impl Node {
 
     /// A peer that declared this node dead may have taken over the authorities it backs up:
     /// hand them to it (it merges them with what it granted since) and let it hand them back,
-    /// making no fresh authority for those keys meanwhile.
-    pub(super) fn check_deaths(&mut self, from: NodeId) {
+    /// making no fresh authority for those keys meanwhile. Any key may have moved to an owner
+    /// of the peer's view without this node, which grants until it hears this node again:
+    /// this node grants nothing until every member it counts alive has heard it since
+    /// ([`Node::heard_back`]).
+    pub(super) fn check_deaths(&mut self, now: Nanos, from: NodeId) {
         let Some(deaths) = self.membership.peer(from).map(|p| p.my_deaths) else {
             return;
         };
@@ -73,6 +76,7 @@ impl Node {
             return;
         }
         *seen = deaths;
+        self.declared_dead_at = Some(now);
         let keys: Vec<KeyRef> = self
             .authorities
             .keys()

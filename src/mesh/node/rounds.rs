@@ -196,6 +196,9 @@ impl Node {
                 }
             }
         }
+        if self.declared_dead_at.is_some() && self.heard_back() {
+            self.declared_dead_at = None;
+        }
         self.spread_members(round);
         // Heartbeats: every live peer hears from this node every round; dead ones every 8.
         let peers: Vec<(NodeId, bool)> = self
