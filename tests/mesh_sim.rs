@@ -763,6 +763,65 @@ fn a_node_declared_dead_grants_only_once_every_member_heard_it_again() {
     assert!(report.policy_overshoot <= report.declared_bound.total() + 1e-9);
 }
 
+/// Clocks a second apart, and a cut that takes both a key's owner and its successor away from
+/// the majority: the majority's new owner starts afresh and numbers its windows from its own
+/// clock, behind the old owner's (its window 1335 begins after the old owner's 1336). The
+/// windows are measured in the order they began: counting every admission up to the new
+/// owner's 1336 into the old owner's 1336 read 1.8 limits over a declared 1.
+#[test]
+fn windows_numbered_from_a_clock_behind_are_measured_in_the_order_they_began() {
+    let mut c = SimConfig::new(Policy::fixed_window(20, Duration::from_millis(749)).unwrap());
+    c.nodes = 5;
+    c.gossip_interval_ns = 5_000_000;
+    c.skew_ns = 1_000_000_000;
+    c.traffic = Traffic::SynchronizedBurst;
+    c.demand = 2.09;
+    c.max_cost = 1;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 5_030_162_218_097_329_080;
+    c.partition = Some(Partition {
+        at_ns: 663_391_478,
+        heal_ns: 1_563_637_111,
+        minority: 2,
+    });
+    let report = sim::run(&c);
+    assert!(report.policy_overshoot > 0.0, "{report:?}");
+    assert!(
+        report.policy_overshoot <= report.declared_bound.total() + 1e-9,
+        "{report:?}"
+    );
+    assert!(!report.double_authority, "{report:?}");
+}
+
+/// Two nodes, one crashed: the other cannot declare it dead alone, so no authority begins the
+/// windows until the restart. A sliding window's previous window is the one numbered just
+/// before it, not the last one an authority began (three windows earlier here, full: counted
+/// as the previous one, it read 0.033 over a declared 0).
+#[test]
+fn a_sliding_windows_previous_window_is_the_one_just_before_it() {
+    let mut c = SimConfig::new(Policy::sliding_window(20, Duration::from_millis(306)).unwrap());
+    c.nodes = 2;
+    c.gossip_interval_ns = 5_000_000;
+    c.latency_ns = 0;
+    c.traffic = Traffic::Poisson;
+    c.demand = 1.03;
+    c.max_cost = 1;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 13_605_428_621_823_490_507;
+    c.crashes.push(Crash {
+        node: 1,
+        at_ns: 694_493_801,
+        restart_ns: Some(1_642_519_656),
+    });
+    let report = sim::run(&c);
+    assert!(
+        report.policy_overshoot <= report.declared_bound.total() + 1e-9,
+        "{report:?}"
+    );
+}
+
 /// Gossip faster than the link, bursts at window starts: holders still on the old window ask
 /// again and again before the new window's grants reach them; those grants count toward
 /// their wants, so no node is leased more than it needs while another's burst times out.

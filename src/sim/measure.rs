@@ -36,8 +36,9 @@ pub(crate) struct Recorder {
     oracle: Vec<Admissions>,
     requests: Vec<Request>,
     waits: Vec<Nanos>,
-    /// Per key: window index → its start in true time, as the key's authorities set them.
-    windows: Vec<BTreeMap<u64, Nanos>>,
+    /// Per key: (start in true time, window index) of each window the key's authorities
+    /// began, as they reported them.
+    windows: Vec<Vec<(Nanos, u64)>>,
     crash_at: Option<(Nanos, usize)>,
     detected_at: Option<Nanos>,
     crash_term: f64,
@@ -59,7 +60,7 @@ impl Recorder {
             oracle: vec![Vec::new(); keys],
             requests: Vec::with_capacity(arrivals),
             waits: Vec::new(),
-            windows: vec![BTreeMap::new(); keys],
+            windows: vec![Vec::new(); keys],
             crash_at: None,
             detected_at: None,
             crash_term: 0.0,
@@ -131,8 +132,7 @@ impl Recorder {
     /// An authority of `key` began `window` at true time `start`.
     pub(crate) fn window(&mut self, key: u64, window: u64, start: Nanos) {
         if let Some(frames) = self.windows.get_mut(key as usize) {
-            let slot = frames.entry(window).or_insert(start);
-            *slot = (*slot).min(start);
+            frames.push((start, window));
         }
     }
 
@@ -525,42 +525,58 @@ pub fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u6
     }
 }
 
-/// Overshoot in the policy's own terms over windows that start at `starts` (true time, by
-/// window index): the windows the key's authorities used. Admissions before the first
-/// recorded window fall in windows aligned on true time. Buckets need no windows.
+/// Overshoot in the policy's own terms over the windows the key's authorities used, given as
+/// (start in true time, window index) in any order. An instant falls in the window that began
+/// last before it; a window that began again under the same index right after (a handoff: the
+/// new owner's start of the same window) is the same window. Window indexes need not grow
+/// with time: a fresh authority on a node whose clock is behind numbers its windows from its
+/// own clock (a partition that cut off both the owner and its successor). Admissions before
+/// the first recorded window fall in windows aligned on true time. Buckets need no windows.
 pub fn framed_overshoot(
     kind: MeshKind,
     policy: &Policy,
     admissions: &[(Nanos, u64)],
-    starts: &BTreeMap<u64, Nanos>,
+    starts: &[(Nanos, u64)],
 ) -> f64 {
     if kind == MeshKind::Bucket {
         return bucket_overshoot(policy, admissions);
     }
     let w = policy.window_ns();
     let limit = policy.capacity() as f64;
-    let frames: Vec<(u64, Nanos)> = starts.iter().map(|(&i, &s)| (i, s)).collect();
-    // The window of an instant: (index, start), from the frames or aligned on true time.
-    let window_of = |t: Nanos| -> (u64, Nanos, bool) {
-        let i = frames.partition_point(|&(_, s)| s <= t);
+    let mut sorted = starts.to_vec();
+    sorted.sort_unstable();
+    let mut frames: Vec<(Nanos, u64)> = Vec::with_capacity(sorted.len());
+    for (start, index) in sorted {
+        if frames.last().is_none_or(|&(_, last)| last != index) {
+            frames.push((start, index));
+        }
+    }
+    // The window of an instant: (its number, start, whether framed, the number of the window
+    // before it), from the frames (numbered in the order they began) or aligned on true time.
+    // A sliding window's previous window is the one numbered just before it, if it began
+    // right before it (no authority may have begun the windows between two it began).
+    let window_of = |t: Nanos| -> (u64, Nanos, bool, Option<u64>) {
+        let i = frames.partition_point(|&(s, _)| s <= t);
         if i == 0 {
-            (t / w, t / w * w, false)
+            (t / w, t / w * w, false, (t / w).checked_sub(1))
         } else {
-            (frames[i - 1].0, frames[i - 1].1, true)
+            let (start, index) = frames[i - 1];
+            let previous =
+                (i >= 2 && frames[i - 2].1.checked_add(1) == Some(index)).then(|| (i - 2) as u64);
+            ((i - 1) as u64, start, true, previous)
         }
     };
     let mut per_window: BTreeMap<(bool, u64), u64> = BTreeMap::new();
     let mut best = 0.0f64;
     for &(t, c) in admissions {
-        let (index, start, framed) = window_of(t);
+        let (index, start, framed, previous) = window_of(t);
         let current = per_window.entry((framed, index)).or_insert(0);
         *current += c;
         let current = *current;
         let estimate = match kind {
             MeshKind::FixedWindow => current as f64,
             _ => {
-                let previous = index
-                    .checked_sub(1)
+                let previous = previous
                     .and_then(|p| per_window.get(&(framed, p)))
                     .copied()
                     .unwrap_or(0);
@@ -576,7 +592,7 @@ pub fn framed_overshoot(
 
 /// Overshoot in the policy's own terms on windows aligned on true time.
 pub fn policy_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
-    framed_overshoot(kind, policy, admissions, &BTreeMap::new())
+    framed_overshoot(kind, policy, admissions, &[])
 }
 
 /// `max over intervals I of A(I) / (b + r·|I|) - 1`, by bisection on the ratio: for a given
