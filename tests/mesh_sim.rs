@@ -822,6 +822,61 @@ fn a_sliding_windows_previous_window_is_the_one_just_before_it() {
     );
 }
 
+/// A token bucket's owner crashes having granted since its last backup reached its successor,
+/// to a holding of a node whose earlier holding the backup recorded: the crash term counts the
+/// grants the backup does not show for that holding (it read 0, under a measured 0.0096).
+#[test]
+fn a_crashed_buckets_grants_since_its_backup_are_in_the_crash_term() {
+    let mut c = SimConfig::new(Policy::token_bucket(153, Duration::from_secs(1), 108).unwrap());
+    c.nodes = 3;
+    c.gossip_interval_ns = 11_000_000;
+    c.latency_ns = 3_000_000;
+    c.jitter_ns = 1_000_000;
+    c.skew_ns = 300_000_000;
+    c.traffic = Traffic::MovingHotspot {
+        every_ns: 700_000_000,
+        permille: 900,
+    };
+    c.demand = 3.7785239613170774;
+    c.max_cost = 13;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 4_342_467_997_176_814_646;
+    c.crashes.push(Crash {
+        node: 2,
+        at_ns: 1_333_114_160,
+        restart_ns: None,
+    });
+    let report = sim::run(&c);
+    assert!(report.policy_overshoot > 0.0, "{report:?}");
+    assert!(
+        report.policy_overshoot <= report.declared_bound.total() + 1e-9,
+        "{report:?}"
+    );
+}
+
+/// Costs up to 14 of 30, duplicated frames, no faults, demand under the limit: a closed
+/// window lease's final count once counted as new demand every round, refills were leased
+/// that nobody needed, and a request the limit had room for was denied.
+#[test]
+fn a_closed_leases_count_asks_for_no_refill_that_denies_a_request() {
+    let mut c = SimConfig::new(Policy::fixed_window(30, Duration::from_millis(314)).unwrap());
+    c.nodes = 3;
+    c.gossip_interval_ns = 26_000_000;
+    c.latency_ns = 14_000_000;
+    c.jitter_ns = 9_000_000;
+    c.duplication = 0.1313987607326061;
+    c.skew_ns = 300_000_000;
+    c.traffic = Traffic::Uniform;
+    c.demand = 0.46962157871634347;
+    c.max_cost = 14;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 6_140_760_820_542_505_611;
+    let report = sim::run(&c);
+    assert_eq!(report.false_denials_with_room, 0, "{report:?}");
+}
+
 /// Gossip faster than the link, bursts at window starts: holders still on the old window ask
 /// again and again before the new window's grants reach them; those grants count toward
 /// their wants, so no node is leased more than it needs while another's burst times out.
