@@ -501,11 +501,16 @@ impl Authority {
         if self.kind.is_window() {
             // Its lease stays counted in the window (it may have spent it): keep a record
             // under a node id no member has, so the window's totals do not change.
+            // What it was leased is its count: a closed record would count its `used`,
+            // which the ghost does not keep (a lease closed at a window's end whose holder
+            // then died counted 0 in the window's roll, and the next window of a sliding
+            // window was granted in full on top of what it had spent).
             let ghost = HolderRecord {
                 node: u64::MAX - h.node,
                 incarnation: 0,
                 demand: 0,
                 previous_final: true,
+                closed: false,
                 ..h
             };
             if ghost.granted > 0 || ghost.previous_held > 0 {
