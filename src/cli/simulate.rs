@@ -99,6 +99,10 @@ pub struct SimulateArgs {
     /// Number of keys the load is spread over.
     #[arg(long, default_value_t = 1)]
     keys: u64,
+    /// Send each key's requests to a fixed set of this many nodes, drawn at random per key
+    /// (default: the nodes the traffic model picks, all of them).
+    #[arg(long)]
+    nodes_per_key: Option<usize>,
     /// Simulated seconds.
     #[arg(long, default_value_t = 20.0)]
     duration_s: f64,
@@ -151,6 +155,9 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
     if args.gossip_ms <= 0.0 || args.duration_s <= 0.0 || args.demand < 0.0 {
         return Err("--gossip-ms and --duration-s must be positive, --demand not negative".into());
     }
+    if args.nodes_per_key.is_some_and(|k| k == 0 || k > args.nodes) {
+        return Err("--nodes-per-key: between 1 and --nodes".into());
+    }
     if args.seeds == 0 || args.seeds > 1000 {
         return Err("--seeds: between 1 and 1000".into());
     }
@@ -197,6 +204,7 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
     c.demand = args.demand;
     c.max_cost = args.max_cost.max(1);
     c.keys = args.keys.max(1);
+    c.nodes_per_key = args.nodes_per_key;
     c.duration_ns = ms(args.duration_s * 1000.0);
     c.seed = args.seed;
     if let (Some(at), Some(heal)) = (args.partition_at_s, args.heal_at_s) {
@@ -341,7 +349,7 @@ pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "ratemesh simulate: {} nodes, gossip {} ms, latency {} ms, loss {}, skew {} ms, {:?} \
-         (capacity {}), traffic {}, demand {}x, {} key(s), {} s, seed {}{}",
+         (capacity {}), traffic {}, demand {}x, {} key(s){}, {} s, seed {}{}",
         config.nodes,
         args.gossip_ms,
         args.latency_ms,
@@ -352,6 +360,9 @@ pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         config.traffic.name(),
         args.demand,
         config.keys,
+        config
+            .nodes_per_key
+            .map_or(String::new(), |k| format!(" on {k} node(s) each")),
         args.duration_s,
         args.seed,
         if args.seeds > 1 {

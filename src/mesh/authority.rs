@@ -24,10 +24,11 @@
 //! When a request needs more than is free but holders sit on unspent leases, the authority
 //! recalls them and the request waits instead of being denied.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
+use crate::mesh::keymap::FixedMap;
 use crate::mesh::message::{AuthorityState, HolderRecord, KeyRef, Want};
 use crate::mesh::timing::Offset;
 use crate::policy::{Algorithm, Policy};
@@ -120,9 +121,9 @@ pub struct Authority {
     waiting: VecDeque<Waiter>,
     recalled_at: Nanos,
     /// Each holder's cheapest waiting request, as it last reported.
-    smallest: HashMap<NodeId, u64>,
+    smallest: FixedMap<NodeId, u64>,
     /// Each holder's newest want seen.
-    seqs: HashMap<NodeId, u32>,
+    seqs: FixedMap<NodeId, u32>,
     /// How long a request may wait for room the policy frees by itself (0: denied at once).
     hold_ns: Nanos,
 }
@@ -148,8 +149,8 @@ impl Authority {
             holders: Vec::new(),
             waiting: VecDeque::new(),
             recalled_at: 0,
-            smallest: HashMap::new(),
-            seqs: HashMap::new(),
+            smallest: FixedMap::default(),
+            seqs: FixedMap::default(),
             hold_ns: 0,
         }
     }
@@ -183,8 +184,8 @@ impl Authority {
             holders: state.holders.clone(),
             waiting: VecDeque::new(),
             recalled_at: 0,
-            smallest: HashMap::new(),
-            seqs: HashMap::new(),
+            smallest: FixedMap::default(),
+            seqs: FixedMap::default(),
             hold_ns: 0,
         };
         a.holders.sort_by_key(|h| h.node);
@@ -419,9 +420,16 @@ impl Authority {
         self.end = self.start + w;
         self.next_start = self.end;
         self.version += 1;
-        // Holders with nothing in either window need no record.
-        self.holders
-            .retain(|h| h.previous_held > 0 || h.demand > 0 || h.granted > 0);
+        // Holders with nothing in either window need no record, unless they wait: the record
+        // names the holding a grant is for (one made afresh would name none, and the holder
+        // would drop it while the window counts it).
+        let waiting = &self.waiting;
+        self.holders.retain(|h| {
+            h.previous_held > 0
+                || h.demand > 0
+                || h.granted > 0
+                || waiting.iter().any(|w| w.node == h.node)
+        });
     }
 
     /// Return the tokens that can be granted at `now`.
@@ -508,11 +516,16 @@ impl Authority {
         if self.kind.is_window() {
             // Its lease stays counted in the window (it may have spent it): keep a record
             // under a node id no member has, so the window's totals do not change.
+            // What it was leased is its count: a closed record would count its `used`,
+            // which the ghost does not keep (a lease closed at a window's end whose holder
+            // then died counted 0 in the window's roll, and the next window of a sliding
+            // window was granted in full on top of what it had spent).
             let ghost = HolderRecord {
                 node: u64::MAX - h.node,
                 incarnation: 0,
                 demand: 0,
                 previous_final: true,
+                closed: false,
                 ..h
             };
             if ghost.granted > 0 || ghost.previous_held > 0 {

@@ -8,13 +8,12 @@
 //!   as it hears of them (buckets). Below the limit it denies nothing; above it, every node
 //!   spends the whole remaining budget during one gossip interval.
 
-use std::collections::HashMap;
-
 use crate::algorithm::KeyMachine;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::mesh::NodeId;
 use crate::mesh::authority::MeshKind;
+use crate::mesh::keymap::FixedMap;
 use crate::mesh::message::{Count, KeyRef};
 use crate::policy::Policy;
 
@@ -39,10 +38,10 @@ struct BaseKey {
     /// `stale_sum`, windows: this node's (window, current, previous) counts.
     own: (u64, u64, u64),
     /// `stale_sum`, windows: the others' latest (window, current, previous).
-    others: HashMap<NodeId, (u64, u64, u64)>,
+    others: FixedMap<NodeId, (u64, u64, u64)>,
     /// `stale_sum`, buckets: this node's cumulative admissions, and the others' as heard.
     own_total: u64,
-    others_total: HashMap<NodeId, u64>,
+    others_total: FixedMap<NodeId, u64>,
     /// `stale_sum`, buckets: free tokens in ns of refill, as of `at`.
     level_ns: u64,
     at: Nanos,
@@ -55,7 +54,7 @@ pub struct Baseline {
     rule: Admission,
     nodes: usize,
     policies: Vec<Policy>,
-    keys: HashMap<KeyRef, BaseKey>,
+    keys: FixedMap<KeyRef, BaseKey>,
 }
 
 /// `policy` with a `1 / nodes` share of its limit (and rate).
@@ -93,7 +92,7 @@ impl Baseline {
             rule,
             nodes,
             policies,
-            keys: HashMap::new(),
+            keys: FixedMap::default(),
         }
     }
 
@@ -108,9 +107,9 @@ impl Baseline {
                 _ => None,
             },
             own: (0, 0, 0),
-            others: HashMap::new(),
+            others: FixedMap::default(),
             own_total: 0,
-            others_total: HashMap::new(),
+            others_total: FixedMap::default(),
             level_ns: policy.window_ns(),
             at: now,
             changed: false,

@@ -98,6 +98,8 @@ pub struct Holding {
     idle_rounds: u32,
     /// The key's owner changed: tell the new one at the next round.
     report_due: bool,
+    /// The node's count of rounds at this holding's last round (see [`Holding::catch_up`]).
+    rounds: u64,
 }
 
 impl Holding {
@@ -140,6 +142,7 @@ impl Holding {
             want_seq: 0,
             idle_rounds: 0,
             report_due: false,
+            rounds: 0,
         }
     }
 
@@ -149,6 +152,54 @@ impl Holding {
     pub fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
         self.denied_until = 0;
+    }
+
+    /// Tell whether a round would change nothing here but the count of idle rounds: nothing
+    /// waits or is set aside, the lease cannot be spent (its cell is empty or closed), no
+    /// demand, nothing to report. A node may skip such a holding's rounds until
+    /// [`Holding::wake_round`], as long as nothing happens to it, and then
+    /// [`Holding::catch_up`].
+    pub fn at_rest(&self) -> bool {
+        let used = self.used();
+        self.waiting.is_empty()
+            && self.reserve == 0
+            && self.offered == 0
+            && self.demand == 0
+            && self.reported_demand == 0
+            && (self.closed || self.cell.remaining() == 0)
+            && used == self.used_at_tick
+            && used == self.reported_used
+            && self.previous_used.is_none()
+            && !(self.report_due && self.granted > 0)
+    }
+
+    /// Return the first round at which a holding at rest after round `round` may be
+    /// forgotten ([`Holding::is_idle`]; rounds are `interval` ns long): its idle rounds are
+    /// enough and its times have passed. Before, its rounds change nothing but the idle count.
+    pub fn wake_round(&self, round: u64, interval: Nanos) -> u64 {
+        let idle = round + u64::from(IDLE_ROUNDS.saturating_sub(self.idle_rounds)).max(1);
+        let mut at = self.denied_until;
+        if self.kind.is_window() && self.expiry != 0 {
+            at = at.max(self.expiry.saturating_add(self.policy.window_ns()));
+        }
+        // A round that begins at `now` has the number `now / interval`: none before
+        // `at / interval` reaches `at`.
+        idle.max(at / interval.max(1))
+    }
+
+    /// Start counting rounds from the node's count `rounds` (a new holding).
+    pub fn count_rounds_from(&mut self, rounds: u64) {
+        self.rounds = rounds;
+    }
+
+    /// The node runs its round number `rounds` (its count) for this holding: the rounds it
+    /// skipped since the holding's last, all at rest, were idle rounds.
+    pub fn catch_up(&mut self, rounds: u64) {
+        let skipped = rounds.saturating_sub(self.rounds).saturating_sub(1);
+        self.idle_rounds = self
+            .idle_rounds
+            .saturating_add(u32::try_from(skipped).unwrap_or(u32::MAX));
+        self.rounds = rounds;
     }
 
     /// Return the lease cell the request path uses.
@@ -355,6 +406,10 @@ impl Holding {
                 self.expire(now.max(self.expiry));
                 self.previous_used = (self.window > 0 && grant.window == self.window + 1)
                     .then_some(self.closed_used);
+                // What the old lease admitted since the last round still counts toward the
+                // demand; the new lease's count starts at 0.
+                self.offered += self.closed_used.saturating_sub(self.used_at_tick);
+                self.used_at_tick = 0;
                 self.window = grant.window;
                 self.granted = grant.granted;
                 self.returned = 0;
@@ -408,6 +463,12 @@ impl Holding {
             self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
                 self.denied_until = decided_at.saturating_add(grant.retry_after);
+                if self.kind.is_window() {
+                    // A denial is about the owner's window: the next one is asked afresh,
+                    // however late the answer came (a repeated answer's decision time is
+                    // not known here).
+                    self.denied_until = self.denied_until.min(expiry);
+                }
                 self.denied_cost = min;
             }
             for w in denied {
@@ -508,7 +569,8 @@ impl Holding {
         let spent = used.saturating_sub(self.used_at_tick);
         let offered = spent + self.offered + self.waiting.iter().map(|w| w.cost).sum::<u64>();
         self.offered = 0;
-        self.used_at_tick = if self.closed { 0 } else { used };
+        // A closed lease's final count was counted when it was spent: it is no new demand.
+        self.used_at_tick = used;
         let sample = u32::try_from(offered.saturating_mul(16)).unwrap_or(u32::MAX);
         // div_ceil: with nothing offered the average reaches 0 (a floor would stop at 7).
         self.demand = self.demand - self.demand.div_ceil(8) + sample / 8;
@@ -711,5 +773,25 @@ mod tests {
         }
         assert_eq!(refills, 0);
         assert!(h.is_idle(S + 200), "{h:?}");
+    }
+    #[test]
+    fn a_closed_lease_is_no_new_demand() {
+        let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+        let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
+        h.slow(10 * S, 1, 1, 11 * S);
+        h.want(10 * S, 500, false, 1);
+        h.apply_grant(10 * S, &grant(10, 1, 0), 11 * S);
+        let round = S / 50;
+        // The window ends and the lease closes with its final count of 1.
+        let mut demands = Vec::new();
+        let mut refills = 0;
+        for r in 0..60u64 {
+            let now = 10 * S + (r + 1) * round;
+            h.expire_now(now);
+            let (_, refill) = h.tick(now, 501 + r);
+            refills += u32::from(refill && now > 11 * S);
+            demands.push(h.demand);
+        }
+        assert_eq!(refills, 0, "{demands:?}");
     }
 }

@@ -65,6 +65,10 @@ pub struct Peer {
     /// Local time of its newest frame (or of this node's start, before any; 0 while
     /// pending).
     pub heard_at: Nanos,
+    /// Local time of the last frame received from it (0: none yet). Unlike `heard_at`, never
+    /// set by this node's start or the end of a cut: the majority an authority lease needs
+    /// is of members actually heard.
+    pub frame_at: Nanos,
     /// Its incarnation, once heard.
     pub incarnation: Option<u64>,
     /// Its clock.
@@ -328,7 +332,7 @@ impl Membership {
         peer.suspect_since = None;
         peer.incarnation = Some(header.incarnation);
         peer.heard_at = now;
-        peer.their_dead.clone_from(&header.dead);
+        peer.frame_at = now;
         peer.clock
             .observe(now, header.sent_at, header.echo, header.held);
         if header.echo <= now {
@@ -336,6 +340,8 @@ impl Membership {
         }
         if peer.last_received.is_none_or(|(t, _)| header.sent_at >= t) {
             peer.last_received = Some((header.sent_at, now));
+            // The view of its newest frame: a frame overtaken on the way tells an older one.
+            peer.their_dead.clone_from(&header.dead);
         }
         peer.my_deaths = peer.my_deaths.max(header.your_deaths);
         if header.leaving {
@@ -524,8 +530,14 @@ impl Membership {
     }
 
     /// Tell whether peer `id`, by the view its newest frame told, ranks this node first for
-    /// `key` (it counts this node and itself alive, and every member it counts alive ranks
-    /// below this node). Unknown views do not agree.
+    /// `key` and itself second: it counts this node alive, and every other member it counts
+    /// alive ranks below both. Unknown views do not agree.
+    ///
+    /// Second, not just below: a successor whose view changes may rank another member first
+    /// while the owner it confirmed before still holds its lease. That is safe only when the
+    /// earlier owner is gone from the successor's view (declared dead, so its lease ran out
+    /// first, or left): were it still alive there, it would rank between the new owner and
+    /// the successor, which then is not second.
     pub fn agrees_i_own(&self, id: NodeId, key: u64) -> bool {
         let Some(dead) = self.peers.get(&id).and_then(|p| p.their_dead.as_ref()) else {
             return false;
@@ -534,10 +546,13 @@ impl Membership {
             return false;
         }
         let mine = weight(key, self.me);
-        self.peers
-            .iter()
-            .filter(|(peer, p)| !p.left && !dead.contains(peer))
-            .all(|(&peer, _)| weight(key, peer) < mine)
+        let theirs = weight(key, id);
+        theirs < mine
+            && self
+                .peers
+                .iter()
+                .filter(|&(&peer, p)| peer != id && !p.left && !dead.contains(&peer))
+                .all(|(&peer, _)| weight(key, peer) < theirs)
     }
 
     /// Return the key's owner and successor (if there is a second live member).
@@ -600,6 +615,32 @@ mod tests {
         h.dead = Some(vec![1, 3]);
         m.heard(40, 2, &h);
         assert!(!m.agrees_i_own(2, key));
+    }
+
+    #[test]
+    fn an_owner_needs_its_successor_to_rank_itself_second() {
+        let mut m = Membership::new(1, 7, &[1, 2, 3], DEAD, 0);
+        let key = (0..u64::MAX)
+            .find(|&k| weight(k, 1) > weight(k, 3) && weight(k, 3) > weight(k, 2))
+            .unwrap();
+        // This node counts node 3 dead, so node 2 is its successor; node 2 counts node 3
+        // alive: node 3 ranks between them, so node 2 is not the successor by its own view
+        // (the owner node 2 confirmed before may still hold its lease).
+        m.peers.get_mut(&3).unwrap().alive = false;
+        let mut h = header(1, 100);
+        h.dead = Some(vec![]);
+        m.heard(10, 2, &h);
+        assert!(!m.agrees_i_own(2, key));
+        // Node 2 counts node 3 dead too: it ranks this node first and itself second.
+        h.sent_at = 200;
+        h.dead = Some(vec![3]);
+        m.heard(20, 2, &h);
+        assert!(m.agrees_i_own(2, key));
+        // A frame sent before that one, overtaken on the way, does not bring its view back.
+        h.sent_at = 150;
+        h.dead = Some(vec![]);
+        m.heard(30, 2, &h);
+        assert!(m.agrees_i_own(2, key));
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //! made of [`membership`] (liveness, ownership, headers), [`timing`] (peers' clock offsets),
 //! [`holder`] (a key's lease and waiting requests on one node), [`authority`] (a key's
 //! budget), [`lease`] (the atomic cell the request path decides on), [`cells`] (the map of
-//! cells shared with the request path), [`outbox`] (frames, and the checks on incoming
-//! ones), [`message`] (what travels), [`wire`] (the only parser of peer bytes) and
+//! cells shared with the request path), [`keymap`] (the hasher of the node's maps),
+//! [`outbox`] (frames, and the checks on incoming ones), [`message`] (what travels), [`wire`] (the only parser of peer bytes) and
 //! [`baseline`] (the rules the simulator compares with).
 
 pub mod authority;
@@ -21,6 +21,7 @@ pub mod baseline;
 pub mod cells;
 pub mod counter;
 pub mod holder;
+pub mod keymap;
 pub mod lease;
 pub mod membership;
 pub mod message;

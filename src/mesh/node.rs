@@ -25,7 +25,7 @@
 //! and creates no new authority until each peer answered or was declared dead.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 use crate::clock::Nanos;
@@ -36,6 +36,7 @@ use crate::mesh::authority::{Authority, MeshKind};
 use crate::mesh::baseline::{Admission, Baseline, scaled};
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
+use crate::mesh::keymap::FixedMap;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::membership::Membership;
 use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
@@ -49,6 +50,7 @@ mod limits;
 mod members;
 mod owner;
 mod recovery;
+mod rounds;
 
 pub use config::{MeshError, NodeConfig, WhileJoining};
 
@@ -148,9 +150,9 @@ pub struct Node {
     config: NodeConfig,
     kinds: Vec<MeshKind>,
     membership: Membership,
-    holdings: HashMap<KeyRef, Holding>,
-    authorities: HashMap<KeyRef, Authority>,
-    backups: HashMap<KeyRef, (NodeId, AuthorityState)>,
+    holdings: FixedMap<KeyRef, Holding>,
+    authorities: FixedMap<KeyRef, Authority>,
+    backups: FixedMap<KeyRef, (NodeId, AuthorityState)>,
     baseline: Option<Baseline>,
     cells: Arc<Cells>,
     outbox: Outbox,
@@ -169,18 +171,30 @@ pub struct Node {
     /// Peers whose answer to this node's start the node waits for.
     sync_waiting: BTreeSet<NodeId>,
     /// The incarnation of each peer whose start this node answered.
-    answered_sync: HashMap<NodeId, u64>,
+    answered_sync: FixedMap<NodeId, u64>,
     /// How many times each peer had declared this node dead when it last checked.
     deaths_seen: BTreeMap<NodeId, u32>,
+    /// Keys this node owns whose authority it handed to the peer that had declared it dead,
+    /// to merge and hand back: no fresh authority is made for them meanwhile.
+    returning: FixedMap<KeyRef, NodeId>,
+    /// When this node last learned that a peer declared it dead (local time), until every
+    /// member it counts alive has echoed one of its frames sent since: until then, a member
+    /// that still counts it dead may own and grant its keys, and it grants nothing.
+    declared_dead_at: Option<Nanos>,
     running: bool,
     membership_version: u64,
     /// When each key needs the node next (a waiting request's deadline or resend, a lease's
     /// end, an authority's waiter), earliest first; an entry may be stale (then harmless).
     timers: BinaryHeap<Reverse<(Nanos, KeyRef)>>,
     /// The earliest instant queued in `timers` per key.
-    armed: HashMap<KeyRef, Nanos>,
+    armed: FixedMap<KeyRef, Nanos>,
     /// Keys changed since the last call: their timers are armed before it returns.
     touched: Vec<KeyRef>,
+    /// Keys the next round looks at: changed since the last round, or with work left.
+    candidates: Vec<KeyRef>,
+    /// Keys whose holding is at rest, by the round at which to look at them again (an
+    /// entry may be stale: looking at a key early is harmless).
+    wakes: BinaryHeap<Reverse<(u64, KeyRef)>>,
     /// Per policy, the keys beyond `max_keys`: each limited here to this node's share
     /// (`limit / members`), in a store of at most `max_keys` keys of its own.
     overflow: Vec<Option<Store<u64>>>,
@@ -265,9 +279,9 @@ impl Node {
             kinds,
             membership_version: membership.version(),
             membership,
-            holdings: HashMap::new(),
-            authorities: HashMap::new(),
-            backups: HashMap::new(),
+            holdings: FixedMap::default(),
+            authorities: FixedMap::default(),
+            backups: FixedMap::default(),
             baseline,
             cells,
             outbox: Outbox::default(),
@@ -282,12 +296,16 @@ impl Node {
             dirty: BTreeSet::new(),
             running,
             timers: BinaryHeap::new(),
-            armed: HashMap::new(),
+            armed: FixedMap::default(),
             touched: Vec::new(),
+            candidates: Vec::new(),
+            wakes: BinaryHeap::new(),
             overflow: Vec::new(),
             sync_waiting,
-            answered_sync: HashMap::new(),
+            answered_sync: FixedMap::default(),
             deaths_seen: BTreeMap::new(),
+            returning: FixedMap::default(),
+            declared_dead_at: None,
             join: join::Join::new(&config, now),
             limits: limits::Limits::new(config.policies.clone()),
             config,
@@ -438,7 +456,8 @@ impl Node {
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
         if !self.holdings.contains_key(&key) {
             let (policy, kind) = self.policy(key.policy)?;
-            let h = Holding::new(key, policy, kind, self.next_holding);
+            let mut h = Holding::new(key, policy, kind, self.next_holding);
+            h.count_rounds_from(self.stats.rounds);
             self.next_holding += 1;
             self.cells.insert(key, Arc::clone(h.cell()));
             self.holdings.insert(key, h);
@@ -474,7 +493,10 @@ impl Node {
         let Some(h) = self.holding_mut(kr) else {
             return Admit::Now(Decision::cannot_fit(0));
         };
-        match h.slow(now, id, cost, deadline) {
+        let slow = h.slow(now, id, cost, deadline);
+        // The next round counts what was offered.
+        self.touched.push(kr);
+        match slow {
             Slow::Decided(d) => Admit::Now(d),
             Slow::Waits => {
                 self.stats.waits += 1;
@@ -591,7 +613,7 @@ impl Node {
         let changes = self.membership.heard(now, from, &frame.header);
         self.apply_changes(now, &changes);
         self.heard_digest(from, frame.header.digest);
-        self.check_deaths(from);
+        self.check_deaths(now, from);
         let incarnation = frame.header.incarnation;
         // Sent before the peer heard that this node restarted: its grants and recalls are
         // about the leases of this node's earlier run.
@@ -645,6 +667,7 @@ impl Node {
                     // The holder's view and the peer's differ: ask again at the next round.
                     if let Some(h) = self.holdings.get_mut(&key) {
                         h.report_due();
+                        self.touched.push(key);
                     }
                 }
                 Item::SyncDone => {
@@ -662,147 +685,6 @@ impl Node {
             }
         }
         Ok(())
-    }
-
-    /// Run the node's timer at `now`: a round's work when a round began, and the deadlines.
-    pub fn handle_timeout(&mut self, now: Nanos) {
-        let g = self.config.gossip_interval_ns;
-        let new_round = now >= self.next_tick;
-        if new_round {
-            self.round = now / g;
-            self.next_tick = (self.round + 1) * g;
-            self.stats.rounds += 1;
-            let changes = self.membership.check(now);
-            self.apply_changes(now, &changes);
-            self.join_tick(now);
-        }
-        let round = self.round;
-        // The keys due now; on a new round, every key.
-        let mut due: Vec<KeyRef> = Vec::new();
-        while let Some(&Reverse((at, key))) = self.timers.peek() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            if self.armed.get(&key) == Some(&at) {
-                self.armed.remove(&key);
-            }
-            due.push(key);
-        }
-        if new_round {
-            due = self
-                .holdings
-                .keys()
-                .chain(self.authorities.keys())
-                .copied()
-                .collect();
-        }
-        due.sort_unstable();
-        due.dedup();
-        for key in due {
-            self.key_timeout(key, now, new_round.then_some(round));
-            self.touched.push(key);
-        }
-        if new_round {
-            self.round_work();
-        }
-        self.flush(now);
-    }
-
-    /// A key's timer at `now` (and its round's work when `round` is given).
-    fn key_timeout(&mut self, key: KeyRef, now: Nanos, round: Option<u64>) {
-        let g = self.config.gossip_interval_ns;
-        if let Some(h) = self.holdings.get_mut(&key) {
-            let decided = h.timeouts(now, g);
-            self.stats.timeouts += decided.len() as u64;
-            for (id, decision) in decided {
-                self.events.push_back(Event::Decided { id, decision });
-            }
-            let ended = h.expire_now(now);
-            let (tell, refill) = match round {
-                Some(round) => h.tick(now, round),
-                None => (false, false),
-            };
-            if h.should_ask(now) || tell || ended {
-                self.ask(key, now, refill);
-            } else if round.is_some() && h.is_idle(now) {
-                self.holdings.remove(&key);
-                self.cells.remove(&key);
-            }
-        }
-        if self.authorities.contains_key(&key) {
-            if self.authority_ready(key, now) {
-                self.serve_waiting(key, now);
-            } else if let Some(a) = self.authorities.get_mut(&key) {
-                // Deadlines pass even while the authority may not grant: deny those, and look
-                // at the others again at the next round.
-                a.defer_wakes(self.next_tick);
-                for (node, answer) in a.deny_overdue(now) {
-                    self.answer(now, key, node, answer);
-                }
-            }
-            if round.is_some()
-                && let Some(a) = self.authorities.get_mut(&key)
-                && a.is_idle(now)
-            {
-                self.authorities.remove(&key);
-                self.dirty.remove(&key);
-            }
-        }
-    }
-
-    fn round_work(&mut self) {
-        // Backups of the authorities that changed, to their successors.
-        for key in std::mem::take(&mut self.dirty) {
-            if let Some(a) = self.authorities.get(&key)
-                && let (_, Some(successor)) = self.membership.owner_and_successor(key.key)
-            {
-                self.stats.backups_sent += 1;
-                self.outbox.push(successor, Item::Backup(a.state()));
-            }
-        }
-        // Backups of a live owner that stopped sending them, or of keys nobody would give
-        // this node any more, are dropped.
-        let round = self.round;
-        if round.is_multiple_of(16) {
-            let me = self.config.id;
-            let membership = &self.membership;
-            self.backups.retain(|k, (from, _)| {
-                let (owner, successor) = membership.owner_and_successor(k.key);
-                (membership.is_alive(*from) && successor == Some(me)) || owner == me
-            });
-        }
-        if let Some(b) = &mut self.baseline {
-            let counts = b.changed_counts();
-            if !counts.is_empty() {
-                let peers: Vec<NodeId> = self
-                    .membership
-                    .peers()
-                    .iter()
-                    .filter(|(_, p)| p.alive)
-                    .map(|(&id, _)| id)
-                    .collect();
-                for p in peers {
-                    for c in &counts {
-                        self.outbox.push(p, Item::Count(*c));
-                    }
-                }
-            }
-        }
-        self.spread_members(round);
-        self.limits_round();
-        // Heartbeats: every live peer hears from this node every round; dead ones every 8.
-        let peers: Vec<(NodeId, bool)> = self
-            .membership
-            .peers()
-            .iter()
-            .map(|(&id, p)| (id, p.alive))
-            .collect();
-        for (p, alive) in peers {
-            if (alive || round.is_multiple_of(8)) && !self.outbox.has(p) {
-                self.outbox.heartbeat(p);
-            }
-        }
     }
 
     /// Leave the cluster at `now` (a drain): give every lease back, hand every authority to
@@ -835,6 +717,7 @@ impl Node {
     fn flush(&mut self, now: Nanos) {
         for key in std::mem::take(&mut self.touched) {
             self.arm(key);
+            self.candidates.push(key);
         }
         if self.outbox.is_empty() {
             return;

@@ -1,6 +1,7 @@
 //! The measures of a run (definitions in `docs/overshoot.md`).
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::clock::Nanos;
 use crate::mesh::MeshKind;
@@ -25,6 +26,8 @@ struct Request {
     /// The oracle's room for this key just before this request, in tokens.
     room: u64,
     mesh: Option<bool>,
+    /// When the mesh decided it (true time).
+    decided_at: Nanos,
 }
 
 /// Collects decisions while a run goes on.
@@ -33,14 +36,20 @@ pub(crate) struct Recorder {
     oracle: Vec<Admissions>,
     requests: Vec<Request>,
     waits: Vec<Nanos>,
-    /// Per key: window index → its start in true time, as the key's authorities set them.
-    windows: Vec<BTreeMap<u64, Nanos>>,
+    /// Per key: (start in true time, window index) of each window the key's authorities
+    /// began, as they reported them.
+    windows: Vec<Vec<(Nanos, u64)>>,
     crash_at: Option<(Nanos, usize)>,
     detected_at: Option<Nanos>,
     crash_term: f64,
     heal_at: Option<Nanos>,
     converged_at: Option<Nanos>,
     double_authority: bool,
+    /// The nodes that may grant from a checked key: those that could grant at the last
+    /// check, and those that ran since (a node starts granting only while it runs: between
+    /// its runs, time can only end its authority lease).
+    watched: Vec<usize>,
+    is_watched: Vec<bool>,
 }
 
 impl Recorder {
@@ -51,13 +60,23 @@ impl Recorder {
             oracle: vec![Vec::new(); keys],
             requests: Vec::with_capacity(arrivals),
             waits: Vec::new(),
-            windows: vec![BTreeMap::new(); keys],
+            windows: vec![Vec::new(); keys],
             crash_at: None,
             detected_at: None,
             crash_term: 0.0,
             heal_at: None,
             converged_at: None,
             double_authority: false,
+            watched: (0..config.nodes).collect(),
+            is_watched: vec![true; config.nodes],
+        }
+    }
+
+    /// Node `i` ran (a request, a frame, its timer, a restart).
+    pub(crate) fn ran(&mut self, i: usize) {
+        if !self.is_watched[i] {
+            self.is_watched[i] = true;
+            self.watched.push(i);
         }
     }
 
@@ -86,6 +105,7 @@ impl Recorder {
             oracle: allowed,
             room,
             mesh: None,
+            decided_at: 0,
         });
         let oracle = allowed;
         if oracle {
@@ -100,6 +120,7 @@ impl Recorder {
             return;
         }
         r.mesh = Some(allowed);
+        r.decided_at = now;
         if allowed {
             self.mesh[r.key as usize].push((now, r.cost));
         }
@@ -111,8 +132,7 @@ impl Recorder {
     /// An authority of `key` began `window` at true time `start`.
     pub(crate) fn window(&mut self, key: u64, window: u64, start: Nanos) {
         if let Some(frames) = self.windows.get_mut(key as usize) {
-            let slot = frames.entry(window).or_insert(start);
-            *slot = (*slot).min(start);
+            frames.push((start, window));
         }
     }
 
@@ -138,7 +158,14 @@ impl Recorder {
                 .map(|h| {
                     let backed = backup
                         .filter(|_| same_window(a.frame().0))
-                        .and_then(|b| b.holders.iter().find(|r| r.node == h.node))
+                        .and_then(|b| {
+                            // The same holding's record: another holding of the node (one
+                            // it forgot, or made since) backs up none of this one's grants.
+                            b.holders.iter().find(|r| {
+                                (r.node, r.incarnation, r.holding)
+                                    == (h.node, h.incarnation, h.holding)
+                            })
+                        })
                         .map_or(0, |r| r.granted.saturating_sub(r.returned));
                     h.granted.saturating_sub(h.returned).saturating_sub(backed)
                 })
@@ -163,18 +190,26 @@ impl Recorder {
 
     /// At most one live node may grant from a key at any instant.
     pub(crate) fn check_authorities(&mut self, now: Nanos, nodes: &[SimNode], _partitioned: bool) {
-        for key in 0..(self.mesh.len() as u64).min(CHECKED_KEYS) {
-            let granting = nodes
-                .iter()
-                .filter(|n| {
-                    n.node
-                        .as_ref()
-                        .is_some_and(|node| node.can_grant(0, key + 1, n.local(now)))
-                })
-                .count();
-            if granting > 1 {
-                self.double_authority = true;
+        let keys = (self.mesh.len() as u64).min(CHECKED_KEYS);
+        let mut granting = [0u32; CHECKED_KEYS as usize];
+        let mut watched = std::mem::take(&mut self.watched);
+        watched.retain(|&i| {
+            let n = &nodes[i];
+            let mut any = false;
+            if let Some(node) = &n.node {
+                for key in 0..keys {
+                    if node.can_grant(0, key + 1, n.local(now)) {
+                        granting[key as usize] += 1;
+                        any = true;
+                    }
+                }
             }
+            self.is_watched[i] = any;
+            any
+        });
+        self.watched = watched;
+        if granting.iter().any(|&g| g > 1) {
+            self.double_authority = true;
         }
     }
 
@@ -267,6 +302,11 @@ impl Recorder {
         for (key, indices) in by_key.iter().enumerate() {
             let mut own = OwnRoom::new(kind, p, &self.mesh[key]);
             let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
+            // Requests offered before the margin that the mesh admits only after this
+            // arrival (they waited longer than the margin, across a window's end): the mesh's
+            // own room has that much less for this one. By admission time, earliest first.
+            let mut pending: BinaryHeap<Reverse<(Nanos, u64)>> = BinaryHeap::new();
+            let mut pending_cost = 0u64;
             for &i in indices {
                 let r = self.requests[i];
                 let own_room = own.at(r.at, r.oracle_at);
@@ -275,9 +315,22 @@ impl Recorder {
                     hi += 1;
                 }
                 while self.requests[indices[lo]].at + margin < r.at {
-                    sum -= self.requests[indices[lo]].cost;
+                    let left = self.requests[indices[lo]];
+                    sum -= left.cost;
+                    if left.mesh == Some(true) {
+                        pending.push(Reverse((left.decided_at, left.cost)));
+                        pending_cost += left.cost;
+                    }
                     lo += 1;
                 }
+                while let Some(&Reverse((at, cost))) = pending.peek() {
+                    if at >= r.at {
+                        break;
+                    }
+                    pending.pop();
+                    pending_cost -= cost;
+                }
+                let own_room = own_room.saturating_sub(pending_cost);
                 // A window's last round trip: the request may be decided in the next window
                 // (a holder's lease ends early by its clock error; the owner may answer after
                 // the window ended). Not counted.
@@ -472,42 +525,58 @@ pub fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u6
     }
 }
 
-/// Overshoot in the policy's own terms over windows that start at `starts` (true time, by
-/// window index): the windows the key's authorities used. Admissions before the first
-/// recorded window fall in windows aligned on true time. Buckets need no windows.
+/// Overshoot in the policy's own terms over the windows the key's authorities used, given as
+/// (start in true time, window index) in any order. An instant falls in the window that began
+/// last before it; a window that began again under the same index right after (a handoff: the
+/// new owner's start of the same window) is the same window. Window indexes need not grow
+/// with time: a fresh authority on a node whose clock is behind numbers its windows from its
+/// own clock (a partition that cut off both the owner and its successor). Admissions before
+/// the first recorded window fall in windows aligned on true time. Buckets need no windows.
 pub fn framed_overshoot(
     kind: MeshKind,
     policy: &Policy,
     admissions: &[(Nanos, u64)],
-    starts: &BTreeMap<u64, Nanos>,
+    starts: &[(Nanos, u64)],
 ) -> f64 {
     if kind == MeshKind::Bucket {
         return bucket_overshoot(policy, admissions);
     }
     let w = policy.window_ns();
     let limit = policy.capacity() as f64;
-    let frames: Vec<(u64, Nanos)> = starts.iter().map(|(&i, &s)| (i, s)).collect();
-    // The window of an instant: (index, start), from the frames or aligned on true time.
-    let window_of = |t: Nanos| -> (u64, Nanos, bool) {
-        let i = frames.partition_point(|&(_, s)| s <= t);
+    let mut sorted = starts.to_vec();
+    sorted.sort_unstable();
+    let mut frames: Vec<(Nanos, u64)> = Vec::with_capacity(sorted.len());
+    for (start, index) in sorted {
+        if frames.last().is_none_or(|&(_, last)| last != index) {
+            frames.push((start, index));
+        }
+    }
+    // The window of an instant: (its number, start, whether framed, the number of the window
+    // before it), from the frames (numbered in the order they began) or aligned on true time.
+    // A sliding window's previous window is the one numbered just before it, if it began
+    // right before it (no authority may have begun the windows between two it began).
+    let window_of = |t: Nanos| -> (u64, Nanos, bool, Option<u64>) {
+        let i = frames.partition_point(|&(s, _)| s <= t);
         if i == 0 {
-            (t / w, t / w * w, false)
+            (t / w, t / w * w, false, (t / w).checked_sub(1))
         } else {
-            (frames[i - 1].0, frames[i - 1].1, true)
+            let (start, index) = frames[i - 1];
+            let previous =
+                (i >= 2 && frames[i - 2].1.checked_add(1) == Some(index)).then(|| (i - 2) as u64);
+            ((i - 1) as u64, start, true, previous)
         }
     };
     let mut per_window: BTreeMap<(bool, u64), u64> = BTreeMap::new();
     let mut best = 0.0f64;
     for &(t, c) in admissions {
-        let (index, start, framed) = window_of(t);
+        let (index, start, framed, previous) = window_of(t);
         let current = per_window.entry((framed, index)).or_insert(0);
         *current += c;
         let current = *current;
         let estimate = match kind {
             MeshKind::FixedWindow => current as f64,
             _ => {
-                let previous = index
-                    .checked_sub(1)
+                let previous = previous
                     .and_then(|p| per_window.get(&(framed, p)))
                     .copied()
                     .unwrap_or(0);
@@ -523,7 +592,7 @@ pub fn framed_overshoot(
 
 /// Overshoot in the policy's own terms on windows aligned on true time.
 pub fn policy_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
-    framed_overshoot(kind, policy, admissions, &BTreeMap::new())
+    framed_overshoot(kind, policy, admissions, &[])
 }
 
 /// `max over intervals I of A(I) / (b + r·|I|) - 1`, by bisection on the ratio: for a given

@@ -87,6 +87,9 @@ pub struct SimConfig {
     pub max_cost: u64,
     /// Number of keys the load is spread over (the measures are per key, worst key).
     pub keys: u64,
+    /// Each key's requests go to a fixed set of this many nodes, drawn at random per key
+    /// (`None`: to the nodes the traffic model picks, all of them).
+    pub nodes_per_key: Option<usize>,
     /// Length of the run in ns.
     pub duration_ns: Nanos,
     /// The RNG seed: the same seed gives the same run.
@@ -119,6 +122,7 @@ impl SimConfig {
             demand: 2.0,
             max_cost: 1,
             keys: 1,
+            nodes_per_key: None,
             duration_ns: 20_000_000_000,
             seed: 1,
             partition: None,
@@ -232,15 +236,15 @@ pub struct SimReport {
     pub double_authority: bool,
     /// Requests the mesh denied although there was room for them, by the oracle's history
     /// and by the mesh's own admissions (one central limiter that admitted exactly what the
-    /// mesh admitted), for everything offered for their key within one gossip round and two
-    /// one-way delays either side of their arrival, and for one round of the policy's rate;
-    /// for windows, not counting those
-    /// that arrived within that time of the window's end (0 below the limit without loss or
-    /// faults: the guarantee of `docs/overshoot.md`).
+    /// mesh admitted, earlier requests it admitted after this arrival included), for
+    /// everything offered for their key within one gossip round and two one-way delays either
+    /// side of their arrival, and for one round of the policy's rate; for windows, not
+    /// counting those that arrived within that time of the window's end (0 below the limit
+    /// without loss or faults: the guarantee of `docs/overshoot.md`).
     pub false_denials_with_room: u64,
 }
 
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug)]
 enum Event {
     Tick(usize),
     Deliver {
@@ -275,8 +279,14 @@ impl SimNode {
 struct World<'a> {
     config: &'a SimConfig,
     rng: fastrand::Rng,
-    queue: BinaryHeap<Reverse<(Nanos, u64, Event)>>,
+    /// Pending events by (time, sequence number), pointing into `slots`.
+    queue: BinaryHeap<Reverse<(Nanos, u64, usize)>>,
+    /// The pending events; `free` lists the empty slots.
+    slots: Vec<Option<Event>>,
+    free: Vec<usize>,
     seq: u64,
+    /// Reused buffer of a node's events.
+    events: Vec<NodeEvent>,
     nodes: Vec<SimNode>,
     partitioned: bool,
     bytes_sent: u64,
@@ -287,7 +297,24 @@ struct World<'a> {
 impl World<'_> {
     fn push(&mut self, at: Nanos, event: Event) {
         self.seq += 1;
-        self.queue.push(Reverse((at, self.seq, event)));
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(event);
+                slot
+            }
+            None => {
+                self.slots.push(Some(event));
+                self.slots.len() - 1
+            }
+        };
+        self.queue.push(Reverse((at, self.seq, slot)));
+    }
+
+    /// Remove the earliest event.
+    fn pop(&mut self) -> Option<Event> {
+        let Reverse((_, _, slot)) = self.queue.pop()?;
+        self.free.push(slot);
+        self.slots[slot].take()
     }
 
     fn cut(&self, a: usize, b: usize) -> bool {
@@ -336,7 +363,8 @@ impl World<'_> {
             } else {
                 1
             };
-            for _ in 0..copies {
+            let mut bytes = Some(t.bytes);
+            for copy in 0..copies {
                 let jitter = if self.config.jitter_ns > 0 {
                     self.rng.u64(0..=self.config.jitter_ns)
                 } else {
@@ -344,13 +372,18 @@ impl World<'_> {
                 };
                 let at = now + self.config.latency_ns + jitter;
                 let incarnation = self.nodes[to].incarnation;
+                let bytes = if copy + 1 == copies {
+                    bytes.take().unwrap_or_default()
+                } else {
+                    bytes.clone().unwrap_or_default()
+                };
                 self.push(
                     at,
                     Event::Deliver {
                         from: i,
                         to,
                         incarnation,
-                        bytes: t.bytes.clone(),
+                        bytes,
                     },
                 );
             }
@@ -382,7 +415,10 @@ pub fn run(config: &SimConfig) -> SimReport {
         config,
         rng,
         queue: BinaryHeap::new(),
+        slots: Vec::new(),
+        free: Vec::new(),
         seq: 0,
+        events: Vec::new(),
         nodes,
         partitioned: false,
         bytes_sent: 0,
@@ -464,6 +500,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                             world.nodes[k].waiting.insert(id, (index, now));
                         }
                     }
+                    record.ran(k);
                     drain_events(&mut world, &mut record, k, now);
                     world.flush(k, now);
                     world.schedule(k, now);
@@ -472,7 +509,7 @@ pub fn run(config: &SimConfig) -> SimReport {
             }
             continue;
         }
-        let Some(Reverse((_, _, event))) = world.queue.pop() else {
+        let Some(event) = world.pop() else {
             break;
         };
         match event {
@@ -489,6 +526,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                     continue;
                 }
                 node.handle_timeout(local);
+                record.ran(i);
                 drain_events(&mut world, &mut record, i, now);
                 world.flush(i, now);
                 world.schedule(i, now);
@@ -516,6 +554,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 if node.handle_frame(local, from as u64, &bytes).is_err() {
                     world.frames_dropped += 1;
                 }
+                record.ran(to);
                 drain_events(&mut world, &mut record, to, now);
                 world.flush(to, now);
                 world.schedule(to, now);
@@ -530,6 +569,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 }
             }
             Event::Restart(i) => {
+                record.ran(i);
                 world.start_node(i, now);
                 world.flush(i, now);
             }
@@ -557,11 +597,11 @@ fn drain_events(world: &mut World<'_>, record: &mut measure::Recorder, i: usize,
     let Some(node) = world.nodes[i].node.as_mut() else {
         return;
     };
-    let mut events = Vec::new();
+    let mut events = std::mem::take(&mut world.events);
     while let Some(event) = node.poll_event() {
         events.push(event);
     }
-    for event in events {
+    for event in events.drain(..) {
         match event {
             NodeEvent::Decided { id, decision } => {
                 if let Some((index, at)) = world.nodes[i].waiting.remove(&id) {
@@ -576,6 +616,7 @@ fn drain_events(world: &mut World<'_>, record: &mut measure::Recorder, i: usize,
             _ => {}
         }
     }
+    world.events = events;
 }
 
 /// Run `config` with each baseline rule; return `(name, report)` pairs.

@@ -2,6 +2,7 @@
 
 use crate::clock::Nanos;
 use crate::mesh::MeshKind;
+use crate::mesh::membership::mix;
 use crate::sim::{START_NS, SimConfig};
 
 /// How the offered load is spread over time and nodes.
@@ -62,6 +63,45 @@ pub struct Arrival {
     pub cost: u64,
 }
 
+/// The fixed set of nodes each key's requests go to (`SimConfig::nodes_per_key`): for key
+/// `k`, `size` distinct nodes of `0..nodes` drawn by an RNG seeded with the run's seed and
+/// the key (Floyd's sampling), so the sets do not depend on the traffic model.
+struct KeySets {
+    seed: u64,
+    nodes: usize,
+    size: usize,
+    /// The set of the key asked last.
+    key: Option<u64>,
+    set: Vec<usize>,
+}
+
+impl KeySets {
+    fn new(seed: u64, nodes: usize, size: usize) -> Self {
+        KeySets {
+            seed,
+            nodes,
+            size: size.clamp(1, nodes.max(1)),
+            key: None,
+            set: Vec::with_capacity(size),
+        }
+    }
+
+    /// Return node `index` (taken modulo the set's size) of `key`'s set.
+    fn node(&mut self, key: u64, index: usize) -> usize {
+        if self.key != Some(key) {
+            let mut rng = fastrand::Rng::with_seed(mix(self.seed ^ mix(key.wrapping_add(1))));
+            self.set.clear();
+            for j in self.nodes - self.size..self.nodes {
+                let t = rng.usize(0..=j);
+                let pick = if self.set.contains(&t) { j } else { t };
+                self.set.push(pick);
+            }
+            self.key = Some(key);
+        }
+        self.set[index % self.size]
+    }
+}
+
 /// Generate the requests of a run, sorted by time.
 pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
     let policy = &config.policy;
@@ -77,6 +117,15 @@ pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
     let keys = config.keys.max(1);
     let per_ns = config.demand * tokens_per_ns / mean_cost * keys as f64;
     let n = config.nodes.max(1);
+    // With a set of nodes per key, a random node is a random index into the key's set
+    // (resolved below, once the key is known).
+    let sets = config
+        .nodes_per_key
+        .map(|k| KeySets::new(config.seed, n, k));
+    let random_node = |rng: &mut fastrand::Rng| match &sets {
+        Some(s) => rng.usize(0..s.size),
+        None => rng.usize(0..n),
+    };
     let end = START_NS + config.duration_ns;
     let mut out = Vec::new();
     let cost = |rng: &mut fastrand::Rng| rng.u64(1..=config.max_cost.max(1));
@@ -138,7 +187,7 @@ pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
                 let key = cdf.partition_point(|&c| c < u).min(keys as usize - 1) as u64;
                 out.push(Arrival {
                     at_ns: t as Nanos,
-                    node: rng.usize(0..n),
+                    node: random_node(rng),
                     key,
                     cost: cost(rng),
                 });
@@ -153,7 +202,7 @@ pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
                 }
                 out.push(Arrival {
                     at_ns: t as Nanos,
-                    node: rng.usize(0..n),
+                    node: random_node(rng),
                     key: rng.u64(0..keys),
                     cost: cost(rng),
                 });
@@ -168,7 +217,7 @@ pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
                 if t >= end as f64 {
                     break;
                 }
-                let node = rng.usize(0..n);
+                let node = random_node(rng);
                 let key = rng.u64(0..keys);
                 for _ in 0..burst {
                     out.push(Arrival {
@@ -200,6 +249,48 @@ pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
             }
         }
     }
+    if let Some(mut sets) = sets {
+        for a in &mut out {
+            a.node = sets.node(a.key, a.node);
+        }
+    }
     out.sort_by_key(|a| a.at_ns);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::policy::Policy;
+
+    #[test]
+    fn each_key_goes_to_its_own_few_nodes() {
+        let policy = Policy::global_sliding_window(100, Duration::from_secs(1)).unwrap();
+        for traffic in [Traffic::Poisson, Traffic::Uniform, Traffic::Bursty] {
+            let mut c = SimConfig::new(policy);
+            c.nodes = 64;
+            c.keys = 500;
+            c.nodes_per_key = Some(3);
+            c.demand = 0.05;
+            c.duration_ns = 10_000_000_000;
+            let arrivals = generate(&c, &mut fastrand::Rng::with_seed(7));
+            let mut sets: BTreeMap<u64, BTreeSet<usize>> = BTreeMap::new();
+            for a in &arrivals {
+                sets.entry(a.key).or_default().insert(a.node);
+            }
+            assert!(sets.values().all(|s| s.len() <= 3), "{traffic:?}");
+            // Most keys use all three of their nodes, and the sets cover the cluster.
+            let full = sets.values().filter(|s| s.len() == 3).count();
+            assert!(
+                full * 10 > sets.len() * 8,
+                "{traffic:?}: {full} of {}",
+                sets.len()
+            );
+            let used: BTreeSet<usize> = sets.values().flatten().copied().collect();
+            assert_eq!(used.len(), 64, "{traffic:?}");
+        }
+    }
 }

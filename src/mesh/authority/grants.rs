@@ -227,6 +227,8 @@ impl Authority {
     /// Serve the waiting requests that can be served at `now` (after returns, or a new
     /// window), and deny those past their deadline; return the answers by node.
     pub fn serve_waiting(&mut self, now: Nanos) -> Vec<(NodeId, u64, Answer)> {
+        // A new window first: the records looked up below are then the ones granted from.
+        self.roll(now);
         let mut answers = Vec::new();
         let mut still = VecDeque::new();
         while let Some(w) = self.waiting.pop_front() {

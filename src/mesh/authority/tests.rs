@@ -73,6 +73,21 @@ fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts
 }
 
 #[test]
+fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
+    let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
+    a.report(10 * S, 1, 1, &want(10, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 5, 0));
+    // The holder's lease closes at the window's end, with all 5 spent; then it dies.
+    let mut w = want(10, 5, 5, 0);
+    w.closed = true;
+    a.report(10 * S + S - 1, 1, 1, &w);
+    a.forget_holder(1);
+    // At the start of the next window, the 5 still weigh in full.
+    assert_eq!(a.available(11 * S), 15);
+}
+
+#[test]
 fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);

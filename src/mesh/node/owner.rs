@@ -28,7 +28,9 @@ impl Node {
         if self.authorities.contains_key(&key) {
             return true;
         }
-        if !self.running {
+        if !self.running || self.returning.contains_key(&key) {
+            // Recovering, or the key's authority is on its way back: a fresh one would count
+            // the window from zero again.
             return false;
         }
         let Some((policy, kind)) = self.policy(key.policy) else {
@@ -51,9 +53,15 @@ impl Node {
 
     /// Tell whether this node may grant from `key` as its owner at `now`: its successor
     /// confirmed hearing it within the authority lease and, by the view it last told, ranks
-    /// it first for the key too (two nodes that each count the other dead cannot both lean on
-    /// one successor), and it heard a majority of the members within the lease.
+    /// it first for the key and itself second (two nodes that each count the other dead
+    /// cannot both lean on one successor, not even across a change of the successor's view),
+    /// and it received frames from a majority of the members within the lease (members not
+    /// heard since this node started do not count: a restarted node does not lean on them),
+    /// and it is not waiting to be heard back after a peer declared it dead.
     pub(super) fn lease_holds(&self, key: u64, successor: Option<NodeId>, now: Nanos) -> bool {
+        if !self.heard_back() {
+            return false;
+        }
         let lease = self.config.authority_lease_rounds() * self.config.gossip_interval_ns;
         if let Some(s) = successor {
             let confirmed = self.membership.peer(s).map_or(0, |p| p.confirmed);
@@ -65,9 +73,28 @@ impl Node {
             .membership
             .peers()
             .values()
-            .filter(|p| !p.left && p.heard_at.saturating_add(lease) > now)
+            .filter(|p| !p.left && p.frame_at > 0 && p.frame_at.saturating_add(lease) > now)
             .count();
         self.membership.is_majority(heard)
+    }
+
+    /// Tell whether every member this node counts alive echoed one of its frames sent since it
+    /// last learned that a peer declared it dead. The members that declared it dead count
+    /// fewer members, so a majority of theirs and a majority of this node's may both hold
+    /// (six nodes, one crashed, cut 3 | 2: the three count three members once they declared
+    /// the two dead, while the two still count five, and at the heal one of the three heard
+    /// by the two makes them three of five). A member counts this node alive again from its
+    /// first frame on, and hands over the keys this node owns at once, so once each has
+    /// echoed a later frame, none of them still grants this node's keys.
+    pub(super) fn heard_back(&self) -> bool {
+        let Some(since) = self.declared_dead_at else {
+            return true;
+        };
+        self.membership
+            .peers()
+            .values()
+            .filter(|p| p.alive && !p.left && !p.pending)
+            .all(|p| p.confirmed >= since)
     }
 
     /// A peer's clock offset, or a wide guess (a dead node's clock cannot be asked): the

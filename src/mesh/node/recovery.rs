@@ -40,6 +40,7 @@ impl Node {
             return;
         };
         self.backups.remove(&key);
+        self.returning.remove(&key);
         let incoming = Authority::from_state(&state, policy, kind, offset, now)
             .with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
@@ -61,8 +62,12 @@ impl Node {
     }
 
     /// A peer that declared this node dead may have taken over the authorities it backs up:
-    /// hand them to it (it merges them with what it granted since) and let it hand them back.
-    pub(super) fn check_deaths(&mut self, from: NodeId) {
+    /// hand them to it (it merges them with what it granted since) and let it hand them back,
+    /// making no fresh authority for those keys meanwhile. Any key may have moved to an owner
+    /// of the peer's view without this node, which grants until it hears this node again:
+    /// this node grants nothing until every member it counts alive has heard it since
+    /// ([`Node::heard_back`]).
+    pub(super) fn check_deaths(&mut self, now: Nanos, from: NodeId) {
         let Some(deaths) = self.membership.peer(from).map(|p| p.my_deaths) else {
             return;
         };
@@ -71,6 +76,7 @@ impl Node {
             return;
         }
         *seen = deaths;
+        self.declared_dead_at = Some(now);
         let keys: Vec<KeyRef> = self
             .authorities
             .keys()
@@ -79,6 +85,7 @@ impl Node {
             .collect();
         for key in keys {
             self.hand_off(key, from);
+            self.returning.insert(key, from);
         }
     }
 
@@ -143,6 +150,8 @@ impl Node {
                         a.forget_holder(p);
                     }
                     self.sync_waiting.remove(&p);
+                    // What it was to hand back is lost with it.
+                    self.returning.retain(|_, to| *to != p);
                 }
                 Change::Up(p) | Change::Learned(p) => {
                     self.events.push_back(if matches!(change, Change::Up(_)) {
@@ -161,6 +170,7 @@ impl Node {
                     self.sync_waiting.remove(&p);
                     self.answered_sync.remove(&p);
                     self.deaths_seen.remove(&p);
+                    self.returning.retain(|_, to| *to != p);
                 }
                 Change::Restarted(p) => {
                     self.events.push_back(Event::PeerRestarted(p));
@@ -172,6 +182,7 @@ impl Node {
                     }
                     self.answered_sync.remove(&p);
                     self.deaths_seen.remove(&p);
+                    self.returning.retain(|_, to| *to != p);
                 }
             }
         }
@@ -200,6 +211,7 @@ impl Node {
         for key in keys {
             let h = self.holdings.get_mut(&key).expect("listed");
             h.report_due();
+            self.touched.push(key);
             if h.waiting() > 0 {
                 self.ask(key, now, false);
             }

@@ -1,0 +1,217 @@
+//! A node's timer: the deadlines of its keys, and its rounds.
+//!
+//! Every round, a key's holding counts its demand, reports to the key's owner, refills or
+//! gives its lease back, and is forgotten once idle; an authority is dropped once nothing
+//! it holds matters any more; the changed authorities are backed up and every peer hears
+//! from the node. A round looks only at the keys that need it: those touched since the last
+//! round (a request, a frame, a timer), those with something left to do, and those whose
+//! time comes; a holding *at rest* ([`Holding::at_rest`](crate::mesh::holder::Holding::at_rest): nothing leased, waiting, wanted or
+//! to report) changes in a round only by one more idle round, so its rounds are skipped
+//! until [`Holding::wake_round`](crate::mesh::holder::Holding::wake_round) and counted when it is next looked at
+//! ([`Holding::catch_up`](crate::mesh::holder::Holding::catch_up)). Looking at a key in any round is what every round once did, so
+//! skipping changes no decision.
+
+use std::cmp::Reverse;
+
+use super::{Event, Node};
+use crate::clock::Nanos;
+use crate::mesh::NodeId;
+use crate::mesh::message::{Item, KeyRef};
+
+impl Node {
+    /// Run the node's timer at `now`: a round's work when a round began, and the deadlines.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        let g = self.config.gossip_interval_ns;
+        let new_round = now >= self.next_tick;
+        if new_round {
+            self.round = now / g;
+            self.next_tick = (self.round + 1) * g;
+            self.stats.rounds += 1;
+            let changes = self.membership.check(now);
+            self.apply_changes(now, &changes);
+            self.join_tick(now);
+        }
+        let round = self.round;
+        // The keys due now; on a new round, also those the round must look at.
+        let mut due: Vec<KeyRef> = Vec::new();
+        while let Some(&Reverse((at, key))) = self.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if self.armed.get(&key) == Some(&at) {
+                self.armed.remove(&key);
+            }
+            due.push(key);
+        }
+        if !new_round {
+            due.sort_unstable();
+            due.dedup();
+            for &key in &due {
+                self.key_timeout(key, now, None);
+                self.touched.push(key);
+            }
+            self.flush(now);
+            return;
+        }
+        due.append(&mut self.candidates);
+        // Keys the membership change just touched are looked at in this round.
+        due.append(&mut self.touched);
+        while let Some(&Reverse((at, key))) = self.wakes.peek() {
+            if at > round {
+                break;
+            }
+            self.wakes.pop();
+            due.push(key);
+        }
+        due.sort_unstable();
+        due.dedup();
+        for &key in &due {
+            self.key_timeout(key, now, Some(round));
+        }
+        self.drop_idle_authorities(now);
+        // What the next rounds must look at.
+        for key in std::mem::take(&mut self.touched) {
+            if due.binary_search(&key).is_err() {
+                self.arm(key);
+                self.candidates.push(key);
+            }
+        }
+        for &key in &due {
+            self.arm(key);
+            let holding = self.holdings.get(&key);
+            let busy_authority = self.authorities.get(&key).is_some_and(|a| a.has_waiters());
+            match holding {
+                Some(h) if h.at_rest() && !busy_authority => {
+                    self.wakes.push(Reverse((h.wake_round(round, g), key)));
+                }
+                Some(_) => self.candidates.push(key),
+                None if busy_authority => self.candidates.push(key),
+                None => {}
+            }
+        }
+        self.round_work();
+        self.flush(now);
+    }
+
+    /// An authority no key's round looked at is dropped once it holds nothing worth keeping
+    /// (the one thing its round would do).
+    fn drop_idle_authorities(&mut self, now: Nanos) {
+        let idle: Vec<KeyRef> = self
+            .authorities
+            .iter_mut()
+            .filter_map(|(&key, a)| a.is_idle(now).then_some(key))
+            .collect();
+        for key in idle {
+            self.authorities.remove(&key);
+            self.dirty.remove(&key);
+        }
+    }
+
+    /// A key's timer at `now` (and its round's work when `round` is given).
+    fn key_timeout(&mut self, key: KeyRef, now: Nanos, round: Option<u64>) {
+        let g = self.config.gossip_interval_ns;
+        let rounds = self.stats.rounds;
+        if let Some(h) = self.holdings.get_mut(&key) {
+            let decided = h.timeouts(now, g);
+            self.stats.timeouts += decided.len() as u64;
+            for (id, decision) in decided {
+                self.events.push_back(Event::Decided { id, decision });
+            }
+            let ended = h.expire_now(now);
+            let (tell, refill) = match round {
+                Some(round) => {
+                    h.catch_up(rounds);
+                    h.tick(now, round)
+                }
+                None => (false, false),
+            };
+            if h.should_ask(now) || tell || ended {
+                self.ask(key, now, refill);
+            } else if round.is_some() && h.is_idle(now) {
+                self.holdings.remove(&key);
+                self.cells.remove(&key);
+            }
+        }
+        if self.authorities.contains_key(&key) {
+            if self.authority_ready(key, now) {
+                self.serve_waiting(key, now);
+            } else if let Some(a) = self.authorities.get_mut(&key) {
+                // Deadlines pass even while the authority may not grant: deny those, and look
+                // at the others again at the next round.
+                a.defer_wakes(self.next_tick);
+                for (node, answer) in a.deny_overdue(now) {
+                    self.answer(now, key, node, answer);
+                }
+            }
+            if round.is_some()
+                && let Some(a) = self.authorities.get_mut(&key)
+                && a.is_idle(now)
+            {
+                self.authorities.remove(&key);
+                self.dirty.remove(&key);
+            }
+        }
+    }
+
+    fn round_work(&mut self) {
+        // Backups of the authorities that changed, to their successors.
+        for key in std::mem::take(&mut self.dirty) {
+            if let Some(a) = self.authorities.get(&key)
+                && let (_, Some(successor)) = self.membership.owner_and_successor(key.key)
+            {
+                self.stats.backups_sent += 1;
+                self.outbox.push(successor, Item::Backup(a.state()));
+            }
+        }
+        // Backups of a live owner that stopped sending them, or of keys nobody would give
+        // this node any more, are dropped.
+        let round = self.round;
+        if round.is_multiple_of(16) {
+            let me = self.config.id;
+            let membership = &self.membership;
+            self.backups.retain(|k, (from, _)| {
+                let (owner, successor) = membership.owner_and_successor(k.key);
+                (membership.is_alive(*from) && successor == Some(me)) || owner == me
+            });
+            // This node owns such a key again only once the peer holding it is gone, which
+            // ends the wait anyway.
+            self.returning
+                .retain(|k, _| membership.owner_and_successor(k.key).0 == me);
+        }
+        if let Some(b) = &mut self.baseline {
+            let counts = b.changed_counts();
+            if !counts.is_empty() {
+                let peers: Vec<NodeId> = self
+                    .membership
+                    .peers()
+                    .iter()
+                    .filter(|(_, p)| p.alive)
+                    .map(|(&id, _)| id)
+                    .collect();
+                for p in peers {
+                    for c in &counts {
+                        self.outbox.push(p, Item::Count(*c));
+                    }
+                }
+            }
+        }
+        if self.declared_dead_at.is_some() && self.heard_back() {
+            self.declared_dead_at = None;
+        }
+        self.spread_members(round);
+        self.limits_round();
+        // Heartbeats: every live peer hears from this node every round; dead ones every 8.
+        let peers: Vec<(NodeId, bool)> = self
+            .membership
+            .peers()
+            .iter()
+            .map(|(&id, p)| (id, p.alive))
+            .collect();
+        for (p, alive) in peers {
+            if (alive || round.is_multiple_of(8)) && !self.outbox.has(p) {
+                self.outbox.heartbeat(p);
+            }
+        }
+    }
+}
