@@ -42,7 +42,13 @@ impl Node {
                 let offset = self.offset_or_guess(from, now);
                 Authority::from_state(&state, policy, kind, offset, now)
             }
-            None => Authority::fresh(key, policy, kind, now),
+            None => match self.earlier_owner(key.key) {
+                Some(by) => {
+                    let offset = self.offset_or_guess(by, now);
+                    Authority::fresh_after(key, policy, kind, offset, now)
+                }
+                None => Authority::fresh(key, policy, kind, now),
+            },
         };
         self.authorities
             .insert(key, authority.with_hold(self.config.hold_ns()));
@@ -99,6 +105,16 @@ impl Node {
 
     /// A peer's clock offset, or a wide guess (a dead node's clock cannot be asked): the
     /// whole failure detection time either way.
+    /// The member declared dead most recently among those that rank above this node for
+    /// `key`: the owner the key may have had before this node, which may have granted until
+    /// its authority lease ran out.
+    fn earlier_owner(&self, key: u64) -> Option<NodeId> {
+        self.membership
+            .dead_above(key)
+            .max_by_key(|&(id, declared)| (declared, id))
+            .map(|(id, _)| id)
+    }
+
     pub(super) fn offset_or_guess(&self, from: NodeId, now: Nanos) -> Offset {
         self.membership.offset(from, now).unwrap_or(Offset {
             offset: 0,
