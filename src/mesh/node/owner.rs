@@ -103,8 +103,6 @@ impl Node {
             .all(|p| p.confirmed >= since)
     }
 
-    /// A peer's clock offset, or a wide guess (a dead node's clock cannot be asked): the
-    /// whole failure detection time either way.
     /// The member declared dead most recently among those that rank above this node for
     /// `key`: the owner the key may have had before this node, which may have granted until
     /// its authority lease ran out.
@@ -115,6 +113,8 @@ impl Node {
             .map(|(id, _)| id)
     }
 
+    /// A peer's clock offset, or a wide guess (a dead node's clock cannot be asked): the
+    /// whole failure detection time either way.
     pub(super) fn offset_or_guess(&self, from: NodeId, now: Nanos) -> Offset {
         self.membership.offset(from, now).unwrap_or(Offset {
             offset: 0,
