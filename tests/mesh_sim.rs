@@ -794,6 +794,45 @@ fn windows_numbered_from_a_clock_behind_are_measured_in_the_order_they_began() {
     assert!(!report.double_authority, "{report:?}");
 }
 
+/// Four nodes, one crashed for good, then a cut that leaves the key's owner alone: it makes a
+/// fresh authority while its lease still holds and grants its window 1164's tail and 1165.
+/// The majority's new owner has no backup and makes a fresh window 1165 on a clock 4.6 ms
+/// ahead, which held the cut-off owner's 1164 tail of those 4.6 ms on top of both owners'
+/// limits (1.124 over a declared 1). A fresh authority made after a dead owner follows that
+/// owner's clock, so its window never begins before the dead owner's of the same number.
+#[test]
+fn a_fresh_authority_after_a_dead_owner_follows_its_windows() {
+    let mut c = SimConfig::new(Policy::fixed_window(226, Duration::from_millis(859)).unwrap());
+    c.nodes = 4;
+    c.gossip_interval_ns = 22_000_000;
+    c.latency_ns = 6_000_000;
+    c.jitter_ns = 2_000_000;
+    c.duplication = 0.051_526_760_348_296_25;
+    c.skew_ns = 7_000_000;
+    c.traffic = Traffic::SynchronizedBurst;
+    c.demand = 2.233_397_757_694_711;
+    c.max_cost = 1;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 16_800_191_905_276_064_798;
+    c.partition = Some(Partition {
+        at_ns: 569_907_739,
+        heal_ns: 810_979_219,
+        minority: 2,
+    });
+    c.crashes.push(Crash {
+        node: 2,
+        at_ns: 243_010_658,
+        restart_ns: None,
+    });
+    let report = sim::run(&c);
+    assert!(
+        report.policy_overshoot <= report.declared_bound.total() + 1e-9,
+        "{report:?}"
+    );
+    assert!(!report.double_authority, "{report:?}");
+}
+
 /// Two nodes, one crashed: the other cannot declare it dead alone, so no authority begins the
 /// windows until the restart. A sliding window's previous window is the one numbered just
 /// before it, not the last one an authority began (three windows earlier here, full: counted

@@ -155,6 +155,32 @@ impl Authority {
         }
     }
 
+    /// Create the authority of a key whose earlier owner was declared dead without leaving
+    /// this node a backup: its windows follow that owner's clock (`offset`), numbered as it
+    /// numbered them and converted so that each begins no earlier here than it did there. Its
+    /// window of an index then never begins before the earlier owner's, whose grants of the
+    /// window before this node cannot know: they all fall before it.
+    pub fn fresh_after(
+        key: KeyRef,
+        policy: Policy,
+        kind: MeshKind,
+        offset: Offset,
+        now: Nanos,
+    ) -> Self {
+        let mut a = Self::fresh(key, policy, kind, now);
+        if !kind.is_window() {
+            return a;
+        }
+        let w = policy.window_ns();
+        let window = offset.to_peer(now).saturating_sub(offset.error) / w;
+        let start = offset.latest_local(window.saturating_mul(w)).min(now);
+        a.window = window;
+        a.start = start;
+        a.end = start.saturating_add(w);
+        a.next_start = a.end;
+        a
+    }
+
     /// Take over a state another node sent (its backup or handoff) at `now`; `offset` is
     /// that node's clock. Times are converted so that this node's leases of the current
     /// window end no later, and the next window begins no earlier, than the sender's.

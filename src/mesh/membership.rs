@@ -555,6 +555,19 @@ impl Membership {
                 .all(|(&peer, _)| weight(key, peer) < theirs)
     }
 
+    /// Return the members this node declared dead (and that did not come back or leave) that
+    /// rank above it for `key`, with the local time of each declaration: the owners the key
+    /// may have had before this node.
+    pub fn dead_above(&self, key: u64) -> impl Iterator<Item = (NodeId, Nanos)> + '_ {
+        let mine = weight(key, self.me);
+        self.peers
+            .iter()
+            .filter(move |&(&id, p)| {
+                !p.alive && !p.left && !p.pending && p.deaths > 0 && weight(key, id) > mine
+            })
+            .map(|(&id, p)| (id, p.since))
+    }
+
     /// Return the key's owner and successor (if there is a second live member).
     pub fn owner_and_successor(&self, key: u64) -> (NodeId, Option<NodeId>) {
         let mut ranked = self.ranked(key);

@@ -42,7 +42,13 @@ impl Node {
                 let offset = self.offset_or_guess(from, now);
                 Authority::from_state(&state, policy, kind, offset, now)
             }
-            None => Authority::fresh(key, policy, kind, now),
+            None => match self.earlier_owner(key.key) {
+                Some(by) => {
+                    let offset = self.offset_or_guess(by, now);
+                    Authority::fresh_after(key, policy, kind, offset, now)
+                }
+                None => Authority::fresh(key, policy, kind, now),
+            },
         };
         self.authorities
             .insert(key, authority.with_hold(self.config.hold_ns()));
@@ -95,6 +101,16 @@ impl Node {
             .values()
             .filter(|p| p.alive && !p.left && !p.pending)
             .all(|p| p.confirmed >= since)
+    }
+
+    /// The member declared dead most recently among those that rank above this node for
+    /// `key`: the owner the key may have had before this node, which may have granted until
+    /// its authority lease ran out.
+    fn earlier_owner(&self, key: u64) -> Option<NodeId> {
+        self.membership
+            .dead_above(key)
+            .max_by_key(|&(id, declared)| (declared, id))
+            .map(|(id, _)| id)
     }
 
     /// A peer's clock offset, or a wide guess (a dead node's clock cannot be asked): the
