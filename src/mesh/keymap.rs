@@ -2,8 +2,8 @@
 //! [`NodeId`](crate::mesh::NodeId): a fixed function (splitmix64's finalizer over the
 //! words), fast, and the same in every process, so a node's walks over its keys repeat
 //! exactly from run to run (the simulator's runs are deterministic). Keys are already
-//! [`crate::mesh::key_hash`] values, keyed with the cluster's secret: clients cannot aim
-//! collisions at them.
+//! [`KeyHasher::key`](crate::ids::KeyHasher::key) values, keyed with the cluster's secret:
+//! clients cannot aim collisions at them.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
