@@ -100,30 +100,25 @@ impl Node {
             }
         }
         let before = self.config.digest;
-        // The peers that ran this node's configuration until now run its old limits: they
-        // count at once, before their own announcements arrive.
-        let old_limits: Vec<PolicyLimits> = self.limits.own.iter().map(announced).collect();
-        if digest != before {
-            for (&peer, &d) in &self.limits.digests {
-                if d == before && self.membership.is_alive(peer) {
-                    self.limits.differ.insert(peer, Some(old_limits.clone()));
-                }
-            }
-        }
+        // Peers that agree with the new configuration agree again.
         let digests = &self.limits.digests;
         let events = &mut self.events;
-        let differ = &mut self.limits.differ;
-        differ.retain(|&peer, _| {
+        self.limits.differ.retain(|&peer, _| {
             let agrees = digests.get(&peer) == Some(&digest);
             if agrees {
                 events.push_back(Event::ConfigAgrees(peer));
             }
             !agrees
         });
-        // Peers that ran this node's old configuration differ now.
-        for (&peer, &d) in digests {
-            if d == before && digest != before && self.membership.is_alive(peer) {
-                events.push_back(Event::ConfigDiffers(peer));
+        // The peers that ran this node's configuration until now differ, and run its old
+        // limits: those count at once, before their own announcements arrive.
+        if digest != before {
+            let old_limits: Vec<PolicyLimits> = self.limits.own.iter().map(announced).collect();
+            for (&peer, &d) in digests {
+                if d == before && self.membership.is_alive(peer) {
+                    self.limits.differ.insert(peer, Some(old_limits.clone()));
+                    events.push_back(Event::ConfigDiffers(peer));
+                }
             }
         }
         self.limits.own = policies;
@@ -141,12 +136,6 @@ impl Node {
             .copied()
             .filter(|&p| self.membership.is_alive(p))
             .collect()
-    }
-
-    /// Return this node's own policies (before the lowest-limit rule); the ones it enforces
-    /// are [`super::NodeConfig::policies`] of [`Node::config`].
-    pub fn own_policies(&self) -> &[Policy] {
-        &self.limits.own
     }
 
     /// A frame from `from` carried `digest`.
