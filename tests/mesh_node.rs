@@ -331,6 +331,7 @@ fn want(policy: u32, granted: u64, used: u64) -> Want {
         seq: 1,
         refill: false,
         demand: 16,
+        spent_ago: 0,
         previous_used: None,
         holding: 1,
     }

@@ -117,6 +117,11 @@ pub struct Authority {
     /// Buckets: free tokens in ns of refill, as of `level_at`.
     level_ns: u64,
     level_at: Nanos,
+    /// Buckets: since when the level has stood at its cap (burst minus what is leased and
+    /// not reported spent), losing refill; and up to when that lost refill was given back
+    /// for spending reported since ([`Authority::report`]).
+    capped_since: Option<Nanos>,
+    credited_until: Nanos,
     holders: Vec<HolderRecord>,
     waiting: VecDeque<Waiter>,
     recalled_at: Nanos,
@@ -146,6 +151,8 @@ impl Authority {
             previous: 0,
             level_ns: policy.window_ns(),
             level_at: now,
+            capped_since: None,
+            credited_until: 0,
             holders: Vec::new(),
             waiting: VecDeque::new(),
             recalled_at: 0,
@@ -193,7 +200,9 @@ impl Authority {
     ) -> Self {
         let w = policy.window_ns();
         let end = offset.earliest_local(state.ends_at);
-        let next_start = offset.latest_local(state.ends_at).max(end);
+        let next_start = offset
+            .latest_local(state.next_at.max(state.ends_at))
+            .max(end);
         let level_at = offset.latest_local(state.level_at).min(now);
         let mut a = Authority {
             key: state.key,
@@ -207,6 +216,8 @@ impl Authority {
             previous: state.previous,
             level_ns: state.level_ns.min(policy.window_ns()),
             level_at,
+            capped_since: None,
+            credited_until: 0,
             holders: state.holders.clone(),
             waiting: VecDeque::new(),
             recalled_at: 0,
@@ -231,6 +242,7 @@ impl Authority {
                 .min(policy.window_ns());
         }
         self.policy = policy;
+        self.capped_since = None;
         self.version += 1;
     }
 
@@ -289,6 +301,7 @@ impl Authority {
         self.level_ns = self.level_ns.min(other.level_ns);
         self.end = self.end.min(other.end);
         self.next_start = self.next_start.max(other.next_start);
+        self.capped_since = None;
         self.version = self.version.max(other.version) + 1;
     }
 
@@ -299,6 +312,7 @@ impl Authority {
             version: self.version,
             window: self.window,
             ends_at: self.end,
+            next_at: self.next_start,
             previous: self.previous,
             level_ns: self.level_ns,
             level_at: self.level_at,
@@ -385,6 +399,30 @@ impl Authority {
             .sum()
     }
 
+    /// Buckets: `tokens` leased earlier were reported spent at `now`, the last of them at
+    /// least `ago` ns before. While the level stood at its cap, the cap held those tokens
+    /// back from refilling although they were gone: give back the refill lost since then
+    /// (each instant of it once), as a central bucket charged at the spending would have
+    /// refilled. Then the cap is what is still leased.
+    fn credit_spent(&mut self, now: Nanos, tokens: u64, ago: Nanos) {
+        let cap = self
+            .policy
+            .window_ns()
+            .saturating_sub(self.outstanding().saturating_mul(self.interval()));
+        if let Some(capped) = self.capped_since {
+            let from = now.saturating_sub(ago).max(capped).max(self.credited_until);
+            let credit = now
+                .saturating_sub(from)
+                .min(tokens.saturating_mul(self.interval()))
+                .min(cap.saturating_sub(self.level_ns));
+            self.level_ns += credit;
+            self.credited_until = from + credit;
+        }
+        if self.level_ns < cap {
+            self.capped_since = None;
+        }
+    }
+
     /// Tokens leased in the current window (windows).
     fn allocated(&self) -> u64 {
         self.holders
@@ -403,11 +441,15 @@ impl Authority {
             .saturating_sub(self.outstanding().saturating_mul(self.interval()));
         let level = self.level_ns.saturating_add(now - self.level_at);
         // The level never drops because the cap fell: leased tokens came out of it already.
-        self.level_ns = if self.level_ns >= cap {
-            self.level_ns
+        if self.level_ns >= cap {
+            self.capped_since.get_or_insert(self.level_at);
+        } else if level >= cap {
+            self.capped_since = Some(self.level_at + (cap - self.level_ns));
+            self.level_ns = cap;
         } else {
-            level.min(cap)
-        };
+            self.capped_since = None;
+            self.level_ns = level;
+        }
         self.level_at = now;
     }
 
@@ -592,6 +634,7 @@ impl Authority {
         let mut previous_raise = 0;
         let mut returned_tokens = 0;
         let mut granted_unseen = 0;
+        let mut spent = 0;
         let mut news = false;
         {
             // A holding made afresh (the holder forgot the key while idle): the earlier
@@ -639,6 +682,9 @@ impl Authority {
                 if want.returned > r.returned {
                     returned_tokens = want.returned - r.returned;
                     r.returned = want.returned;
+                }
+                if known && want.used > r.used {
+                    spent = want.used - r.used;
                 }
                 r.used = r.used.max(want.used);
                 if kind.is_window() && want.closed && !r.closed {
@@ -690,6 +736,9 @@ impl Authority {
                 .level_ns
                 .saturating_add(returned_tokens.saturating_mul(interval))
                 .min(self.policy.window_ns());
+        }
+        if kind == MeshKind::Bucket && spent > 0 {
+            self.credit_spent(now, spent, want.spent_ago);
         }
         self.version += 1;
         news || returned_tokens > 0

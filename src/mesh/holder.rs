@@ -87,6 +87,9 @@ pub struct Holding {
     /// Cost offered per round, exponentially averaged, in sixteenths.
     demand: u32,
     used_at_tick: u64,
+    /// The count of admissions last seen, and when it was first seen: the last admission
+    /// it counts was no later ([`Want::spent_ago`]).
+    used_seen: (u64, Nanos),
     offered: u64,
     reported_used: u64,
     reported_round: u64,
@@ -133,6 +136,7 @@ impl Holding {
             answered: 0,
             demand: 0,
             used_at_tick: 0,
+            used_seen: (0, 0),
             offered: 0,
             reported_used: 0,
             reported_round: 0,
@@ -229,6 +233,15 @@ impl Holding {
     /// Return the lease's window and, for windows, its local expiry.
     pub fn lease(&self) -> (u64, Nanos) {
         (self.window, self.expiry)
+    }
+
+    /// Look at the count of admissions at `now`: a new value was reached by now.
+    fn see_used(&mut self, now: Nanos) -> u64 {
+        let used = self.used();
+        if used != self.used_seen.0 {
+            self.used_seen = (used, now);
+        }
+        used
     }
 
     /// Tokens admitted under the current lease.
@@ -342,7 +355,7 @@ impl Holding {
         for w in self.waiting.iter_mut().filter(|w| w.asked == 0) {
             w.asked = self.want_seq;
         }
-        let used = self.used();
+        let used = self.see_used(now);
         self.reported_used = used;
         self.reported_round = round;
         self.report_due = false;
@@ -359,6 +372,7 @@ impl Holding {
             seq: self.want_seq,
             refill,
             demand: self.demand,
+            spent_ago: now.saturating_sub(self.used_seen.1),
             previous_used: self.previous_used,
             holding: self.id,
         }
@@ -478,6 +492,7 @@ impl Holding {
             decided.extend(self.serve(now));
         }
         self.settle();
+        self.see_used(now);
         decided
     }
 
@@ -565,7 +580,7 @@ impl Holding {
     pub fn tick(&mut self, now: Nanos, round: u64) -> (bool, bool) {
         let was_closed = self.closed;
         self.expire(now);
-        let used = self.used();
+        let used = self.see_used(now);
         let spent = used.saturating_sub(self.used_at_tick);
         let offered = spent + self.offered + self.waiting.iter().map(|w| w.cost).sum::<u64>();
         self.offered = 0;

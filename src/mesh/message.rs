@@ -197,6 +197,11 @@ pub struct Want {
     pub refill: bool,
     /// The sender's demand: cost offered per gossip round, in sixteenths.
     pub demand: u32,
+    /// Nanoseconds, on the sender's clock, between its last admission counted in `used`
+    /// and this want (at least; 0 when not known). A bucket's authority learns from it that
+    /// those tokens were spent at least that long before the want arrived, and refills from
+    /// then on what it held back for them.
+    pub spent_ago: u64,
     /// The sender's final count of the window before `window` (windows), until the
     /// authority has it.
     pub previous_used: Option<u64>,
@@ -266,8 +271,13 @@ pub struct AuthorityState {
     pub version: u64,
     /// The current window's index (windows).
     pub window: u64,
-    /// When the current window ends, on the sender's clock (windows).
+    /// When the current window ends, on the sender's clock (windows): the sender grants
+    /// nothing of it from then on.
     pub ends_at: u64,
+    /// When the next window begins, on the sender's clock (windows): no earlier than
+    /// `ends_at`, later by the sender's own uncertainty about the owner it took the window
+    /// from.
+    pub next_at: u64,
     /// The previous window's count (windows; sliding window), an upper bound.
     pub previous: u64,
     /// The bucket's free tokens, in ns of refill (buckets).

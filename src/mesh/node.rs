@@ -624,7 +624,16 @@ impl Node {
         }
         for item in frame.items {
             match item {
-                Item::Want(w) => self.on_want(now, from, incarnation, w),
+                Item::Want(mut w) => {
+                    // Its last counted admission was at least `spent_ago` before the want,
+                    // which left no later than the frame: here, no later than the latest
+                    // local instant the frame's send time can be.
+                    if let Some(o) = self.membership.offset(from, now) {
+                        let at = o.latest_local(frame.header.sent_at.saturating_sub(w.spent_ago));
+                        w.spent_ago = w.spent_ago.max(now.saturating_sub(at));
+                    }
+                    self.on_want(now, from, incarnation, w)
+                }
                 Item::Grant(_) | Item::Recall { .. } if to_earlier_run => {
                     self.stats.to_earlier_run += 1;
                 }

@@ -91,10 +91,19 @@ impl Authority {
         if !denied {
             return answer;
         }
-        // When the cheapest of the requests left could fit, after this grant and with what
-        // the recall brings back (the holder asks again then; a later estimate would deny
-        // it requests there is room for).
-        let retry = self.retry_after(now, smallest.saturating_sub(coming).max(1));
+        // When the cheapest of the requests left could fit, with what the holder's lease
+        // holds after this grant and what the recall brings back (the holder asks again
+        // then; a later estimate would deny it requests there is room for). Its lease, as
+        // its report tells, holds at least what it has (it may have spent more since).
+        let held = self
+            .holders
+            .binary_search_by_key(&node, |h| h.node)
+            .ok()
+            .map(|i| &self.holders[i])
+            .filter(|h| !h.closed)
+            .map_or(0, unspent);
+        let short = smallest.saturating_sub(held).saturating_sub(coming);
+        let retry = self.retry_after(now, short.max(1));
         match answer {
             Answer::Grant {
                 window,

@@ -18,6 +18,7 @@ fn want(window: u64, granted: u64, used: u64, demand: u32) -> Want {
         seq: 0,
         refill: false,
         demand,
+        spent_ago: 0,
         previous_used: None,
         holding: 1,
     }
@@ -266,4 +267,75 @@ fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
     a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0));
     let (g, _) = granted(a.request(10 * S + 2, 3, 1, 16, 11 * S));
     assert!(g >= 16);
+}
+
+#[test]
+fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    // B's clock is 5 s behind A's, known within 20 ms: B ends window 10 at 5.98 s and
+    // begins window 11 at 6.02 s.
+    let loose = Offset {
+        offset: 5 * S as i64,
+        error: 20_000_000,
+        round_trip: 40_000_000,
+    };
+    let b = Authority::from_state(&a.state(), policy, MeshKind::FixedWindow, loose, 5 * S);
+    assert_eq!(b.frame().2, 6 * S - 20_000_000);
+    // C reads B's clock exactly: it begins window 11 no earlier than B would, 40 ms after
+    // B's early end (not 20 ms before A's end, as B's end alone would say).
+    let exact = Offset {
+        offset: 0,
+        error: 0,
+        round_trip: 0,
+    };
+    let mut c = Authority::from_state(&b.state(), policy, MeshKind::FixedWindow, exact, 5 * S);
+    assert_eq!(c.frame().2, 6 * S - 20_000_000);
+    assert_eq!(c.request(6 * S, 2, 1, 1, 7 * S), Answer::Wait);
+    assert!(c.serve_waiting(6 * S + 19_000_000).is_empty());
+    assert_eq!(c.serve_waiting(6 * S + 20_000_000).len(), 1);
+}
+
+#[test]
+fn a_denial_counts_from_what_the_holders_lease_already_holds() {
+    // 100 tokens a second: one every 10 ms.
+    let policy = Policy::token_bucket(100, Duration::from_secs(1), 10).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 10, 0));
+    // The holder spent 6 of its 10 and waits for a request of 5: it needs 1 more, and the
+    // bucket is empty. It fits 10 ms later (not the 50 ms that 5 whole tokens take).
+    let mut w = want(0, 10, 6, 0);
+    w.need = 1;
+    w.smallest = 5;
+    a.report(10 * S, 1, 1, &w);
+    let (_, retry) = granted(a.request(10 * S, 1, 1, 1, 10 * S));
+    assert_eq!(retry, 10_000_000);
+}
+
+#[test]
+fn a_bucket_gives_back_the_refill_its_cap_held_back_for_tokens_spent_before_the_report() {
+    // 100 tokens a second, burst 100: one token every 10 ms.
+    let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    a.report(10 * S, 2, 1, &want(0, 0, 0, 0));
+    granted(a.request(10 * S, 1, 1, 30, 0));
+    granted(a.request(10 * S, 2, 1, 30, 0));
+    assert_eq!(a.available(10 * S), 40);
+    // 100 ms later both report their 30 spent, the last at least 50 ms before: a central
+    // bucket would have refilled from then, 5 tokens by now (once, not once per holder).
+    let t = 10 * S + 100_000_000;
+    let mut w = want(0, 30, 30, 0);
+    w.spent_ago = 50_000_000;
+    a.report(t, 1, 1, &w);
+    a.report(t, 2, 1, &w);
+    assert_eq!(a.available(t), 45);
+    // Spending reported as just done gets nothing back; refill resumes from the report.
+    let mut b = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    b.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    granted(b.request(10 * S, 1, 1, 30, 0));
+    b.report(t, 1, 1, &want(0, 30, 30, 0));
+    assert_eq!(b.available(t), 70);
+    assert_eq!(b.available(t + 50_000_000), 75);
 }
