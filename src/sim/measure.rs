@@ -287,10 +287,13 @@ impl Recorder {
         }
         // Denials although the oracle had room for the request, for everything offered for its
         // key within one round and two trips of it either side, and for what the policy's
-        // rate adds in one round.
-        let margin = config.gossip_interval_ns + 2 * (config.latency_ns + config.jitter_ns);
+        // rate adds in one round (a bucket: and in one trip, the refill its authority cannot
+        // give back for tokens spent before their report arrived, as far as the clocks
+        // cannot tell when).
+        let trip = config.latency_ns + config.jitter_ns;
+        let margin = config.gossip_interval_ns + 2 * trip;
         let round_tokens = match kind {
-            MeshKind::Bucket => config.gossip_interval_ns.div_ceil(p.interval_ns()),
+            MeshKind::Bucket => (config.gossip_interval_ns + trip).div_ceil(p.interval_ns()),
             _ => (u128::from(p.capacity()) * u128::from(config.gossip_interval_ns))
                 .div_ceil(u128::from(p.window_ns())) as u64,
         };
@@ -331,11 +334,14 @@ impl Recorder {
                     pending_cost -= cost;
                 }
                 let own_room = own_room.saturating_sub(pending_cost);
-                // A window's last round trip: the request may be decided in the next window
-                // (a holder's lease ends early by its clock error; the owner may answer after
-                // the window ended). Not counted.
+                // A window's end, within a round, a recall (two round trips) and a holder's
+                // clock error (half a round trip) of it: the request may be decided in the
+                // next window (a holder's lease ends early by its clock error; recalled tokens
+                // may come back after it ended; the owner may answer after the window ended).
+                // Not counted.
                 let w = p.window_ns();
-                let at_edge = kind != MeshKind::Bucket && r.oracle_at % w + margin >= w;
+                let edge = config.gossip_interval_ns + 5 * trip;
+                let at_edge = kind != MeshKind::Bucket && r.oracle_at % w + edge >= w;
                 // `sum` includes this request's own cost.
                 // Room by the oracle's history and by the mesh's own (a mesh that admitted
                 // what the oracle denied earlier has that much less room later).

@@ -238,9 +238,10 @@ pub struct SimReport {
     /// and by the mesh's own admissions (one central limiter that admitted exactly what the
     /// mesh admitted, earlier requests it admitted after this arrival included), for
     /// everything offered for their key within one gossip round and two one-way delays either
-    /// side of their arrival, and for one round of the policy's rate; for windows, not
-    /// counting those that arrived within that time of the window's end (0 below the limit
-    /// without loss or faults: the guarantee of `docs/overshoot.md`).
+    /// side of their arrival, and for one round of the policy's rate (a bucket's: one round
+    /// and one delay); for windows, not counting those that arrived within a round and five
+    /// one-way delays of the window's end (0 below the limit without loss or faults: the
+    /// guarantee of `docs/overshoot.md`).
     pub false_denials_with_room: u64,
 }
 
