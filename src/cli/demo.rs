@@ -749,7 +749,9 @@ fn print_table(report: &Report) {
     println!(
         "admissions are counted at the client, in the window where the response arrived; \
          counting only round trips wholly inside one window, the worst window held {} \
-         (the declared bound for this run, with no partition and one clock, is 0).",
+         (the declared bound for this run, with no partition and one clock, is 0, plus, in a \
+         window where a node restarts or joins, what that node admits alone before a member \
+         answers it: at most its share of the limit, while_joining = \"local-share\").",
         report.worst_window_certain
     );
     println!("plot: {}", report.plot);
