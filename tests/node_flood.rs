@@ -132,6 +132,10 @@ async fn a_flood_of_random_keys_stays_bounded_and_spares_the_shared_key() {
     ));
     tokio::time::sleep(Duration::from_secs(1)).await;
 
+    let rounds_before = metric(
+        &metrics_of(&client, &nodes[0]).await,
+        "ratemesh_gossip_rounds_total",
+    );
     let flooded = urls[0].clone();
     let sent = Arc::new(AtomicU64::new(0));
     let flood_start = Instant::now();
@@ -167,6 +171,10 @@ async fn a_flood_of_random_keys_stays_bounded_and_spares_the_shared_key() {
         done.unwrap();
     }
     let flood_secs = flood_start.elapsed().as_secs_f64();
+    let rounds = metric(
+        &metrics_of(&client, &nodes[0]).await,
+        "ratemesh_gossip_rounds_total",
+    ) - rounds_before;
     let after_start = Instant::now();
     phase.store(1, Ordering::Relaxed);
     tokio::time::sleep(AFTER).await;
@@ -187,7 +195,8 @@ async fn a_flood_of_random_keys_stays_bounded_and_spares_the_shared_key() {
     eprintln!(
         "{keys_sent} random keys into node 1 in {flood_secs:.1} s; node 1 holds {held} mesh keys, \
          {overflow} decided by its share; shared key {during:.1}/s during, {after:.1}/s after \
-         (limit {LIMIT}/s); peak RSS {:?} MiB",
+         (limit {LIMIT}/s); node 1 ran {rounds} gossip rounds of {:.0} due; peak RSS {:?} MiB",
+        flood_secs * 50.0,
         peak_rss.map(|k| k / 1024)
     );
     assert!(

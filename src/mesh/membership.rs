@@ -368,6 +368,14 @@ impl Membership {
         changes
     }
 
+    /// This node did not run for `ns` before `now`: what its peers said meanwhile may have been
+    /// lost on the way in, so their silence counts from `ns` later (at most from `now`).
+    pub fn paused(&mut self, ns: Nanos, now: Nanos) {
+        for p in self.peers.values_mut() {
+            p.heard_at = p.heard_at.saturating_add(ns).min(now);
+        }
+    }
+
     /// Declare dead the peers silent for `dead_after` at `now` (only with a majority alive),
     /// suspect those silent for half of it, and forget the members gone for long.
     ///
@@ -602,6 +610,20 @@ mod tests {
             sent_at,
             ..Header::default()
         }
+    }
+
+    #[test]
+    fn silence_while_this_node_itself_did_not_run_is_not_a_peers() {
+        let mut m = Membership::new(1, 7, &[1, 2, 3], DEAD, 0);
+        m.heard(10, 2, &header(1, 10));
+        m.heard(10, 3, &header(1, 10));
+        // This node stalled 250 ms: whatever 2 and 3 sent meanwhile may be lost.
+        m.paused(250_000_000, 260_000_000);
+        assert!(m.check(260_000_000).is_empty());
+        // Silent for `dead_after` of this node's own running time: dead.
+        m.heard(400_000_000, 3, &header(1, 400_000_000));
+        let changes = m.check(460_000_000);
+        assert!(changes.contains(&Change::Down(2)), "{changes:?}");
     }
 
     #[test]

@@ -30,11 +30,12 @@ pub mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
@@ -280,7 +281,7 @@ impl MeshNet {
     /// Return the peers that are up: live members connected, with the handshake completed
     /// on both sides (a frame from them arrived within [`PEER_UP_WITHIN`]).
     pub fn peers_up(&self) -> Vec<NodeId> {
-        let inner = self.shared.inner.lock().expect("node lock");
+        let inner = self.shared.inner.lock();
         let membership = inner.node.membership();
         let mut up: Vec<NodeId> = inner
             .connected
@@ -300,7 +301,7 @@ impl MeshNet {
 
     /// Run `f` on the node (for metrics and tests; holds the node's lock).
     pub fn with_node<T>(&self, f: impl FnOnce(&Node) -> T) -> T {
-        f(&self.shared.inner.lock().expect("node lock").node)
+        f(&self.shared.inner.lock().node)
     }
 
     /// Decide a request of `cost` for `key` (its stable hash, see [`crate::ids::KeyHasher::key`])
@@ -311,7 +312,7 @@ impl MeshNet {
         if let Some(d) = self.shared.cells.decide(policy, key, cost, now) {
             return MeshDecision::Ready(Some(d));
         }
-        let mut inner = self.shared.inner.lock().expect("node lock");
+        let mut inner = self.shared.inner.lock();
         let admit = inner.node.decide(policy, key, cost, now);
         let decision = match admit {
             Admit::Now(d) => MeshDecision::Ready(Some(d)),
@@ -343,13 +344,7 @@ impl MeshNet {
         policies: Vec<crate::policy::Policy>,
         digest: u64,
     ) -> Result<(), MeshError> {
-        let result = self
-            .shared
-            .inner
-            .lock()
-            .expect("node lock")
-            .node
-            .reconfigure(policies, digest);
+        let result = self.shared.inner.lock().node.reconfigure(policies, digest);
         self.shared.wake.notify_one();
         result
     }
@@ -365,7 +360,7 @@ impl MeshNet {
     /// to declare it dead). Then close.
     pub async fn leave(&self) {
         {
-            let mut inner = self.shared.inner.lock().expect("node lock");
+            let mut inner = self.shared.inner.lock();
             let now = self.shared.clock.now_ns();
             inner.node.leave(now);
         }
@@ -420,14 +415,19 @@ impl Driver {
     async fn run(mut self, mut receiver: mpsc::UnboundedReceiver<Input>) {
         loop {
             let next = {
-                let inner = self.shared.inner.lock().expect("node lock");
+                let inner = self.shared.inner.lock();
                 inner.node.poll_timeout()
             };
             let wait = next.saturating_sub(self.shared.clock.now_ns());
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_nanos(wait)) => {
+                    // Frames that arrived before the round are heard first: a backlog here
+                    // (a long round, a busy node) must not look like a silent peer.
+                    while let Ok(input) = receiver.try_recv() {
+                        self.input(input);
+                    }
                     let now = self.shared.clock.now_ns();
-                    self.shared.inner.lock().expect("node lock").node.handle_timeout(now);
+                    self.shared.inner.lock().node.handle_timeout(now);
                 }
                 _ = self.shared.wake.notified() => {}
                 input = receiver.recv() => {
@@ -444,7 +444,7 @@ impl Driver {
             Input::Frame(from, bytes) => {
                 let now = self.shared.clock.now_ns();
                 let result = {
-                    let mut inner = self.shared.inner.lock().expect("node lock");
+                    let mut inner = self.shared.inner.lock();
                     inner.heard.insert(from, Instant::now());
                     inner.node.handle_frame(now, from, &bytes)
                 };
@@ -482,7 +482,7 @@ impl Driver {
                 {
                     let connection = self.connections.remove(&id).expect("checked above");
                     let heard = {
-                        let mut inner = self.shared.inner.lock().expect("node lock");
+                        let mut inner = self.shared.inner.lock();
                         inner.connected.remove(&id);
                         inner.heard.get(&id).copied()
                     };
@@ -541,14 +541,14 @@ impl Driver {
     }
 
     fn me(&self) -> NodeId {
-        self.shared.inner.lock().expect("node lock").node.id()
+        self.shared.inner.lock().node.id()
     }
 
     /// After a resolution or a seed dial: tell the node how many members the seeds stand
     /// for, and start a cluster when the seeds are this node alone.
     fn seeds_settled(&mut self) {
         let now = self.shared.clock.now_ns();
-        let mut inner = self.shared.inner.lock().expect("node lock");
+        let mut inner = self.shared.inner.lock();
         inner.node.expect_members(self.seeds.expected_members());
         if self.seeds.only_self() && !inner.node.is_joined() {
             tracing::info!("the seeds name no other member: starting the cluster");
@@ -592,7 +592,7 @@ impl Driver {
         spawn_readers(id, connection.clone(), self.inputs.clone());
         self.connections.insert(id, connection);
         let now = self.shared.clock.now_ns();
-        let mut inner = self.shared.inner.lock().expect("node lock");
+        let mut inner = self.shared.inner.lock();
         inner.connected.insert(id);
         // A member the node did not know is one now (its certificate says who it is).
         inner
@@ -664,7 +664,7 @@ impl Driver {
 
     fn flush(&mut self) {
         let (transmits, events, running, joined) = {
-            let mut inner = self.shared.inner.lock().expect("node lock");
+            let mut inner = self.shared.inner.lock();
             let mut transmits = Vec::new();
             while let Some(t) = inner.node.poll_transmit() {
                 transmits.push(t);

@@ -24,6 +24,12 @@ impl Node {
         let g = self.config.gossip_interval_ns;
         let new_round = now >= self.next_tick;
         if new_round {
+            // A round later than an interval: this node itself did not run meanwhile (a
+            // starved thread, a long pause); its peers' silence over that time is its own.
+            let late = now - self.next_tick;
+            if late > g {
+                self.membership.paused(late, now);
+            }
             self.round = now / g;
             self.next_tick = (self.round + 1) * g;
             self.stats.rounds += 1;
