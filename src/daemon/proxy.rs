@@ -187,17 +187,29 @@ impl Proxy {
             Some(p) => p.last() + timeout,
         };
         let mut call = pin!(upstream.pool.send(request));
-        loop {
-            tokio::select! {
-                biased;
-                result = &mut call => return result,
-                () = tokio::time::sleep_until(due()) => {
-                    if Instant::now() >= due() {
-                        return Err(Failure::Timeout(timeout));
-                    }
+        let mut sleep = pin!(tokio::time::sleep_until(due()));
+        // The timer is polled (which registers it) once, then only when it has fired.
+        let mut armed = false;
+        std::future::poll_fn(|cx| {
+            loop {
+                if let Poll::Ready(result) = call.as_mut().poll(cx) {
+                    return Poll::Ready(result);
                 }
+                if armed && !sleep.is_elapsed() {
+                    return Poll::Pending;
+                }
+                if sleep.as_mut().poll(cx).is_pending() {
+                    armed = true;
+                    return Poll::Pending;
+                }
+                if Instant::now() >= due() {
+                    return Poll::Ready(Err(Failure::Timeout(timeout)));
+                }
+                sleep.as_mut().reset(due());
+                armed = false;
             }
-        }
+        })
+        .await
     }
 
     fn log(&self, upstream: &Upstream, failed: &Failure) {

@@ -268,24 +268,34 @@ where
 {
     let mut connection = pin!(connection);
     let mut idle = pin!(tokio::time::sleep(IDLE_TIMEOUT));
-    loop {
-        tokio::select! {
-            biased;
-            result = &mut connection => {
+    // The timer is polled (which registers it) once, then only when it has fired: not on
+    // every request's wake-up.
+    let mut armed = false;
+    std::future::poll_fn(|cx| {
+        loop {
+            if let Poll::Ready(result) = connection.as_mut().poll(cx) {
                 if let Err(error) = result {
                     tracing::debug!(%error, "upstream connection ended");
                 }
-                return;
+                return Poll::Ready(());
             }
-            () = &mut idle => {
-                if watch.busy.load(Ordering::Relaxed) == 0 && !watch.used.swap(false, Ordering::Relaxed) {
-                    tracing::debug!("closing an idle upstream connection");
-                    return;
-                }
-                idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT);
+            if armed && !idle.is_elapsed() {
+                return Poll::Pending;
             }
+            if idle.as_mut().poll(cx).is_pending() {
+                armed = true;
+                return Poll::Pending;
+            }
+            if watch.busy.load(Ordering::Relaxed) == 0 && !watch.used.swap(false, Ordering::Relaxed)
+            {
+                tracing::debug!("closing an idle upstream connection");
+                return Poll::Ready(());
+            }
+            idle.as_mut().reset(Instant::now() + IDLE_TIMEOUT);
+            armed = false;
         }
-    }
+    })
+    .await;
 }
 
 /// A request's hold on its connection, kept with the answer's body: when the body has been
