@@ -13,6 +13,7 @@
 
 pub(crate) mod body;
 pub(crate) mod headers;
+mod pool;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,19 +28,13 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
 use crate::daemon::config::ProxyRoute;
 use crate::http::RateLimitLayer;
 use body::{BodyError, Progress, Relay};
+use pool::{Lease, Leased, Pool};
 
-/// How long an idle pooled connection to an upstream is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// The most idle connections kept per upstream.
-const POOL_MAX_IDLE: usize = 1024;
 /// How long after a client's pause is due the wait for the upstream still waits for the
 /// request body's own timer to report it (then the upstream is blamed).
 const CLIENT_PAUSE_GRACE: Duration = Duration::from_secs(1);
@@ -60,12 +55,10 @@ const ERROR_REASONS: [&str; 10] = [
     "response_aborted",
 ];
 
-type UpstreamClient = Client<HttpConnector, Relay<Body>>;
-
 /// One route and its connection pool.
 struct Upstream {
     route: ProxyRoute,
-    client: UpstreamClient,
+    pool: Arc<Pool>,
     /// When a failure was last logged as a warning (nanoseconds from the proxy's start).
     warned: AtomicU64,
 }
@@ -82,7 +75,7 @@ impl Proxy {
         let mut upstreams: Vec<Upstream> = routes
             .iter()
             .map(|route| Upstream {
-                client: client(route),
+                pool: Arc::new(Pool::new(route)),
                 route: route.clone(),
                 warned: AtomicU64::new(0),
             })
@@ -157,11 +150,17 @@ impl Proxy {
         let body = Relay::request(body, route.max_body_bytes, route.timeout, progress.clone());
         let request = Request::from_parts(parts, body);
         match self.send(upstream, request, progress.as_deref()).await {
-            Ok(response) => {
+            Ok((response, lease)) => {
                 let (mut parts, body) = response.into_parts();
                 headers::strip_hop_by_hop(&mut parts.headers);
                 parts.version = Version::HTTP_11;
-                Response::from_parts(parts, Body::new(Relay::response(body, route.timeout)))
+                let mut body = Leased::new(body, lease);
+                let body = if body.is_done() {
+                    Body::empty()
+                } else {
+                    Body::new(Relay::response(body, route.timeout))
+                };
+                Response::from_parts(parts, body)
             }
             Err(failed) => {
                 metrics::counter!("ratemesh_proxy_errors_total", "reason" => failed.reason())
@@ -179,7 +178,7 @@ impl Proxy {
         upstream: &Upstream,
         request: Request<Relay<Body>>,
         progress: Option<&Progress>,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<(Response<Incoming>, Lease), Failure> {
         let timeout = upstream.route.timeout;
         let start = Instant::now();
         let due = || match progress {
@@ -187,18 +186,30 @@ impl Proxy {
             Some(p) if p.waiting_on_client() => p.last() + timeout + CLIENT_PAUSE_GRACE,
             Some(p) => p.last() + timeout,
         };
-        let mut call = pin!(upstream.client.request(request));
-        loop {
-            tokio::select! {
-                biased;
-                result = &mut call => return result.map_err(classify),
-                () = tokio::time::sleep_until(due()) => {
-                    if Instant::now() >= due() {
-                        return Err(Failure::Timeout(timeout));
-                    }
+        let mut call = pin!(upstream.pool.send(request));
+        let mut sleep = pin!(tokio::time::sleep_until(due()));
+        // The timer is polled (which registers it) once, then only when it has fired.
+        let mut armed = false;
+        std::future::poll_fn(|cx| {
+            loop {
+                if let Poll::Ready(result) = call.as_mut().poll(cx) {
+                    return Poll::Ready(result);
                 }
+                if armed && !sleep.is_elapsed() {
+                    return Poll::Pending;
+                }
+                if sleep.as_mut().poll(cx).is_pending() {
+                    armed = true;
+                    return Poll::Pending;
+                }
+                if Instant::now() >= due() {
+                    return Poll::Ready(Err(Failure::Timeout(timeout)));
+                }
+                sleep.as_mut().reset(due());
+                armed = false;
             }
-        }
+        })
+        .await
     }
 
     fn log(&self, upstream: &Upstream, failed: &Failure) {
@@ -226,25 +237,6 @@ impl Proxy {
 
 fn display_prefix(prefix: &str) -> &str {
     if prefix.is_empty() { "/" } else { prefix }
-}
-
-fn client(route: &ProxyRoute) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(route.connect_timeout));
-    connector.set_nodelay(true);
-    connector.set_keepalive(Some(Duration::from_secs(60)));
-    let mut builder = Client::builder(TokioExecutor::new());
-    builder
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(POOL_MAX_IDLE);
-    if route.http2 {
-        builder
-            .http2_only(true)
-            .timer(TokioTimer::new())
-            .http2_adaptive_window(true);
-    }
-    builder.build(connector)
 }
 
 /// Why a request got no answer from its upstream.
@@ -301,9 +293,8 @@ impl Failure {
     }
 }
 
-/// What a failed request to the upstream was, from the client's error chain.
-fn classify(error: hyper_util::client::legacy::Error) -> Failure {
-    let mut io_kind = None;
+/// What a failed exchange with the upstream was, from the error's chain.
+fn classify(error: hyper::Error) -> Failure {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
     while let Some(cause) = source {
         if let Some(body) = cause.downcast_ref::<BodyError>() {
@@ -313,19 +304,7 @@ fn classify(error: hyper_util::client::legacy::Error) -> Failure {
                 BodyError::Read(_) => Failure::ClientAborted,
             };
         }
-        if io_kind.is_none()
-            && let Some(io) = cause.downcast_ref::<std::io::Error>()
-        {
-            io_kind = Some(io.kind());
-        }
         source = cause.source();
-    }
-    if error.is_connect() {
-        return match io_kind {
-            Some(std::io::ErrorKind::ConnectionRefused) => Failure::Refused,
-            Some(std::io::ErrorKind::TimedOut) => Failure::ConnectTimeout,
-            _ => Failure::Unreachable,
-        };
     }
     Failure::Reset
 }

@@ -8,6 +8,8 @@
 //! dropped, and the chain starts at the peer's address.
 
 use std::fmt::Write as _;
+
+use bytes::BytesMut;
 use std::net::IpAddr;
 
 use http::header::{CONNECTION, FORWARDED, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
@@ -21,9 +23,24 @@ pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forw
 pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
+/// Whether `name` is a hop-by-hop field (other than those `Connection` names).
+fn hop_by_hop(name: &HeaderName) -> bool {
+    name == CONNECTION
+        || name == KEEP_ALIVE
+        || name == TE
+        || name == TRAILER
+        || name == TRANSFER_ENCODING
+        || name == UPGRADE
+        || name.as_str().starts_with("proxy-")
+}
+
 /// Remove the hop-by-hop fields. Returns whether the request asked for trailers
 /// (`TE: trailers`), which an HTTP/2 upstream may need to hear again (gRPC).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
+    // Most messages have none, or only `Connection`: one pass over the names tells.
+    if !headers.keys().any(hop_by_hop) {
+        return false;
+    }
     // The fields `Connection` names; allocated only when it names something unusual.
     let mut named: Vec<HeaderName> = Vec::new();
     for value in headers.get_all(CONNECTION) {
@@ -49,21 +66,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
                 .any(|t| t.split(';').next().unwrap_or("").trim() == "trailers")
         })
     });
-    for name in [
-        CONNECTION,
-        KEEP_ALIVE,
-        TE,
-        TRAILER,
-        TRANSFER_ENCODING,
-        UPGRADE,
-    ] {
-        headers.remove(name);
-    }
-    while let Some(name) = headers
-        .keys()
-        .find(|name| name.as_str().starts_with("proxy-"))
-        .cloned()
-    {
+    while let Some(name) = headers.keys().find(|name| hop_by_hop(name)).cloned() {
         headers.remove(name);
     }
     trailers
@@ -74,7 +77,14 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
 /// `X-Forwarded-Proto` and `X-Forwarded-Host` when no trusted proxy set them. When
 /// `trusted` is false the client's own forwarding fields are dropped first.
 pub(crate) fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, trusted: bool) {
-    if !trusted {
+    let forwarding = |name: &HeaderName| {
+        name == X_FORWARDED_FOR
+            || name == FORWARDED
+            || name == X_FORWARDED_PROTO
+            || name == X_FORWARDED_HOST
+    };
+    let sent = headers.keys().any(forwarding);
+    if !trusted && sent {
         for name in [
             X_FORWARDED_FOR,
             FORWARDED,
@@ -85,51 +95,88 @@ pub(crate) fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, trust
         }
     }
     let Some(peer) = peer else { return };
-    let mut text = String::with_capacity(64);
-    append_list(headers, &X_FORWARDED_FOR, &mut text);
-    let _ = write!(text, "{peer}");
-    if let Ok(value) = HeaderValue::from_str(&text) {
+    let chain = trusted && sent;
+    let mut text = BytesMut::with_capacity(64);
+    if chain {
+        append_list(headers, &X_FORWARDED_FOR, &mut text);
+    }
+    push_ip(&mut text, peer);
+    if let Ok(value) = HeaderValue::from_maybe_shared(text.freeze()) {
         headers.insert(X_FORWARDED_FOR, value);
     }
 
-    text.clear();
-    append_list(headers, &FORWARDED, &mut text);
+    let host = headers.get(HOST).cloned();
+    let mut text = BytesMut::with_capacity(64);
+    if chain {
+        append_list(headers, &FORWARDED, &mut text);
+    }
     match peer {
-        IpAddr::V4(ip) => {
-            let _ = write!(text, "for={ip}");
+        IpAddr::V4(_) => {
+            text.extend_from_slice(b"for=");
+            push_ip(&mut text, peer);
         }
-        IpAddr::V6(ip) => {
-            let _ = write!(text, "for=\"[{ip}]\"");
+        IpAddr::V6(_) => {
+            text.extend_from_slice(b"for=\"[");
+            push_ip(&mut text, peer);
+            text.extend_from_slice(b"]\"");
         }
     }
-    text.push_str(";proto=http");
-    let host = headers.get(HOST).and_then(|v| v.to_str().ok());
-    if let Some(host) = host.filter(|h| !h.is_empty() && !h.contains(['"', '\\'])) {
-        let _ = write!(text, ";host=\"{host}\"");
+    text.extend_from_slice(b";proto=http");
+    if let Some(host) = &host
+        && let Ok(host) = host.to_str()
+        && !host.is_empty()
+        && !host.contains(['"', '\\'])
+    {
+        text.extend_from_slice(b";host=\"");
+        text.extend_from_slice(host.as_bytes());
+        text.extend_from_slice(b"\"");
     }
-    if let Ok(value) = HeaderValue::from_str(&text) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(text.freeze()) {
         headers.insert(FORWARDED, value);
     }
 
-    if !headers.contains_key(X_FORWARDED_PROTO) {
+    if !chain || !headers.contains_key(X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
-    if !headers.contains_key(X_FORWARDED_HOST)
-        && let Some(host) = headers.get(HOST).cloned()
+    if let Some(host) = host
+        && (!chain || !headers.contains_key(X_FORWARDED_HOST))
     {
         headers.insert(X_FORWARDED_HOST, host);
     }
 }
 
+/// Write `ip` as text (IPv4 without the formatting machinery: it is on every request).
+fn push_ip(out: &mut BytesMut, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(ip) => {
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.extend_from_slice(b".");
+                }
+                if octet >= 100 {
+                    out.extend_from_slice(&[b'0' + octet / 100]);
+                }
+                if octet >= 10 {
+                    out.extend_from_slice(&[b'0' + octet / 10 % 10]);
+                }
+                out.extend_from_slice(&[b'0' + octet % 10]);
+            }
+        }
+        IpAddr::V6(ip) => {
+            let _ = write!(out, "{ip}");
+        }
+    }
+}
+
 /// Write the values of `name` (one or more lines) into `out` as one list, with a trailing
 /// `", "` when there were any.
-fn append_list(headers: &HeaderMap, name: &HeaderName, out: &mut String) {
+fn append_list(headers: &HeaderMap, name: &HeaderName, out: &mut BytesMut) {
     for value in headers.get_all(name) {
         let Ok(text) = value.to_str() else { continue };
         let text = text.trim().trim_end_matches(',').trim_end();
         if !text.is_empty() {
-            out.push_str(text);
-            out.push_str(", ");
+            out.extend_from_slice(text.as_bytes());
+            out.extend_from_slice(b", ");
         }
     }
 }
@@ -169,6 +216,22 @@ mod tests {
         assert_eq!(left, ["x-api-key", "content-length"]);
         let mut map = headers(&[("te", "gzip")]);
         assert!(!strip_hop_by_hop(&mut map));
+    }
+
+    #[test]
+    fn addresses_are_written_as_their_display_form() {
+        for text in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "255.255.255.255",
+            "127.0.0.1",
+            "::1",
+        ] {
+            let ip: IpAddr = text.parse().unwrap();
+            let mut out = BytesMut::new();
+            push_ip(&mut out, ip);
+            assert_eq!(&out[..], ip.to_string().as_bytes());
+        }
     }
 
     #[test]
