@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use support::{
-    client, edit_file, metric, metrics_of, spawn_node, wait_healthy, write_cluster_with,
+    client, edit_file, metric, metrics_of, rss_kib, spawn_node, wait_healthy, write_cluster_with,
 };
 
 const LIMIT: u64 = 100;
@@ -42,17 +42,6 @@ fn policy_file() -> String {
          [policies.global]\nalgorithm = \"sliding-window\"\nlimit = {LIMIT}\nwindow = \"1s\"\n\
          backend = \"mesh\"\n\n[tiers.api]\npolicies = [\"global\"]\n"
     )
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// Send the shared key round-robin over the nodes at twice its limit until `stop`; count
@@ -163,7 +152,7 @@ async fn a_flood_of_random_keys_stays_bounded_and_spares_the_shared_key() {
     let mut peak_rss = [0u64; 3];
     while flood_start.elapsed() < flood {
         for (i, n) in nodes.iter().enumerate() {
-            peak_rss[i] = peak_rss[i].max(rss_kib(n.child.id()));
+            peak_rss[i] = peak_rss[i].max(rss_kib(n.child.id()).unwrap_or(0));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -183,7 +172,7 @@ async fn a_flood_of_random_keys_stays_bounded_and_spares_the_shared_key() {
     stop.store(true, Ordering::Relaxed);
     shared.await.unwrap();
     for (i, n) in nodes.iter().enumerate() {
-        peak_rss[i] = peak_rss[i].max(rss_kib(n.child.id()));
+        peak_rss[i] = peak_rss[i].max(rss_kib(n.child.id()).unwrap_or(0));
     }
 
     let keys_sent = sent.load(Ordering::Relaxed);

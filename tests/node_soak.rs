@@ -44,14 +44,6 @@ fn now_ns() -> u64 {
         .as_nanos() as u64
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
 fn raise_own_open_file_limit() {
     let mut limit = libc::rlimit {
         rlim_cur: 0,

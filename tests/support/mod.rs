@@ -164,6 +164,15 @@ pub async fn status_of(client: &reqwest::Client, node: &NodeProcess, api_key: &s
     response.status().as_u16()
 }
 
+/// The resident memory of process `pid`, in KiB (`None` once it is gone).
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// Send `signal` to `node`.
 pub fn signal(node: &NodeProcess, signal: libc::c_int) {
     // SAFETY: signalling our own child process.
