@@ -423,7 +423,10 @@ impl Driver {
                 _ = tokio::time::sleep(Duration::from_nanos(wait)) => {
                     // Frames that arrived before the round are heard first: a backlog here
                     // (a long round, a busy node) must not look like a silent peer.
-                    while let Ok(input) = receiver.try_recv() {
+                    // Only those queued now: frames that keep arriving must not hold the
+                    // round off.
+                    for _ in 0..receiver.len() {
+                        let Ok(input) = receiver.try_recv() else { break };
                         self.input(input);
                     }
                     let now = self.shared.clock.now_ns();
