@@ -178,12 +178,13 @@ async fn a_flood_of_random_keys_stays_bounded_and_spares_the_shared_key() {
     let keys_sent = sent.load(Ordering::Relaxed);
     let text = metrics_of(&client, &nodes[0]).await;
     let overflow = metric(&text, "ratemesh_mesh_overflow_decisions_total");
+    let shed = metric(&text, "ratemesh_mesh_shed_decisions_total");
     let held = metric(&text, "ratemesh_mesh_keys");
     let during = admitted[0].load(Ordering::Relaxed) as f64 / flood_secs;
     let after = admitted[1].load(Ordering::Relaxed) as f64 / after_secs;
     eprintln!(
         "{keys_sent} random keys into node 1 in {flood_secs:.1} s; node 1 holds {held} mesh keys, \
-         {overflow} decided by its share; shared key {during:.1}/s during, {after:.1}/s after \
+         {overflow} decided by its share beyond the cap, {shed} shed; shared key {during:.1}/s during, {after:.1}/s after \
          (limit {LIMIT}/s); node 1 ran {rounds} gossip rounds of {:.0} due; peak RSS {:?} MiB",
         flood_secs * 50.0,
         peak_rss.map(|k| k / 1024)

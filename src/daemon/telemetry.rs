@@ -71,7 +71,9 @@ impl Exporter {
         metrics::counter!("ratemesh_mesh_waits_total").absolute(node_stats.waits);
         metrics::counter!("ratemesh_mesh_wait_timeouts_total").absolute(node_stats.timeouts);
         metrics::counter!("ratemesh_mesh_grants_total").absolute(node_stats.grants);
-        metrics::counter!("ratemesh_mesh_overflow_decisions_total").absolute(node_stats.overflow);
+        metrics::counter!("ratemesh_mesh_overflow_decisions_total")
+            .absolute(node_stats.overflow + load(&net.overflow));
+        metrics::counter!("ratemesh_mesh_shed_decisions_total").absolute(load(&net.shed));
         metrics::counter!("ratemesh_mesh_takeovers_total").absolute(node_stats.promotions);
         metrics::counter!("ratemesh_mesh_handoffs_total", "direction" => "sent")
             .absolute(node_stats.handoffs_sent);

@@ -4,15 +4,22 @@
 //! [`Cells::decide`] is the whole fast path of a global decision: one map read (a shard's
 //! read lock) and the lease's compare-and-swap. It returns `None` when the lease cannot
 //! decide (no cell yet, too few tokens, expired): the caller then takes the node's slow path.
+//!
+//! [`Cells::overflow_decide`] is the fallback for a key the node cannot hold a lease for
+//! (beyond its key cap, or arriving faster than the node can introduce keys): the key is
+//! decided by this node alone at its share of the limit, in a local store per policy, with
+//! no lock wider than the local store's shard.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
 
 use crate::clock::Nanos;
 use crate::decision::Decision;
+use crate::local::Store;
 use crate::mesh::authority::MeshKind;
+use crate::mesh::baseline::scaled;
 use crate::mesh::lease::LeaseCell;
 use crate::mesh::message::KeyRef;
 use crate::policy::Policy;
@@ -22,6 +29,8 @@ use crate::policy::Policy;
 pub struct Cells {
     map: DashMap<KeyRef, Arc<LeaseCell>, ahash::RandomState>,
     policies: Vec<Limits>,
+    /// Per policy, the keys decided by this node's share alone (made at the first such key).
+    overflow: Vec<OnceLock<Store<u64>>>,
 }
 
 /// What the request path needs of a policy; its limit and rate change live
@@ -31,6 +40,8 @@ struct Limits {
     kind: MeshKind,
     capacity: AtomicU64,
     interval_ns: AtomicU64,
+    /// The policy as configured (the overflow store's is scaled from it).
+    policy: Policy,
 }
 
 impl Cells {
@@ -38,15 +49,48 @@ impl Cells {
     pub fn new(policies: Vec<(Policy, MeshKind)>) -> Self {
         Cells {
             map: DashMap::with_hasher(ahash::RandomState::new()),
+            overflow: policies.iter().map(|_| OnceLock::new()).collect(),
             policies: policies
                 .into_iter()
                 .map(|(p, kind)| Limits {
                     kind,
                     capacity: AtomicU64::new(p.capacity()),
                     interval_ns: AtomicU64::new(p.interval_ns()),
+                    policy: p,
                 })
                 .collect(),
         }
+    }
+
+    /// Return policy number `policy`'s limit (its capacity), 0 for no such policy.
+    pub fn capacity(&self, policy: u32) -> u64 {
+        self.policies
+            .get(policy as usize)
+            .map_or(0, |l| l.capacity.load(Ordering::Relaxed))
+    }
+
+    /// Decide a request for `key` by this node alone, at its share of the limit among
+    /// `members` (`limit / members`), in policy `policy`'s overflow store of at most
+    /// `max_keys` keys (beyond them, that store's shared overflow cell). For a key the node
+    /// cannot hold a lease for; no gossip.
+    pub fn overflow_decide(
+        &self,
+        policy: u32,
+        key: u64,
+        cost: u64,
+        now: Nanos,
+        members: usize,
+        max_keys: usize,
+    ) -> Decision {
+        let (Some(limits), Some(store)) = (
+            self.policies.get(policy as usize),
+            self.overflow.get(policy as usize),
+        ) else {
+            return Decision::cannot_fit(0);
+        };
+        store
+            .get_or_init(|| Store::new(scaled(&limits.policy, members), max_keys.max(1)))
+            .decide(&key, now, cost)
     }
 
     /// Decide policy number `index` by `policy` from now on (the same kind, another limit
@@ -87,6 +131,11 @@ impl Cells {
     /// Tell whether there are no cells.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+
+    /// Tell whether the node holds a lease cell for `key` under policy `policy`.
+    pub fn contains(&self, policy: u32, key: u64) -> bool {
+        self.map.contains_key(&KeyRef { policy, key })
     }
 
     pub(crate) fn insert(&self, key: KeyRef, cell: Arc<LeaseCell>) {

@@ -30,10 +30,9 @@ use std::sync::Arc;
 
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::local::Store;
 use crate::mesh::NodeId;
 use crate::mesh::authority::{Authority, MeshKind};
-use crate::mesh::baseline::{Admission, Baseline, scaled};
+use crate::mesh::baseline::{Admission, Baseline};
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::keymap::FixedMap;
@@ -195,9 +194,6 @@ pub struct Node {
     /// Keys whose holding is at rest, by the round at which to look at them again (an
     /// entry may be stale: looking at a key early is harmless).
     wakes: BinaryHeap<Reverse<(u64, KeyRef)>>,
-    /// Per policy, the keys beyond `max_keys`: each limited here to this node's share
-    /// (`limit / members`), in a store of at most `max_keys` keys of its own.
-    overflow: Vec<Option<Store<u64>>>,
     /// Joining the cluster, and the decisions before.
     join: join::Join,
     /// The node's own policies, and its peers' while their configurations differ.
@@ -300,7 +296,6 @@ impl Node {
             touched: Vec::new(),
             candidates: Vec::new(),
             wakes: BinaryHeap::new(),
-            overflow: Vec::new(),
             sync_waiting,
             answered_sync: FixedMap::default(),
             deaths_seen: BTreeMap::new(),
@@ -440,17 +435,17 @@ impl Node {
     /// use than the node is sized for): this node's share of the limit, with no gossip; the
     /// cluster then admits at most the limit for such a key, and may deny a key whose
     /// traffic leans on one node.
-    fn overflow_decide(&mut self, key: KeyRef, policy: Policy, cost: u64, now: Nanos) -> Decision {
+    fn overflow_decide(&mut self, key: KeyRef, cost: u64, now: Nanos) -> Decision {
         self.stats.overflow += 1;
-        let index = key.policy as usize;
-        if self.overflow.len() <= index {
-            self.overflow.resize_with(index + 1, || None);
-        }
         let members = self.membership.configured();
-        let max_keys = self.config.max_keys.max(1);
-        self.overflow[index]
-            .get_or_insert_with(|| Store::new(scaled(&policy, members), max_keys))
-            .decide(&key.key, now, cost)
+        self.cells.overflow_decide(
+            key.policy,
+            key.key,
+            cost,
+            now,
+            members,
+            self.config.max_keys,
+        )
     }
 
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
@@ -485,7 +480,7 @@ impl Node {
             return Admit::Now(self.joining_decide(kr, p, cost, now));
         }
         if self.holdings.len() >= self.config.max_keys && !self.holdings.contains_key(&kr) {
-            return Admit::Now(self.overflow_decide(kr, p, cost, now));
+            return Admit::Now(self.overflow_decide(kr, cost, now));
         }
         let id = self.next_id;
         self.next_id += 1;

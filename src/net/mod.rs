@@ -19,8 +19,14 @@
 //!
 //! The request path ([`MeshNet::decide`]) takes no lock while the node's lease of the key
 //! covers the request: one map read and the lease's compare-and-swap ([`Cells::decide`]).
-//! Otherwise it locks the node, which asks the key's owner, and the request waits (without
-//! holding the lock) for the answer the driver delivers.
+//! Otherwise (a key's first request on the node, or a lease too short) the request goes on
+//! a bounded queue to the driver, which takes it to the node with the others queued (one
+//! lock of the node per batch, taken by the driver alone) and answers it, at once or once
+//! the key's owner answered. When the queue is full (the node cannot introduce keys as
+//! fast as they come), the request is decided by this node's share alone
+//! ([`Cells::overflow_decide`]) and counted ([`NetStats::shed`]). The driver runs the
+//! node's rounds before anything queued, so a backlog of requests or frames does not hold
+//! back the frames its peers hear it by.
 
 pub mod accept;
 pub mod certs;
@@ -52,6 +58,13 @@ use crate::net::tls::{NodeTls, SEED_NAME, peer_id};
 
 /// A connected peer counts as up while a frame from it arrived within this time.
 pub const PEER_UP_WITHIN: Duration = Duration::from_secs(3);
+
+/// The most requests queued for the driver (keys' first requests, leases too short); beyond
+/// them a request is decided by the node's share alone.
+pub const INTRO_QUEUE: usize = 4096;
+
+/// The most queued requests the driver takes to the node under one lock.
+const INTRO_BATCH: usize = 256;
 
 /// Why the transport could not start.
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +125,22 @@ pub struct NetStats {
     /// Failed attempts to reach a peer (dial errors, and connections the peer closed
     /// before it sent anything).
     pub dial_failures: AtomicU64,
+    /// Requests decided by the node's share alone because the driver's queue was full, or
+    /// they waited in it longer than the node's `max_wait`.
+    pub shed: AtomicU64,
+    /// Requests for new keys while the node holds `max_keys`, decided by its share alone
+    /// (the node counts those it meets itself in its own stats).
+    pub overflow: AtomicU64,
+}
+
+/// A request the lease could not decide, on its way to the node.
+struct Intro {
+    policy: u32,
+    key: u64,
+    cost: u64,
+    /// When the request came (the node's clock).
+    at: u64,
+    answer: tokio::sync::oneshot::Sender<Decision>,
 }
 
 struct Inner {
@@ -138,6 +167,23 @@ pub(crate) struct Shared {
     stats: NetStats,
     /// Handshakes refused on the peer port, by reason.
     refusals: Refusals,
+    /// Requests for the driver to take to the node.
+    intros: mpsc::Sender<Intro>,
+    /// The configured members (the share of a request decided alone), as of the last flush.
+    members: std::sync::atomic::AtomicUsize,
+    /// The node's key cap and longest wait (fixed at start).
+    max_keys: usize,
+    max_wait_ns: u64,
+}
+
+impl Shared {
+    /// Decide a request by this node's share alone, counted as shed.
+    fn shed(&self, policy: u32, key: u64, cost: u64, now: u64) -> Decision {
+        self.stats.shed.fetch_add(1, Ordering::Relaxed);
+        let members = self.members.load(Ordering::Relaxed);
+        self.cells
+            .overflow_decide(policy, key, cost, now, members, self.max_keys)
+    }
 }
 
 pub(crate) enum Input {
@@ -179,6 +225,8 @@ impl MeshNet {
                 source,
             })?;
         endpoint.set_default_client_config(config.tls.client.clone());
+        let (intros, intro_receiver) = mpsc::channel(INTRO_QUEUE);
+        let members = node.membership().configured();
         let shared = Arc::new(Shared {
             cells: node.cells(),
             inner: Mutex::new(Inner {
@@ -194,6 +242,10 @@ impl MeshNet {
             clock,
             stats: NetStats::default(),
             refusals: Refusals::default(),
+            intros,
+            members: std::sync::atomic::AtomicUsize::new(members),
+            max_keys: config.node.max_keys,
+            max_wait_ns: config.node.max_wait_ns,
         });
         let (inputs, receiver) = mpsc::unbounded_channel();
         let driver = Driver {
@@ -206,7 +258,7 @@ impl MeshNet {
             dials: HashMap::new(),
             seeds: SeedBook::default(),
         };
-        let driver = tokio::spawn(driver.run(receiver).in_current_span());
+        let driver = tokio::spawn(driver.run(receiver, intro_receiver).in_current_span());
         let acceptor = tokio::spawn(
             accept::accept_loop(
                 endpoint.clone(),
@@ -308,33 +360,41 @@ impl MeshNet {
     /// under global policy `policy`: at once from the node's lease of the key, or after the
     /// key's owner answered (await the result; at most the node's `max_wait`).
     pub fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
-        let now = self.shared.clock.now_ns();
-        if let Some(d) = self.shared.cells.decide(policy, key, cost, now) {
+        let shared = &*self.shared;
+        let now = shared.clock.now_ns();
+        if let Some(d) = shared.cells.decide(policy, key, cost, now) {
             return MeshDecision::Ready(Some(d));
         }
-        let mut inner = self.shared.inner.lock();
-        let admit = inner.node.decide(policy, key, cost, now);
-        let decision = match admit {
-            Admit::Now(d) => MeshDecision::Ready(Some(d)),
-            Admit::Wait(id) => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                inner.waiters.insert(id, tx);
-                let limit = inner
-                    .node
-                    .config()
-                    .policies
-                    .get(policy as usize)
-                    .map_or(0, |p| p.capacity());
-                MeshDecision::Waiting {
-                    answer: rx,
-                    fallback: Decision::denied(limit, 0, 0, 1_000_000_000),
-                }
-            }
+        if shared.cells.len() >= shared.max_keys && !shared.cells.contains(policy, key) {
+            // Beyond the key cap: no need to ask the node.
+            shared.stats.overflow.fetch_add(1, Ordering::Relaxed);
+            let members = shared.members.load(Ordering::Relaxed);
+            return MeshDecision::Ready(Some(shared.cells.overflow_decide(
+                policy,
+                key,
+                cost,
+                now,
+                members,
+                shared.max_keys,
+            )));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let intro = Intro {
+            policy,
+            key,
+            cost,
+            at: now,
+            answer: tx,
         };
-        drop(inner);
-        // The node may have frames to send (the want) and a nearer deadline.
-        self.shared.wake.notify_one();
-        decision
+        match shared.intros.try_send(intro) {
+            Ok(()) => MeshDecision::Waiting {
+                answer: rx,
+                fallback: Decision::denied(shared.cells.capacity(policy), 0, 0, 1_000_000_000),
+            },
+            // The node cannot take keys as fast as they come (or it stopped): this node's
+            // share decides.
+            Err(_) => MeshDecision::Ready(Some(shared.shed(policy, key, cost, now))),
+        }
     }
 
     /// Enforce `policies` from now on and announce `digest` (see
@@ -412,7 +472,11 @@ struct Driver {
 }
 
 impl Driver {
-    async fn run(mut self, mut receiver: mpsc::UnboundedReceiver<Input>) {
+    async fn run(
+        mut self,
+        mut receiver: mpsc::UnboundedReceiver<Input>,
+        mut intros: mpsc::Receiver<Intro>,
+    ) {
         loop {
             let next = {
                 let inner = self.shared.inner.lock();
@@ -420,6 +484,9 @@ impl Driver {
             };
             let wait = next.saturating_sub(self.shared.clock.now_ns());
             tokio::select! {
+                // The node's timer first: its rounds carry what the peers hear it by, and a
+                // backlog of frames or requests must not hold them back.
+                biased;
                 _ = tokio::time::sleep(Duration::from_nanos(wait)) => {
                     // Frames that arrived before the round are heard first: a backlog here
                     // (a long round, a busy node) must not look like a silent peer.
@@ -432,13 +499,47 @@ impl Driver {
                     let now = self.shared.clock.now_ns();
                     self.shared.inner.lock().node.handle_timeout(now);
                 }
-                _ = self.shared.wake.notified() => {}
                 input = receiver.recv() => {
                     let Some(input) = input else { return };
                     self.input(input);
                 }
+                Some(intro) = intros.recv() => self.introduce(intro, &mut intros),
+                _ = self.shared.wake.notified() => {}
             }
             self.flush();
+        }
+    }
+
+    /// Take `first` and the requests queued behind it (at most [`INTRO_BATCH`]) to the node
+    /// under one lock; answer those it decides at once, keep the others' answers for later.
+    fn introduce(&mut self, first: Intro, intros: &mut mpsc::Receiver<Intro>) {
+        let shared = &*self.shared;
+        let now = shared.clock.now_ns();
+        let mut inner = shared.inner.lock();
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(intro) = next.take() {
+            taken += 1;
+            // The client gave up meanwhile: nothing to decide (nothing was charged).
+            if !intro.answer.is_closed() {
+                if now.saturating_sub(intro.at) > shared.max_wait_ns {
+                    // Queued longer than a request may wait: the node is far behind.
+                    let d = shared.shed(intro.policy, intro.key, intro.cost, intro.at);
+                    let _ = intro.answer.send(d);
+                } else {
+                    match inner.node.decide(intro.policy, intro.key, intro.cost, now) {
+                        Admit::Now(d) => {
+                            let _ = intro.answer.send(d);
+                        }
+                        Admit::Wait(id) => {
+                            inner.waiters.insert(id, intro.answer);
+                        }
+                    }
+                }
+            }
+            if taken < INTRO_BATCH {
+                next = intros.try_recv().ok();
+            }
         }
     }
 
@@ -695,6 +796,9 @@ impl Driver {
                 }
             }
             let node = &inner.node;
+            self.shared
+                .members
+                .store(node.membership().configured(), Ordering::Relaxed);
             (transmits, events, node.is_running(), node.is_joined())
         };
         self.shared.running.store(running, Ordering::Release);
