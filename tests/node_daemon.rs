@@ -231,6 +231,21 @@ fn a_bad_node_file_is_refused_with_file_line_and_field() {
     std::fs::write(&path, format!("mesh_max_keys = 5000\n{good}")).unwrap();
     let file = NodeFile::from_file(&path).unwrap();
     assert_eq!(file.node_config().max_keys, 5000);
+    check(
+        &format!("gossip_budget_bytes_per_s = 10\n{good}"),
+        "gossip_budget_bytes_per_s",
+        "between 10000 and",
+    );
+    let path = dir.path().join("budget.toml");
+    std::fs::write(
+        &path,
+        format!("gossip_budget_bytes_per_s = 2000000\n{good}"),
+    )
+    .unwrap();
+    let config = NodeFile::from_file(&path).unwrap().node_config();
+    assert_eq!(config.gossip_budget_bytes_per_s, 2_000_000);
+    // 40 kB per 20 ms round.
+    assert_eq!(config.round_budget_bytes(), 40_000);
 
     // Another node's certificate: refused at start, naming the field.
     let path = dir.path().join("swapped.toml");

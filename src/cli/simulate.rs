@@ -115,6 +115,10 @@ pub struct SimulateArgs {
     /// The longest a request waits for its key's owner, ms.
     #[arg(long, default_value_t = 100.0)]
     max_wait_ms: f64,
+    /// Each node's gossip budget, bytes per second (key items beyond it wait a round, the
+    /// most urgent first; as `gossip_budget_bytes_per_s` in a node file).
+    #[arg(long, default_value_t = ratemesh::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S)]
+    gossip_budget: u64,
     /// Cut the first `--minority` nodes off at this second.
     #[arg(long, requires = "heal_at_s")]
     partition_at_s: Option<f64>,
@@ -164,6 +168,9 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
     if args.max_wait_ms <= 0.0 {
         return Err("--max-wait-ms must be positive".into());
     }
+    if args.gossip_budget == 0 {
+        return Err("--gossip-budget must be positive".into());
+    }
     let window = Duration::from_millis(args.window_ms);
     let bucket_rate = args
         .rate
@@ -187,6 +194,7 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
     c.duplication = args.duplication;
     c.skew_ns = ms(args.skew_ms);
     c.max_wait_ns = ms(args.max_wait_ms);
+    c.gossip_budget_bytes_per_s = args.gossip_budget;
     c.traffic = match args.traffic {
         TrafficArg::Uniform => Traffic::Uniform,
         TrafficArg::OneNode => Traffic::OneNode,

@@ -10,6 +10,7 @@
 //! drain_grace = "5s"               # on SIGTERM: /health says 503 while serving, this long
 //! drain = "5s"                     # then: finish in-flight requests for at most this
 //! mesh_max_keys = 1000000          # mesh keys a node holds; beyond, its share alone decides
+//! gossip_budget_bytes_per_s = 16000000  # key gossip a node sends at most, urgent first
 //!
 //! # Instead of `http = "…"`, an `[http]` table with its settings (defaults shown):
 //! # [http]
@@ -84,6 +85,8 @@ pub const MAX_CLUSTER_SIZE: usize = 1024;
 const DEFAULT_MESH_MAX_KEYS: usize = 1_000_000;
 /// The most `mesh_max_keys` a node file may ask for.
 const MAX_MESH_MAX_KEYS: i64 = 100_000_000;
+/// The range of `gossip_budget_bytes_per_s`.
+const GOSSIP_BUDGET_RANGE: std::ops::RangeInclusive<i64> = 10_000..=100_000_000_000;
 
 /// The longest `drain` or `drain_grace` a node accepts.
 pub const MAX_DRAIN: Duration = Duration::from_secs(3600);
@@ -143,6 +146,9 @@ pub struct NodeFile {
     pub while_joining: WhileJoining,
     /// The most mesh keys the node holds (beyond, a key is decided by its share alone).
     pub mesh_max_keys: usize,
+    /// Bytes of key gossip the node sends per second at most (most urgent first; the rest
+    /// waits a round).
+    pub gossip_budget_bytes_per_s: u64,
     /// The cluster CA, this node's certificate and key (PEM files).
     pub tls: TlsFiles,
     /// The policy file's path.
@@ -236,6 +242,7 @@ struct RawNodeFile {
     drain_grace: Option<Spanned<String>>,
     cluster_size: Option<Spanned<usize>>,
     mesh_max_keys: Option<Spanned<i64>>,
+    gossip_budget_bytes_per_s: Option<Spanned<i64>>,
     seeds: Option<Spanned<Vec<String>>>,
     seed_refresh: Option<Spanned<String>>,
     join_timeout: Option<Spanned<String>>,
@@ -416,6 +423,22 @@ impl NodeFile {
                 ));
             }
         };
+        let gossip_budget_bytes_per_s = match &raw.gossip_budget_bytes_per_s {
+            None => crate::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
+            Some(n) if GOSSIP_BUDGET_RANGE.contains(n.get_ref()) => *n.get_ref() as u64,
+            Some(n) => {
+                return Err(source.error(
+                    at(n.span()),
+                    "gossip_budget_bytes_per_s",
+                    format!(
+                        "between {} and {} bytes per second, got {}",
+                        GOSSIP_BUDGET_RANGE.start(),
+                        GOSSIP_BUDGET_RANGE.end(),
+                        n.get_ref()
+                    ),
+                ));
+            }
+        };
         let cluster_size = match &raw.cluster_size {
             None => members,
             Some(size) if *size.get_ref() > MAX_CLUSTER_SIZE => {
@@ -573,6 +596,7 @@ impl NodeFile {
             join_timeout,
             while_joining,
             mesh_max_keys,
+            gossip_budget_bytes_per_s,
             tls,
             policy_file,
             gateway,
@@ -598,6 +622,7 @@ impl NodeFile {
         let mut config = NodeConfig::new(self.id, members, policies);
         config.cluster_size = self.cluster_size;
         config.max_keys = self.mesh_max_keys;
+        config.gossip_budget_bytes_per_s = self.gossip_budget_bytes_per_s;
         config.gossip_interval_ns = duration_to_nanos(self.gossip_interval);
         // A node with peers or seeds joins a cluster; one with neither is a cluster of one.
         config.joins = !(self.peers.is_empty() && self.seeds.is_empty());

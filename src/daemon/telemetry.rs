@@ -33,8 +33,8 @@ impl Exporter {
         mesh: &MeshNet,
         policy_sha256: impl FnOnce() -> String,
     ) -> String {
-        let (members, suspected, node_stats, keys, authorities, running, joined, majority) = mesh
-            .with_node(|n| {
+        let (members, suspected, node_stats, keys, authorities, running, joined, majority, lag) =
+            mesh.with_node(|n| {
                 let m = n.membership();
                 (
                     m.alive_count(),
@@ -48,6 +48,7 @@ impl Exporter {
                     n.is_running(),
                     n.is_joined(),
                     m.has_majority(),
+                    m.lag_score(),
                 )
             });
         let peers_up = mesh.peers_up().iter().filter(|&&peer| peer != id).count();
@@ -60,6 +61,7 @@ impl Exporter {
         metrics::gauge!("ratemesh_members").set(members as f64);
         metrics::gauge!("ratemesh_mesh_members").set(members as f64);
         metrics::gauge!("ratemesh_mesh_suspected").set(suspected as f64);
+        metrics::gauge!("ratemesh_mesh_lag_score").set(f64::from(lag));
         metrics::gauge!("ratemesh_mesh_joining").set(if joined { 0.0 } else { 1.0 });
         metrics::counter!("ratemesh_mesh_joining_decisions_total")
             .absolute(node_stats.joining_decisions);
@@ -84,6 +86,8 @@ impl Exporter {
         metrics::counter!("ratemesh_gossip_messages_sent_total", "kind" => "stream")
             .absolute(load(&net.streams_sent));
         metrics::counter!("ratemesh_gossip_bytes_sent_total").absolute(load(&net.bytes_sent));
+        metrics::counter!("ratemesh_gossip_held_back_items_total")
+            .absolute(node_stats.gossip_held_back);
         metrics::counter!("ratemesh_gossip_messages_received_total")
             .absolute(load(&net.frames_received));
         metrics::counter!("ratemesh_gossip_dropped_frames_total", "reason" => "invalid")

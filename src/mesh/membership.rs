@@ -130,7 +130,17 @@ pub struct Membership {
     /// What this node tells every live peer for the next few rounds: members that came,
     /// were suspected, refuted, died or left (with the rounds left to tell each).
     news: Vec<(Member, u8)>,
+    /// How far behind this node itself runs (0 to [`MAX_LAG_SCORE`]): each late round
+    /// raises it, eight rounds on time in a row lower it by one. Each point adds half of
+    /// `dead_after` to the silence after which this node declares a peer dead.
+    lag_score: u32,
+    /// Rounds on time since the score last changed.
+    on_time: u32,
 }
+
+/// The highest lag score: a node that runs late waits up to five times `dead_after` before it
+/// declares a peer dead.
+pub const MAX_LAG_SCORE: u32 = 8;
 
 impl Membership {
     /// Start a view at `now`: `members` (this node may be among them) all count as alive
@@ -168,6 +178,8 @@ impl Membership {
             digest: 0,
             cut_off: false,
             news: Vec::new(),
+            lag_score: 0,
+            on_time: 0,
         }
     }
 
@@ -368,6 +380,37 @@ impl Membership {
         changes
     }
 
+    /// Note how late this node's round began (`late`, for rounds of `interval`): a node that
+    /// itself runs behind (a starved process, an overloaded machine) may not have read what
+    /// its peers sent, so it waits longer before it declares one dead (the local health of
+    /// SWIM's Lifeguard extension). Declaring later is always safe: an owner's authority
+    /// lease lapses before the shortest silence, `dead_after`, ends.
+    pub fn round_late(&mut self, late: Nanos, interval: Nanos) {
+        if late > interval / 4 {
+            self.lag_score = (self.lag_score + 1).min(MAX_LAG_SCORE);
+            self.on_time = 0;
+        } else {
+            self.on_time += 1;
+            if self.on_time >= 8 {
+                self.lag_score = self.lag_score.saturating_sub(1);
+                self.on_time = 0;
+            }
+        }
+    }
+
+    /// Return this node's lag score (0: its rounds run on time; see
+    /// [`Membership::round_late`]).
+    pub fn lag_score(&self) -> u32 {
+        self.lag_score
+    }
+
+    /// Return the silence after which this node declares a peer dead now: `dead_after`, plus
+    /// half of it per point of the lag score.
+    pub fn patience_ns(&self) -> Nanos {
+        self.dead_after_ns
+            .saturating_add(u64::from(self.lag_score) * (self.dead_after_ns / 2))
+    }
+
     /// This node did not run for `ns` before `now`: what its peers said meanwhile may have been
     /// lost on the way in, so their silence counts from `ns` later (at most from `now`).
     pub fn paused(&mut self, ns: Nanos, now: Nanos) {
@@ -424,11 +467,12 @@ impl Membership {
             changes.push(Change::Suspected(id));
             self.tell_state(id, MemberState::Suspect);
         }
+        let patience = self.patience_ns();
         let silent: Vec<NodeId> = self
             .peers
             .iter()
             .filter(|(_, p)| {
-                p.alive && now.saturating_sub(p.heard_at.max(p.vouched_at)) >= self.dead_after_ns
+                p.alive && now.saturating_sub(p.heard_at.max(p.vouched_at)) >= patience
             })
             .map(|(&id, _)| id)
             .collect();
@@ -624,6 +668,45 @@ mod tests {
         m.heard(400_000_000, 3, &header(1, 400_000_000));
         let changes = m.check(460_000_000);
         assert!(changes.contains(&Change::Down(2)), "{changes:?}");
+    }
+
+    #[test]
+    fn a_node_whose_rounds_run_late_waits_longer_before_declaring_a_peer_dead() {
+        const G: Nanos = 20_000_000;
+        let mut m = Membership::new(1, 7, &[1, 2, 3], DEAD, 0);
+        // Four rounds 10 ms late (under a round: no pause counted).
+        for _ in 0..4 {
+            m.round_late(10_000_000, G);
+        }
+        assert_eq!(m.lag_score(), 4);
+        assert_eq!(m.patience_ns(), 3 * DEAD);
+        m.heard(10, 3, &header(1, 10));
+        let mut now = 10;
+        while now < 3 * DEAD {
+            m.heard(now, 3, &header(1, now));
+            assert!(
+                !m.check(now).contains(&Change::Down(2)),
+                "declared at {now} with patience {}",
+                m.patience_ns()
+            );
+            now += G;
+        }
+        m.heard(now, 3, &header(1, now));
+        assert!(m.check(now + G).contains(&Change::Down(2)));
+        // Rounds on time bring the score back down, one point per eight rounds.
+        for _ in 0..16 {
+            m.round_late(0, G);
+        }
+        assert_eq!(m.lag_score(), 2);
+        for _ in 0..100 {
+            m.round_late(1_000_000, G);
+        }
+        assert_eq!(m.lag_score(), 0);
+        assert_eq!(m.patience_ns(), DEAD);
+        for _ in 0..100 {
+            m.round_late(G, G);
+        }
+        assert_eq!(m.lag_score(), MAX_LAG_SCORE);
     }
 
     #[test]

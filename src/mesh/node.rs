@@ -51,7 +51,7 @@ mod owner;
 mod recovery;
 mod rounds;
 
-pub use config::{MeshError, NodeConfig, WhileJoining};
+pub use config::{DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, MeshError, NodeConfig, WhileJoining};
 
 /// How a request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +141,8 @@ pub struct NodeStats {
     pub policy_changes: u64,
     /// Requests decided by `while_joining`, before the node joined its cluster.
     pub joining_decisions: u64,
+    /// Key items the gossip budget held back for a later round.
+    pub gossip_held_back: u64,
 }
 
 /// One mesh node.
@@ -733,6 +735,7 @@ impl Node {
             |to| membership.header(now, to),
             &mut out,
         );
+        self.stats.gossip_held_back = self.outbox.held_back();
         for t in out {
             self.stats.frames_sent += 1;
             self.stats.bytes_sent += t.bytes.len() as u64;

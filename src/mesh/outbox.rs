@@ -4,12 +4,12 @@
 //! that travel on streams. Also the checks every frame from a peer passes before anything it
 //! carries is applied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::mesh::NodeId;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::message::{
-    AuthorityState, Frame, Header, Item, MAX_ADDR_BYTES, MAX_DEAD_LISTED, MAX_MEMBERS_PER_ITEM,
+    AuthorityState, Frame, Header, Item, KeyRef, MAX_ADDR_BYTES, MAX_DEAD_LISTED, MAX_MEMBERS_PER_ITEM,
     MAX_POLICIES_ANNOUNCED, Member, PolicyLimits, Want,
 };
 use crate::mesh::wire::{self, MAX_FRAME_BYTES, WireError};
@@ -27,10 +27,73 @@ pub struct Transmit {
 }
 
 /// Items waiting for the next flush, per peer.
-#[derive(Debug, Default)]
+///
+/// Datagram items are sent within a byte budget per round ([`Outbox::new_round`]), most
+/// urgent first: membership news and state transfers are never held back; answers,
+/// recalls and wants that requests wait on, or that close a window, come next; reports and
+/// backups last, within half of the round's budget (the other half stays for urgent items
+/// met later in the round). What the budget cannot carry waits for the next round, where a
+/// newer item of the same kind for the same key replaces it (counts are cumulative). Every
+/// peer owed a heartbeat ([`Outbox::heartbeat`]) gets a frame whatever the budget.
+#[derive(Debug)]
 pub struct Outbox {
     datagram: BTreeMap<NodeId, Vec<Item>>,
     reliable: BTreeMap<NodeId, Vec<Item>>,
+    /// Peers owed a frame at the next flush (heartbeats).
+    beats: BTreeSet<NodeId>,
+    /// Items the budget held back, for the next round.
+    deferred: BTreeMap<NodeId, Vec<Item>>,
+    /// Items held back in an earlier round, to send before newer ones unless one of those
+    /// replaces them.
+    carried: BTreeMap<NodeId, Vec<Item>>,
+    /// Bytes of datagram items left in this round's budget.
+    budget: usize,
+    /// Of them, what routine items may still take.
+    routine_budget: usize,
+    /// Items held back by the budget so far.
+    held_back: u64,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Outbox {
+            datagram: BTreeMap::new(),
+            reliable: BTreeMap::new(),
+            beats: BTreeSet::new(),
+            deferred: BTreeMap::new(),
+            carried: BTreeMap::new(),
+            budget: usize::MAX,
+            routine_budget: usize::MAX,
+            held_back: 0,
+        }
+    }
+}
+
+/// The most items held back for one peer; beyond them the oldest are dropped, as a lost
+/// datagram would be (every item is cumulative and sent again while it matters).
+pub const MAX_DEFERRED_PER_PEER: usize = 65_536;
+
+/// How urgent an item is under the budget: 0 never held back, 1 before 2.
+fn urgency(item: &Item) -> u8 {
+    match item {
+        Item::Members(_)
+        | Item::Limits(_)
+        | Item::SyncDone
+        | Item::Handoff(_)
+        | Item::Restore(_) => 0,
+        Item::Grant(_) | Item::Recall { .. } | Item::NotOwner(_) => 1,
+        Item::Want(w) if w.need > 0 || w.refill || w.closed || w.previous_used.is_some() => 1,
+        Item::Want(_) | Item::Backup(_) | Item::Count(_) => 2,
+    }
+}
+
+/// The key and kind an item supersedes older ones of (cumulative counts, whole states).
+fn supersedes(item: &Item) -> Option<(u8, KeyRef, u64)> {
+    match item {
+        Item::Want(w) => Some((0, w.key, w.holding)),
+        Item::Backup(state) => Some((1, state.key, 0)),
+        _ => None,
+    }
 }
 
 /// The most holder records a state transfer may carry (a key used by every node of the
@@ -72,9 +135,28 @@ impl Outbox {
         self.datagram.contains_key(&to) || self.reliable.contains_key(&to)
     }
 
-    /// Tell whether anything waits at all.
+    /// Tell whether anything waits to be sent now (items the budget held back wait for the
+    /// next round).
     pub fn is_empty(&self) -> bool {
-        self.datagram.is_empty() && self.reliable.is_empty()
+        self.datagram.is_empty()
+            && self.reliable.is_empty()
+            && self.beats.is_empty()
+            && self.carried.is_empty()
+    }
+
+    /// Begin a round with `budget` bytes for datagram items (half of them for routine
+    /// ones): what earlier rounds held back goes first, unless a newer item replaces it.
+    pub fn new_round(&mut self, budget: usize) {
+        self.budget = budget;
+        self.routine_budget = budget / 2;
+        for (to, mut old) in std::mem::take(&mut self.deferred) {
+            self.carried.entry(to).or_default().append(&mut old);
+        }
+    }
+
+    /// Return how many items the budget has held back so far.
+    pub fn held_back(&self) -> u64 {
+        self.held_back
     }
 
     /// Pack everything into frames; `header` builds each frame's header for a peer.
@@ -95,22 +177,69 @@ impl Outbox {
                 }
             }
         }
-        for (to, items) in std::mem::take(&mut self.datagram) {
-            let h = header(to);
-            if items.is_empty() {
-                if let Ok(bytes) = wire::encode(&Frame {
-                    header: h,
-                    items: Vec::new(),
-                }) {
-                    out.push(Transmit {
-                        to,
-                        bytes,
-                        reliable: false,
-                    });
+        let beats = std::mem::take(&mut self.beats);
+        let mut queues = std::mem::take(&mut self.datagram);
+        for (to, old) in std::mem::take(&mut self.carried) {
+            let queue = queues.entry(to).or_default();
+            let newer: BTreeSet<(u8, KeyRef, u64)> = queue.iter().filter_map(supersedes).collect();
+            let mut merged: Vec<Item> = old
+                .into_iter()
+                .filter(|item| supersedes(item).is_none_or(|k| !newer.contains(&k)))
+                .collect();
+            merged.append(queue);
+            *queue = merged;
+        }
+        for &to in &beats {
+            queues.entry(to).or_default();
+        }
+        // The budget goes to the urgent items of every peer before any routine one.
+        let mut plans: Vec<(NodeId, Vec<Item>, Vec<Item>)> = Vec::with_capacity(queues.len());
+        let mut routine: Vec<(usize, Item)> = Vec::new();
+        for (to, items) in queues {
+            let index = plans.len();
+            let mut send = Vec::with_capacity(items.len());
+            let mut held = Vec::new();
+            for item in items {
+                match urgency(&item) {
+                    0 => send.push(item),
+                    1 => {
+                        let len = wire::encoded_len(&item).saturating_add(2);
+                        if len <= self.budget {
+                            self.budget -= len;
+                            send.push(item);
+                        } else {
+                            held.push(item);
+                        }
+                    }
+                    _ => routine.push((index, item)),
                 }
+            }
+            plans.push((to, send, held));
+        }
+        for (index, item) in routine {
+            let len = wire::encoded_len(&item).saturating_add(2);
+            let plan = &mut plans[index];
+            if len <= self.budget.min(self.routine_budget) {
+                self.budget -= len;
+                self.routine_budget -= len;
+                plan.1.push(item);
+            } else {
+                plan.2.push(item);
+            }
+        }
+        for (to, send, mut held) in plans {
+            if !held.is_empty() {
+                self.held_back += held.len() as u64;
+                let queue = self.deferred.entry(to).or_default();
+                queue.append(&mut held);
+                let excess = queue.len().saturating_sub(MAX_DEFERRED_PER_PEER);
+                queue.drain(..excess);
+            }
+            if send.is_empty() && !beats.contains(&to) {
                 continue;
             }
-            for frame in pack(h, items, max_datagram_bytes.saturating_sub(1)) {
+            let h = header(to);
+            for frame in pack(h, send, max_datagram_bytes.saturating_sub(1)) {
                 if let Ok(bytes) = wire::encode(&frame) {
                     // An item too large for a datagram (a big backup) goes on a stream.
                     let reliable = bytes.len() > max_datagram_bytes;
@@ -124,9 +253,10 @@ impl Outbox {
         }
     }
 
-    /// Queue an empty frame (a heartbeat) for `to`, unless something else goes there.
+    /// Owe `to` a frame at the next flush (a heartbeat): an empty one unless something
+    /// else goes there.
     pub fn heartbeat(&mut self, to: NodeId) {
-        self.datagram.entry(to).or_default();
+        self.beats.insert(to);
     }
 }
 
@@ -343,5 +473,107 @@ mod tests {
             .map(|t| decode(&t.bytes, &policies).unwrap().items.len())
             .sum();
         assert_eq!(items, 500);
+    }
+
+    fn want(key: u64, need: u64, used: u64) -> Item {
+        Item::Want(Want {
+            key: KeyRef { policy: 0, key },
+            window: 0,
+            granted: 100,
+            returned: 0,
+            used,
+            closed: false,
+            need,
+            smallest: 1,
+            seq: 1,
+            refill: false,
+            demand: 16,
+            spent_ago: 0,
+            previous_used: None,
+            holding: 1,
+        })
+    }
+
+    fn header(_: NodeId) -> Header {
+        Header {
+            incarnation: 1,
+            sent_at: 1,
+            ..Header::default()
+        }
+    }
+
+    fn sent(out: &[Transmit]) -> Vec<(NodeId, Item)> {
+        let policies =
+            [crate::Policy::fixed_window(1000, std::time::Duration::from_secs(1)).unwrap()];
+        out.iter()
+            .flat_map(|t| {
+                decode(&t.bytes, &policies)
+                    .unwrap()
+                    .items
+                    .into_iter()
+                    .map(move |i| (t.to, i))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_budget_sends_the_urgent_items_first_and_the_rest_next_round() {
+        let mut outbox = Outbox::default();
+        let report = wire::encoded_len(&want(1, 0, 5)) + 2;
+        let urgent = wire::encoded_len(&want(1, 3, 5)) + 2;
+        // Room for the two urgent items and one report (reports take at most half).
+        outbox.new_round(2 * urgent + report.max(urgent));
+        for k in 0..4 {
+            outbox.push(2, want(k, 0, 5)); // reports
+        }
+        outbox.push(2, want(10, 3, 5)); // requests wait on these
+        outbox.push(3, want(11, 2, 5));
+        outbox.heartbeat(4);
+        let mut out = Vec::new();
+        outbox.flush(1150, header, &mut out);
+        let items = sent(&out);
+        let keys: Vec<u64> = items
+            .iter()
+            .map(|(_, i)| match i {
+                Item::Want(w) => w.key.key,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert!(keys.contains(&10) && keys.contains(&11), "{keys:?}");
+        assert_eq!(items.len(), 3, "{keys:?}");
+        assert_eq!(outbox.held_back(), 3);
+        // The heartbeat went, with no item.
+        assert!(out.iter().any(|t| t.to == 4));
+        // Nothing more is sent before the next round.
+        assert!(outbox.is_empty());
+        // A newer report of key 1 replaces the held one; the others go now.
+        outbox.new_round(usize::MAX);
+        outbox.push(2, want(1, 0, 9));
+        let mut out = Vec::new();
+        outbox.flush(1150, header, &mut out);
+        let mut reports: Vec<(u64, u64)> = sent(&out)
+            .into_iter()
+            .map(|(_, i)| match i {
+                Item::Want(w) => (w.key.key, w.used),
+                _ => unreachable!(),
+            })
+            .collect();
+        reports.sort_unstable();
+        assert_eq!(reports, vec![(1, 9), (2, 5), (3, 5)]);
+    }
+
+    #[test]
+    fn membership_and_heartbeats_pass_an_exhausted_budget() {
+        let mut outbox = Outbox::default();
+        outbox.new_round(0);
+        outbox.push(2, want(1, 3, 0));
+        outbox.push(2, Item::SyncDone);
+        outbox.heartbeat(3);
+        let mut out = Vec::new();
+        outbox.flush(1150, header, &mut out);
+        let items = sent(&out);
+        assert_eq!(items, vec![(2, Item::SyncDone)]);
+        assert!(out.iter().any(|t| t.to == 3));
+        assert_eq!(outbox.held_back(), 1);
     }
 }

@@ -104,6 +104,8 @@ pub struct SimConfig {
     pub dead_after_rounds: u64,
     /// The longest a request waits for its key's owner, in ns.
     pub max_wait_ns: Nanos,
+    /// Each node's gossip budget, bytes per second ([`NodeConfig::gossip_budget_bytes_per_s`]).
+    pub gossip_budget_bytes_per_s: u64,
 }
 
 impl SimConfig {
@@ -130,6 +132,7 @@ impl SimConfig {
             admission: Admission::Leases,
             dead_after_rounds: 10,
             max_wait_ns: 100_000_000,
+            gossip_budget_bytes_per_s: crate::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
         }
     }
 
@@ -140,6 +143,7 @@ impl SimConfig {
         c.dead_after_rounds = self.dead_after_rounds;
         c.admission = self.admission;
         c.max_wait_ns = self.max_wait_ns;
+        c.gossip_budget_bytes_per_s = self.gossip_budget_bytes_per_s;
         c.incarnation = incarnation;
         c
     }

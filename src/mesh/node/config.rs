@@ -24,6 +24,11 @@ pub struct NodeConfig {
     pub max_wait_ns: Nanos,
     /// The largest datagram, in bytes.
     pub max_datagram_bytes: usize,
+    /// Bytes of key items (wants, grants, recalls, backups) the node sends per second at
+    /// most, spent round by round, most urgent first; what a round cannot carry waits for
+    /// the next (membership news, state transfers and heartbeats are never held back).
+    /// `u64::MAX`: no budget.
+    pub gossip_budget_bytes_per_s: u64,
     /// The rule of admission (the baselines are for the simulator).
     pub admission: Admission,
     /// The most keys a node holds.
@@ -92,6 +97,7 @@ impl NodeConfig {
             dead_after_rounds: 10,
             max_wait_ns: 100_000_000,
             max_datagram_bytes: 1150,
+            gossip_budget_bytes_per_s: DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
             admission: Admission::Leases,
             max_keys: 1_000_000,
             policies,
@@ -117,7 +123,21 @@ impl NodeConfig {
     pub fn hold_ns(&self) -> Nanos {
         self.gossip_interval_ns.min(self.max_wait_ns)
     }
+
+    /// Bytes of key items one round may send ([`NodeConfig::gossip_budget_bytes_per_s`]
+    /// over a round; at least one datagram's worth).
+    pub fn round_budget_bytes(&self) -> usize {
+        let per_round = u128::from(self.gossip_budget_bytes_per_s)
+            * u128::from(self.gossip_interval_ns)
+            / 1_000_000_000;
+        usize::try_from(per_round)
+            .unwrap_or(usize::MAX)
+            .max(self.max_datagram_bytes)
+    }
 }
+
+/// The default gossip budget: 16 MB/s per node.
+pub const DEFAULT_GOSSIP_BUDGET_BYTES_PER_S: u64 = 16_000_000;
 
 /// Why a node could not be built.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

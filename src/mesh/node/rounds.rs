@@ -30,9 +30,11 @@ impl Node {
             if late > g {
                 self.membership.paused(late, now);
             }
+            self.membership.round_late(late, g);
             self.round = now / g;
             self.next_tick = (self.round + 1) * g;
             self.stats.rounds += 1;
+            self.outbox.new_round(self.config.round_budget_bytes());
             let changes = self.membership.check(now);
             self.apply_changes(now, &changes);
             self.join_tick(now);
@@ -215,7 +217,7 @@ impl Node {
             .map(|(&id, p)| (id, p.alive))
             .collect();
         for (p, alive) in peers {
-            if (alive || round.is_multiple_of(8)) && !self.outbox.has(p) {
+            if alive || round.is_multiple_of(8) {
                 self.outbox.heartbeat(p);
             }
         }
