@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::mesh::NodeId;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::message::{
-    AuthorityState, Frame, Header, Item, KeyRef, MAX_ADDR_BYTES, MAX_DEAD_LISTED, MAX_MEMBERS_PER_ITEM,
-    MAX_POLICIES_ANNOUNCED, Member, PolicyLimits, Want,
+    AuthorityState, Frame, Header, Item, KeyRef, MAX_ADDR_BYTES, MAX_DEAD_LISTED,
+    MAX_MEMBERS_PER_ITEM, MAX_POLICIES_ANNOUNCED, Member, PolicyLimits, Want,
 };
 use crate::mesh::wire::{self, MAX_FRAME_BYTES, WireError};
 use crate::policy::{MAX_BUCKET_DEPTH_NS, Policy};
@@ -87,11 +87,17 @@ fn urgency(item: &Item) -> u8 {
     }
 }
 
-/// The key and kind an item supersedes older ones of (cumulative counts, whole states).
-fn supersedes(item: &Item) -> Option<(u8, KeyRef, u64)> {
+/// What an item replaces an older one of, to the same peer: wants and grants carry
+/// cumulative counts (per holding and, for a grant, per window), a backup a whole state, a
+/// recall what the holder may keep now.
+type Supersedes = (u8, KeyRef, u64, u64);
+
+fn supersedes(item: &Item) -> Option<Supersedes> {
     match item {
-        Item::Want(w) => Some((0, w.key, w.holding)),
-        Item::Backup(state) => Some((1, state.key, 0)),
+        Item::Want(w) => Some((0, w.key, w.holding, 0)),
+        Item::Backup(state) => Some((1, state.key, 0, 0)),
+        Item::Grant(g) => Some((2, g.key, g.holding, g.window)),
+        Item::Recall { key, .. } => Some((3, *key, 0, 0)),
         _ => None,
     }
 }
@@ -147,7 +153,9 @@ impl Outbox {
     /// Begin a round with `budget` bytes for datagram items (half of them for routine
     /// ones): what earlier rounds held back goes first, unless a newer item replaces it.
     pub fn new_round(&mut self, budget: usize) {
-        self.budget = budget;
+        // What the last round left unspent carries over, up to one round's worth (a burst
+        // right after the rounds of every node begin need not wait a round).
+        self.budget = budget.saturating_add(self.budget.min(budget));
         self.routine_budget = budget / 2;
         for (to, mut old) in std::mem::take(&mut self.deferred) {
             self.carried.entry(to).or_default().append(&mut old);
@@ -181,7 +189,7 @@ impl Outbox {
         let mut queues = std::mem::take(&mut self.datagram);
         for (to, old) in std::mem::take(&mut self.carried) {
             let queue = queues.entry(to).or_default();
-            let newer: BTreeSet<(u8, KeyRef, u64)> = queue.iter().filter_map(supersedes).collect();
+            let newer: BTreeSet<Supersedes> = queue.iter().filter_map(supersedes).collect();
             let mut merged: Vec<Item> = old
                 .into_iter()
                 .filter(|item| supersedes(item).is_none_or(|k| !newer.contains(&k)))
@@ -192,46 +200,58 @@ impl Outbox {
         for &to in &beats {
             queues.entry(to).or_default();
         }
-        // The budget goes to the urgent items of every peer before any routine one.
-        let mut plans: Vec<(NodeId, Vec<Item>, Vec<Item>)> = Vec::with_capacity(queues.len());
-        let mut routine: Vec<(usize, Item)> = Vec::new();
+        // The budget goes to the urgent items of every peer before any routine one; the
+        // items sent keep the order they were queued in.
+        let mut plans: Vec<(NodeId, Vec<(Item, bool)>)> = Vec::with_capacity(queues.len());
+        let mut routine: Vec<(usize, usize)> = Vec::new();
         for (to, items) in queues {
             let index = plans.len();
-            let mut send = Vec::with_capacity(items.len());
-            let mut held = Vec::new();
+            let mut marked = Vec::with_capacity(items.len());
             for item in items {
-                match urgency(&item) {
-                    0 => send.push(item),
+                let send = match urgency(&item) {
+                    0 => true,
                     1 => {
                         let len = wire::encoded_len(&item).saturating_add(2);
-                        if len <= self.budget {
+                        let fits = len <= self.budget;
+                        if fits {
                             self.budget -= len;
-                            send.push(item);
-                        } else {
-                            held.push(item);
                         }
+                        fits
                     }
-                    _ => routine.push((index, item)),
-                }
+                    _ => {
+                        routine.push((index, marked.len()));
+                        false
+                    }
+                };
+                marked.push((item, send));
             }
-            plans.push((to, send, held));
+            plans.push((to, marked));
         }
-        for (index, item) in routine {
-            let len = wire::encoded_len(&item).saturating_add(2);
-            let plan = &mut plans[index];
+        for (index, at) in routine {
+            let entry = &mut plans[index].1[at];
+            let len = wire::encoded_len(&entry.0).saturating_add(2);
             if len <= self.budget.min(self.routine_budget) {
                 self.budget -= len;
                 self.routine_budget -= len;
-                plan.1.push(item);
-            } else {
-                plan.2.push(item);
+                entry.1 = true;
             }
         }
-        for (to, send, mut held) in plans {
+        for (to, marked) in plans {
+            let (send, mut held): (Vec<(Item, bool)>, Vec<(Item, bool)>) =
+                marked.into_iter().partition(|(_, send)| *send);
+            let send: Vec<Item> = send.into_iter().map(|(item, _)| item).collect();
             if !held.is_empty() {
                 self.held_back += held.len() as u64;
                 let queue = self.deferred.entry(to).or_default();
-                queue.append(&mut held);
+                // A newer item replaces one held earlier for the same key.
+                let newer: BTreeSet<Supersedes> = held
+                    .iter()
+                    .filter_map(|(item, _)| supersedes(item))
+                    .collect();
+                if !queue.is_empty() && !newer.is_empty() {
+                    queue.retain(|item| supersedes(item).is_none_or(|k| !newer.contains(&k)));
+                }
+                queue.extend(held.drain(..).map(|(item, _)| item));
                 let excess = queue.len().saturating_sub(MAX_DEFERRED_PER_PEER);
                 queue.drain(..excess);
             }
