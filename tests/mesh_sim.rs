@@ -77,6 +77,8 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
     if config.loss == 0.0
         && config.partition.is_none()
         && config.crashes.is_empty()
+        && config.gossip_budget_bytes_per_s
+            == SimConfig::new(config.policy).gossip_budget_bytes_per_s
         && config.demand * top_share * (config.keys as f64) <= 1.0
     {
         prop_assert!(
@@ -114,9 +116,9 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// Random clusters, links, faults and traffic: the measured overshoot (in the policy's own
-    /// terms) never exceeds the declared bound, and without faults nothing the oracle had
-    /// room for is denied.
+    /// Random clusters, links, faults, traffic and gossip budgets: the measured overshoot (in
+    /// the policy's own terms) never exceeds the declared bound, and without faults (or a
+    /// budget that holds items back) nothing the oracle had room for is denied.
     #[test]
     fn overshoot_never_exceeds_the_declared_bound(
         nodes in 2usize..=6,
@@ -136,6 +138,7 @@ proptest! {
         window_ms in 200u64..=1000,
         partition in prop::option::weighted(0.2, (0.3f64..1.5, 0.2f64..1.5, 1usize..=2)),
         crash in prop::option::weighted(0.2, (0.2f64..2.0, prop::option::of(0.05f64..1.5))),
+        budget in prop::option::weighted(0.2, 10_000u64..=300_000),
         seed in any::<u64>(),
     ) {
         let mut c = SimConfig::new(policy(algorithm, limit, window_ms));
@@ -152,6 +155,10 @@ proptest! {
         c.keys = keys;
         c.duration_ns = 3_000_000_000;
         c.seed = seed;
+        if let Some(budget) = budget {
+            // Tight enough to hold items back in most schedules.
+            c.gossip_budget_bytes_per_s = budget;
+        }
         if let Some((at, length, minority)) = partition {
             c.partition = Some(Partition {
                 at_ns: (at * 1e9) as u64,
