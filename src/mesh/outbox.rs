@@ -237,9 +237,15 @@ impl Outbox {
             }
         }
         for (to, marked) in plans {
-            let (send, mut held): (Vec<(Item, bool)>, Vec<(Item, bool)>) =
-                marked.into_iter().partition(|(_, send)| *send);
-            let send: Vec<Item> = send.into_iter().map(|(item, _)| item).collect();
+            let mut send = Vec::with_capacity(marked.len());
+            let mut held = Vec::new();
+            for (item, go) in marked {
+                if go {
+                    send.push(item);
+                } else {
+                    held.push(item);
+                }
+            }
             if !held.is_empty() {
                 self.held_back += held.len() as u64;
                 let queue = self.deferred.entry(to).or_default();
@@ -251,7 +257,7 @@ impl Outbox {
                 if !queue.is_empty() && !newer.is_empty() {
                     queue.retain(|item| supersedes(item).is_none_or(|k| !newer.contains(&k)));
                 }
-                queue.extend(held.drain(..).map(|(item, _)| item));
+                queue.append(&mut held);
                 let excess = queue.len().saturating_sub(MAX_DEFERRED_PER_PEER);
                 queue.drain(..excess);
             }
