@@ -250,10 +250,7 @@ impl Outbox {
                 self.held_back += held.len() as u64;
                 let queue = self.deferred.entry(to).or_default();
                 // A newer item replaces one held earlier for the same key.
-                let newer: BTreeSet<Supersedes> = held
-                    .iter()
-                    .filter_map(|(item, _)| supersedes(item))
-                    .collect();
+                let newer: BTreeSet<Supersedes> = held.iter().filter_map(supersedes).collect();
                 if !queue.is_empty() && !newer.is_empty() {
                     queue.retain(|item| supersedes(item).is_none_or(|k| !newer.contains(&k)));
                 }
