@@ -86,6 +86,8 @@ pub struct Peer {
     /// The members it counts as dead, as its newest frame said (`None`: unknown, or more
     /// than a header lists).
     pub their_dead: Option<Vec<NodeId>>,
+    /// Its lag score, as its newest frame said (at most [`MAX_LAG_SCORE`]).
+    pub lag: u32,
 }
 
 /// What changed in a membership update.
@@ -343,6 +345,7 @@ impl Membership {
         }
         peer.suspect_since = None;
         peer.incarnation = Some(header.incarnation);
+        peer.lag = u32::from(header.lag).min(MAX_LAG_SCORE);
         peer.heard_at = now;
         peer.frame_at = now;
         peer.clock
@@ -404,11 +407,14 @@ impl Membership {
         self.lag_score
     }
 
-    /// Return the silence after which this node declares a peer dead now: `dead_after`, plus
-    /// half of it per point of the lag score.
-    pub fn patience_ns(&self) -> Nanos {
+    /// Return the silence after which this node declares a peer whose lag score is
+    /// `peer_lag` dead now: `dead_after`, plus half of it per point of the higher of the two
+    /// lag scores (this node's, and the peer's as its last frame said: a peer that runs
+    /// behind may go quiet for longer without being dead).
+    pub fn patience_ns(&self, peer_lag: u32) -> Nanos {
+        let lag = self.lag_score.max(peer_lag.min(MAX_LAG_SCORE));
         self.dead_after_ns
-            .saturating_add(u64::from(self.lag_score) * (self.dead_after_ns / 2))
+            .saturating_add(u64::from(lag) * (self.dead_after_ns / 2))
     }
 
     /// This node did not run for `ns` before `now`: what its peers said meanwhile may have been
@@ -467,12 +473,12 @@ impl Membership {
             changes.push(Change::Suspected(id));
             self.tell_state(id, MemberState::Suspect);
         }
-        let patience = self.patience_ns();
         let silent: Vec<NodeId> = self
             .peers
             .iter()
             .filter(|(_, p)| {
-                p.alive && now.saturating_sub(p.heard_at.max(p.vouched_at)) >= patience
+                p.alive
+                    && now.saturating_sub(p.heard_at.max(p.vouched_at)) >= self.patience_ns(p.lag)
             })
             .map(|(&id, _)| id)
             .collect();
@@ -542,6 +548,7 @@ impl Membership {
             leaving: self.leaving,
             dead: (dead.len() <= MAX_DEAD_LISTED).then_some(dead),
             digest: self.digest,
+            lag: u8::try_from(self.lag_score).unwrap_or(u8::MAX),
         }
     }
 
@@ -679,7 +686,7 @@ mod tests {
             m.round_late(10_000_000, G);
         }
         assert_eq!(m.lag_score(), 4);
-        assert_eq!(m.patience_ns(), 3 * DEAD);
+        assert_eq!(m.patience_ns(0), 3 * DEAD);
         m.heard(10, 3, &header(1, 10));
         let mut now = 10;
         while now < 3 * DEAD {
@@ -687,7 +694,7 @@ mod tests {
             assert!(
                 !m.check(now).contains(&Change::Down(2)),
                 "declared at {now} with patience {}",
-                m.patience_ns()
+                m.patience_ns(0)
             );
             now += G;
         }
@@ -702,11 +709,35 @@ mod tests {
             m.round_late(1_000_000, G);
         }
         assert_eq!(m.lag_score(), 0);
-        assert_eq!(m.patience_ns(), DEAD);
+        assert_eq!(m.patience_ns(0), DEAD);
+        // A peer that said it runs behind gets the patience of its own score.
+        assert_eq!(m.patience_ns(2), 2 * DEAD);
+        assert_eq!(m.patience_ns(100), 5 * DEAD);
         for _ in 0..100 {
             m.round_late(G, G);
         }
         assert_eq!(m.lag_score(), MAX_LAG_SCORE);
+    }
+
+    #[test]
+    fn a_peer_that_says_it_runs_late_gets_more_time() {
+        let mut m = Membership::new(1, 7, &[1, 2, 3], DEAD, 0);
+        let mut slow = header(1, 10);
+        slow.lag = 4;
+        m.heard(10, 2, &slow);
+        m.heard(10, 3, &header(1, 10));
+        // Node 3 keeps talking; node 2 goes quiet after saying it runs behind.
+        let mut now = 20_000_000;
+        while now < 3 * DEAD {
+            m.heard(now, 3, &header(1, now));
+            assert!(
+                !m.check(now).contains(&Change::Down(2)),
+                "declared at {now}"
+            );
+            now += 20_000_000;
+        }
+        m.heard(now, 3, &header(1, now));
+        assert!(m.check(now + 20_000_000).contains(&Change::Down(2)));
     }
 
     #[test]

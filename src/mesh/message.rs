@@ -52,6 +52,9 @@ pub struct Header {
     /// receiver whose own differs reports the mismatch, and each tells the other its limits
     /// ([`Item::Limits`]) so that the lowest of each policy's limits applies while they differ.
     pub digest: u64,
+    /// How far behind the sender itself runs (its lag score, 0 to 8): a receiver waits half
+    /// of `dead_after` longer per point before it declares the sender dead.
+    pub lag: u8,
 }
 
 /// The most dead members a header lists (beyond, it lists none and says so).

@@ -12,7 +12,7 @@ use bincode::config::{self, Configuration, Limit, LittleEndian, Varint};
 use bincode::{Decode, Encode};
 
 /// The version of the frames this build writes and reads.
-pub const WIRE_VERSION: u8 = 7;
+pub const WIRE_VERSION: u8 = 8;
 
 /// The largest frame accepted, in bytes (datagrams stay far below; snapshots are chunked).
 pub const MAX_FRAME_BYTES: usize = 64 * 1024;

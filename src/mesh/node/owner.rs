@@ -165,8 +165,17 @@ impl Node {
             Some(a.current(now, from))
         } else if want.refill {
             Some(a.request(now, from, incarnation, 0, now))
-        } else if news || want.previous_used.is_some() {
+        } else if want.previous_used.is_some() {
             Some(a.current(now, from))
+        } else if news {
+            // A report: answered only when the holder lacks something (a grant lost on the
+            // way, another window); otherwise the answer would repeat what it holds.
+            match a.current(now, from) {
+                Answer::Grant {
+                    window, granted, ..
+                } if window == want.window && granted == want.granted => None,
+                current => Some(current),
+            }
         } else {
             None
         };
