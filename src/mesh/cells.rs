@@ -138,6 +138,13 @@ impl Cells {
         self.map.contains_key(&KeyRef { policy, key })
     }
 
+    /// Give back the memory of a map that a burst of keys grew and that is now mostly empty.
+    pub(crate) fn shrink(&self) {
+        if self.map.capacity() > 1024 && self.map.len() < self.map.capacity() / 4 {
+            self.map.shrink_to_fit();
+        }
+    }
+
     pub(crate) fn insert(&self, key: KeyRef, cell: Arc<LeaseCell>) {
         self.map.insert(key, cell);
     }

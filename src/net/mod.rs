@@ -66,6 +66,9 @@ pub const INTRO_QUEUE: usize = 4096;
 /// The most queued requests the driver takes to the node under one lock.
 const INTRO_BATCH: usize = 256;
 
+/// The most queued frames the driver hears before it flushes what they caused.
+const INPUT_BATCH: usize = 64;
+
 /// Why the transport could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -502,6 +505,12 @@ impl Driver {
                 input = receiver.recv() => {
                     let Some(input) = input else { return };
                     self.input(input);
+                    // Frames queued behind it are heard before the flush: fewer, fuller
+                    // datagrams, one flush for a burst.
+                    for _ in 0..INPUT_BATCH.min(receiver.len()) {
+                        let Ok(input) = receiver.try_recv() else { break };
+                        self.input(input);
+                    }
                 }
                 Some(intro) = intros.recv() => self.introduce(intro, &mut intros),
                 _ = self.shared.wake.notified() => {}

@@ -162,6 +162,29 @@ impl Node {
         }
     }
 
+    /// Give back the memory of maps a burst of keys grew and that are now mostly empty (a
+    /// map keeps its capacity when entries leave).
+    fn shrink(&mut self) {
+        fn shrink_map<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
+            map: &mut std::collections::HashMap<K, V, S>,
+        ) {
+            if map.capacity() > 1024 && map.len() < map.capacity() / 4 {
+                map.shrink_to(map.len() * 2);
+            }
+        }
+        shrink_map(&mut self.holdings);
+        shrink_map(&mut self.authorities);
+        shrink_map(&mut self.backups);
+        shrink_map(&mut self.armed);
+        if self.timers.capacity() > 1024 && self.timers.len() < self.timers.capacity() / 4 {
+            self.timers.shrink_to(self.timers.len() * 2);
+        }
+        if self.wakes.capacity() > 1024 && self.wakes.len() < self.wakes.capacity() / 4 {
+            self.wakes.shrink_to(self.wakes.len() * 2);
+        }
+        self.cells.shrink();
+    }
+
     fn round_work(&mut self) {
         // Backups of the authorities that changed, to their successors.
         for key in std::mem::take(&mut self.dirty) {
@@ -175,6 +198,9 @@ impl Node {
         // Backups of a live owner that stopped sending them, or of keys nobody would give
         // this node any more, are dropped.
         let round = self.round;
+        if round.is_multiple_of(64) {
+            self.shrink();
+        }
         if round.is_multiple_of(16) {
             let me = self.config.id;
             let membership = &self.membership;
