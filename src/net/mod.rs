@@ -97,6 +97,23 @@ pub struct NetConfig {
     pub tls: NodeTls,
 }
 
+/// The UDP socket buffers the endpoint asks the kernel for (Linux grants at most
+/// `net.core.rmem_max` / `wmem_max`): a burst of peers' frames that arrives while the node is
+/// busy waits here instead of being dropped.
+pub const UDP_BUFFER_BYTES: usize = 4 << 20;
+
+/// Bind the endpoint's UDP socket at `addr`, with [`UDP_BUFFER_BYTES`] of buffers (or what
+/// the kernel allows).
+fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    // Best effort: a kernel that refuses keeps its default.
+    let _ = socket.set_recv_buffer_size(UDP_BUFFER_BYTES);
+    let _ = socket.set_send_buffer_size(UDP_BUFFER_BYTES);
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
 /// Default transport parameters: keep-alive every second, a peer silent for 5 s is gone.
 pub fn transport_config() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
@@ -221,11 +238,18 @@ impl MeshNet {
         let clock = SystemClock::new();
         let node = Node::new(config.node.clone(), clock.now_ns())?;
         let joined = node.is_joined();
-        let mut endpoint = quinn::Endpoint::server(config.tls.server.clone(), config.listen)
-            .map_err(|source| NetError::Bind {
-                addr: config.listen,
-                source,
-            })?;
+        let bind_error = |source| NetError::Bind {
+            addr: config.listen,
+            source,
+        };
+        let socket = udp_socket(config.listen).map_err(bind_error)?;
+        let mut endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(config.tls.server.clone()),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(bind_error)?;
         endpoint.set_default_client_config(config.tls.client.clone());
         let (intros, intro_receiver) = mpsc::channel(INTRO_QUEUE);
         let members = node.membership().configured();
