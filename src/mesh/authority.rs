@@ -320,6 +320,37 @@ impl Authority {
         }
     }
 
+    /// Tell whether `state` (a backup from a peer whose clock is `offset` from this node's)
+    /// would be an idle authority at `now` if this node took it over ([`Authority::from_state`]
+    /// then [`Authority::is_idle`]), without building it: a window's counts no longer matter,
+    /// or a bucket is full with nothing leased.
+    pub fn state_is_idle(
+        state: &AuthorityState,
+        policy: &Policy,
+        kind: MeshKind,
+        offset: Offset,
+        now: Nanos,
+    ) -> bool {
+        let w = policy.window_ns();
+        match kind {
+            MeshKind::Bucket => {
+                let outstanding = state
+                    .holders
+                    .iter()
+                    .any(|h| h.granted.saturating_sub(h.returned).saturating_sub(h.used) > 0);
+                let level_at = offset.latest_local(state.level_at).min(now);
+                !outstanding && state.level_ns.min(w).saturating_add(now - level_at) >= w
+            }
+            _ => {
+                let end = offset.earliest_local(state.ends_at);
+                let next_start = offset
+                    .latest_local(state.next_at.max(state.ends_at))
+                    .max(end);
+                now >= next_start.saturating_add(w)
+            }
+        }
+    }
+
     /// Return the key.
     pub fn key(&self) -> KeyRef {
         self.key

@@ -339,3 +339,65 @@ fn a_bucket_gives_back_the_refill_its_cap_held_back_for_tokens_spent_before_the_
     assert_eq!(b.available(t), 70);
     assert_eq!(b.available(t + 50_000_000), 75);
 }
+
+#[test]
+fn a_backup_is_idle_exactly_when_its_takeover_would_be() {
+    let offsets = [
+        Offset {
+            offset: 0,
+            error: 0,
+            round_trip: 0,
+        },
+        Offset {
+            offset: 300_000_000,
+            error: 5_000_000,
+            round_trip: 1_000_000,
+        },
+        Offset {
+            offset: -700_000_000,
+            error: 200_000_000,
+            round_trip: 0,
+        },
+    ];
+    let policies = [
+        (
+            Policy::fixed_window(100, Duration::from_secs(1)).unwrap(),
+            MeshKind::FixedWindow,
+        ),
+        (
+            Policy::sliding_window(100, Duration::from_secs(1)).unwrap(),
+            MeshKind::SlidingWindow,
+        ),
+        (
+            Policy::token_bucket(100, Duration::from_secs(1), 50).unwrap(),
+            MeshKind::Bucket,
+        ),
+    ];
+    let mut idle_seen = 0;
+    for (policy, kind) in policies {
+        for spent_all in [false, true] {
+            // An authority that leased some tokens to node 1, which spent part or all of them.
+            let mut a = Authority::fresh(KEY, policy, kind, 10 * S);
+            a.report(10 * S, 1, 1, &want(10, 0, 0, 32));
+            let (g, _) = granted(a.request(10 * S, 1, 1, 20, 0));
+            let used = if spent_all { g } else { g / 2 };
+            a.report(10 * S + 1000, 1, 1, &want(10, g, used, 32));
+            let state = a.state();
+            for offset in offsets {
+                for later in [0, S / 2, S, 2 * S, 3 * S, 10 * S] {
+                    let now = (10 * S + later).saturating_add_signed(-offset.offset);
+                    let expected =
+                        Authority::from_state(&state, policy, kind, offset, now).is_idle(now);
+                    assert_eq!(
+                        Authority::state_is_idle(&state, &policy, kind, offset, now),
+                        expected,
+                        "{kind:?} {offset:?} {later}"
+                    );
+                    idle_seen += u32::from(expected);
+                }
+            }
+        }
+    }
+    // Windows end in time, and a bucket refills once nothing is out.
+    assert!(idle_seen > 10, "{idle_seen}");
+}

@@ -16,6 +16,7 @@ use std::cmp::Reverse;
 use super::{Event, Node};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
+use crate::mesh::authority::Authority;
 use crate::mesh::message::{Item, KeyRef};
 
 impl Node {
@@ -98,7 +99,7 @@ impl Node {
                 None => {}
             }
         }
-        self.round_work();
+        self.round_work(now);
         self.flush(now);
     }
 
@@ -162,6 +163,26 @@ impl Node {
         }
     }
 
+    /// Drop the backups that would be idle authorities if this node took them over now: the
+    /// owner drops such an authority without telling (it holds nothing worth keeping), and
+    /// taking over without a backup makes an equivalent one. Without this, every key a
+    /// flood brought would keep its backup here for as long as its owner lives.
+    fn drop_idle_backups(&mut self, now: Nanos) {
+        let mut idle = Vec::new();
+        for (key, (from, state)) in &self.backups {
+            let Some((policy, kind)) = self.policy(key.policy) else {
+                continue;
+            };
+            let offset = self.offset_or_guess(*from, now);
+            if Authority::state_is_idle(state, &policy, kind, offset, now) {
+                idle.push(*key);
+            }
+        }
+        for key in idle {
+            self.backups.remove(&key);
+        }
+    }
+
     /// Give back the memory of maps a burst of keys grew and that are now mostly empty (a
     /// map keeps its capacity when entries leave).
     fn shrink(&mut self) {
@@ -185,7 +206,7 @@ impl Node {
         self.cells.shrink();
     }
 
-    fn round_work(&mut self) {
+    fn round_work(&mut self, now: Nanos) {
         // Backups of the authorities that changed, to their successors.
         for key in std::mem::take(&mut self.dirty) {
             if let Some(a) = self.authorities.get(&key)
@@ -202,6 +223,7 @@ impl Node {
             self.shrink();
         }
         if round.is_multiple_of(16) {
+            self.drop_idle_backups(now);
             let me = self.config.id;
             let membership = &self.membership;
             self.backups.retain(|k, (from, _)| {
