@@ -196,9 +196,10 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Decide a request by this node's share alone, counted as shed.
-    fn shed(&self, policy: u32, key: u64, cost: u64, now: u64) -> Decision {
-        self.stats.shed.fetch_add(1, Ordering::Relaxed);
+    /// Decide a request by this node's share alone, counted in `counter` (`shed` or
+    /// `overflow` of [`NetStats`]).
+    fn alone(&self, counter: &AtomicU64, policy: u32, key: u64, cost: u64, now: u64) -> Decision {
+        counter.fetch_add(1, Ordering::Relaxed);
         let members = self.members.load(Ordering::Relaxed);
         self.cells
             .overflow_decide(policy, key, cost, now, members, self.max_keys)
@@ -389,16 +390,8 @@ impl MeshNet {
         }
         if shared.cells.len() >= shared.max_keys && !shared.cells.contains(policy, key) {
             // Beyond the key cap: no need to ask the node.
-            shared.stats.overflow.fetch_add(1, Ordering::Relaxed);
-            let members = shared.members.load(Ordering::Relaxed);
-            return MeshDecision::Ready(Some(shared.cells.overflow_decide(
-                policy,
-                key,
-                cost,
-                now,
-                members,
-                shared.max_keys,
-            )));
+            let d = shared.alone(&shared.stats.overflow, policy, key, cost, now);
+            return MeshDecision::Ready(Some(d));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let intro = Intro {
@@ -415,7 +408,10 @@ impl MeshNet {
             },
             // The node cannot take keys as fast as they come (or it stopped): this node's
             // share decides.
-            Err(_) => MeshDecision::Ready(Some(shared.shed(policy, key, cost, now))),
+            Err(_) => {
+                let d = shared.alone(&shared.stats.shed, policy, key, cost, now);
+                MeshDecision::Ready(Some(d))
+            }
         }
     }
 
