@@ -24,6 +24,7 @@
 
 mod rumors;
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use crate::clock::Nanos;
@@ -138,6 +139,18 @@ pub struct Membership {
     lag_score: u32,
     /// Rounds on time since the score last changed.
     on_time: u32,
+    /// The live members, this node first, each with its id's half of the rendezvous weight
+    /// ([`premix`]): what [`Membership::ranked`] ranks. Rebuilt by [`Membership::reindex`]
+    /// whenever a peer comes, goes, dies, revives or leaves.
+    live: Vec<(u64, NodeId)>,
+    /// The peers that did not leave (dead and pending ones included), premixed likewise:
+    /// what [`Membership::agrees_i_own`] looks through.
+    listed: Vec<(u64, NodeId)>,
+    /// Raised whenever a frame is heard or the members change: what the cached answer of
+    /// [`Membership::majority_heard_until`] was computed from.
+    stamp: u64,
+    /// The last answer of [`Membership::majority_heard_until`]: (stamp, lease, until).
+    heard_until: Cell<(u64, Nanos, Nanos)>,
 }
 
 /// The highest lag score: a node that runs late waits up to five times `dead_after` before it
@@ -167,7 +180,7 @@ impl Membership {
                 },
             );
         }
-        Membership {
+        let mut m = Membership {
             me,
             incarnation,
             seq: 0,
@@ -182,7 +195,34 @@ impl Membership {
             news: Vec::new(),
             lag_score: 0,
             on_time: 0,
-        }
+            live: Vec::new(),
+            listed: Vec::new(),
+            stamp: 0,
+            heard_until: Cell::new((u64::MAX, 0, 0)),
+        };
+        m.reindex();
+        m
+    }
+
+    /// Rebuild the lists ranking reads ([`Membership::ranked`],
+    /// [`Membership::agrees_i_own`]) from the peer table.
+    fn reindex(&mut self) {
+        self.stamp += 1;
+        self.live.clear();
+        self.live.push((premix(self.me), self.me));
+        self.live.extend(
+            self.peers
+                .iter()
+                .filter(|(_, p)| p.alive)
+                .map(|(&id, _)| (premix(id), id)),
+        );
+        self.listed.clear();
+        self.listed.extend(
+            self.peers
+                .iter()
+                .filter(|(_, p)| !p.left)
+                .map(|(&id, _)| (premix(id), id)),
+        );
     }
 
     /// Return this node's id.
@@ -219,6 +259,7 @@ impl Membership {
     /// members this node knows of (the members it learns later fill the difference).
     pub fn set_configured(&mut self, size: usize) {
         self.phantoms = size.saturating_sub(1 + self.peers.len());
+        self.stamp += 1;
     }
 
     /// Return the number of members this node knows of (itself, its peers in any state, and
@@ -232,7 +273,7 @@ impl Membership {
     /// beyond those known. A member that left or was declared dead no longer counts; one
     /// learned from others counts once heard.
     pub fn quorum_of(&self) -> usize {
-        1 + self.phantoms + self.peers.values().filter(|p| p.alive).count()
+        self.phantoms + self.live.len()
     }
 
     /// Tell whether `heard` members (this node included) are a majority.
@@ -242,7 +283,38 @@ impl Membership {
 
     /// Return the number of live members (this node included).
     pub fn alive_count(&self) -> usize {
-        1 + self.peers.values().filter(|p| p.alive).count()
+        self.live.len()
+    }
+
+    /// Return until when (local time, exclusive) this node will have received frames from a
+    /// majority of the members within `lease` before it, with what it heard so far: members
+    /// that left and those never heard do not count. 0 if never; `Nanos::MAX` if this node
+    /// alone is a majority.
+    pub fn majority_heard_until(&self, lease: Nanos) -> Nanos {
+        let (stamp, cached_lease, until) = self.heard_until.get();
+        if stamp == self.stamp && cached_lease == lease {
+            return until;
+        }
+        // A majority is this node and `needed` peers: 2 (1 + needed) > quorum.
+        let needed = self.quorum_of() / 2;
+        let until = if needed == 0 {
+            Nanos::MAX
+        } else {
+            let mut heard: Vec<Nanos> = self
+                .peers
+                .values()
+                .filter(|p| !p.left && p.frame_at > 0)
+                .map(|p| p.frame_at)
+                .collect();
+            if heard.len() < needed {
+                0
+            } else {
+                let (_, nth, _) = heard.select_nth_unstable_by(needed - 1, |a, b| b.cmp(a));
+                nth.saturating_add(lease)
+            }
+        };
+        self.heard_until.set((self.stamp, lease, until));
+        until
     }
 
     /// Tell whether this node heard a majority of the members at its last check (it may
@@ -291,6 +363,7 @@ impl Membership {
                 self.phantoms = self.phantoms.saturating_sub(1);
                 self.version += 1;
                 changes.push(Change::Up(id));
+                self.reindex();
             }
             return changes;
         }
@@ -309,6 +382,7 @@ impl Membership {
         );
         self.phantoms = self.phantoms.saturating_sub(1);
         self.version += 1;
+        self.reindex();
         self.tell(Member {
             id,
             incarnation: 0,
@@ -326,6 +400,8 @@ impl Membership {
         let Some(peer) = self.peers.get_mut(&from) else {
             return changes;
         };
+        self.stamp += 1;
+        let standing = (peer.alive, peer.left);
         let restarted = peer.incarnation.is_some_and(|i| i != header.incarnation);
         if peer.left && !restarted && !header.leaving {
             // An older frame of the incarnation that left, overtaken by its leaving frames
@@ -379,6 +455,9 @@ impl Membership {
                 self.version += 1;
                 changes.push(Change::Up(from));
             }
+        }
+        if self.peers.get(&from).map(|p| (p.alive, p.left)) != Some(standing) {
+            self.reindex();
         }
         changes
     }
@@ -435,6 +514,9 @@ impl Membership {
     pub fn check(&mut self, now: Nanos) -> Vec<Change> {
         let mut changes = Vec::new();
         self.forget_gone(now, &mut changes);
+        if !changes.is_empty() {
+            self.reindex();
+        }
         // Only peers heard in the last half of `dead_after` count: on a real cut every peer
         // goes silent within a round of the others, so a node on the small side cannot
         // count as alive those it heard just before the cut.
@@ -497,6 +579,7 @@ impl Membership {
             self.tell_state(id, MemberState::Dead);
         }
         self.version += 1;
+        self.reindex();
         changes
     }
 
@@ -569,14 +652,8 @@ impl Membership {
     pub fn ranked(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
         let mut best: [(u64, NodeId); 2] = [(0, self.me), (0, self.me)];
         let mut found = 0usize;
-        let candidates = std::iter::once(self.me).chain(
-            self.peers
-                .iter()
-                .filter(|(_, p)| p.alive)
-                .map(|(&id, _)| id),
-        );
-        for id in candidates {
-            let w = weight(key, id);
+        for &(pre, id) in &self.live {
+            let w = mix(key ^ pre);
             if found == 0 || w > best[0].0 {
                 best[1] = best[0];
                 best[0] = (w, id);
@@ -608,10 +685,9 @@ impl Membership {
         let theirs = weight(key, id);
         theirs < mine
             && self
-                .peers
+                .listed
                 .iter()
-                .filter(|&(&peer, p)| peer != id && !p.left && !dead.contains(&peer))
-                .all(|(&peer, _)| weight(key, peer) < theirs)
+                .all(|&(pre, peer)| peer == id || mix(key ^ pre) < theirs || dead.contains(&peer))
     }
 
     /// Return the members this node declared dead (and that did not come back or leave) that
@@ -637,7 +713,12 @@ impl Membership {
 
 /// The rendezvous weight of member `id` for `key`.
 pub fn weight(key: u64, id: NodeId) -> u64 {
-    mix(key ^ mix(id.wrapping_add(0x9e37_79b9_7f4a_7c15)))
+    mix(key ^ premix(id))
+}
+
+/// The half of a rendezvous weight that depends on the member alone.
+fn premix(id: NodeId) -> u64 {
+    mix(id.wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 /// A 64-bit finalizer (splitmix64's): spreads every input bit over the output.

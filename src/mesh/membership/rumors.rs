@@ -118,6 +118,9 @@ impl Membership {
                 self.about_peer(now, from, m, &mut heard);
             }
         }
+        if !heard.changes.is_empty() {
+            self.reindex();
+        }
         heard
     }
 

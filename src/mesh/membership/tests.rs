@@ -124,6 +124,7 @@ fn an_owner_needs_its_successor_to_rank_itself_second() {
     // alive: node 3 ranks between them, so node 2 is not the successor by its own view
     // (the owner node 2 confirmed before may still hold its lease).
     m.peers.get_mut(&3).unwrap().alive = false;
+    m.reindex();
     let mut h = header(1, 100);
     h.dead = Some(vec![]);
     m.heard(10, 2, &h);
@@ -203,6 +204,7 @@ fn owners_are_spread_and_move_only_with_their_member() {
     }
     let mut smaller = m.clone();
     smaller.peers.get_mut(&4).unwrap().alive = false;
+    smaller.reindex();
     for (k, &owner) in owners.iter().enumerate() {
         let (now, _) = smaller.owner_and_successor(k as u64);
         if owner != 4 {
@@ -292,4 +294,89 @@ fn headers_echo_the_newest_frame_and_confirm_ours() {
     assert_eq!(m.peer(2).unwrap().confirmed, 40);
     let h = m.header(700, 2);
     assert_eq!((h.echo, h.held), (500, 100));
+}
+
+/// The ranking as the peer table says it, computed afresh (what the kept lists must agree
+/// with).
+fn ranked_afresh(m: &Membership, key: u64) -> Vec<NodeId> {
+    let mut live: Vec<NodeId> = std::iter::once(m.me())
+        .chain(m.peers().iter().filter(|(_, p)| p.alive).map(|(&id, _)| id))
+        .collect();
+    live.sort_by_key(|&id| std::cmp::Reverse(weight(key, id)));
+    live.truncate(2);
+    live
+}
+
+fn agrees_afresh(m: &Membership, id: NodeId, key: u64) -> bool {
+    let Some(dead) = m.peer(id).and_then(|p| p.their_dead.as_ref()) else {
+        return false;
+    };
+    let theirs = weight(key, id);
+    !dead.contains(&m.me())
+        && theirs < weight(key, m.me())
+        && m.peers()
+            .iter()
+            .filter(|&(&peer, p)| peer != id && !p.left && !dead.contains(&peer))
+            .all(|(&peer, _)| weight(key, peer) < theirs)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+    /// Whatever the membership goes through (members added, heard, restarted, leaving, named
+    /// by rumor, declared dead, forgotten), ranking by the kept lists agrees with ranking
+    /// the peer table afresh.
+    #[test]
+    fn ranking_follows_every_membership_change(
+        ops in proptest::collection::vec((0u8..7, 1u64..10, 0u64..3), 1..80),
+    ) {
+        let mut m = Membership::new(1, 7, &[1, 2, 3, 4], DEAD, 0);
+        let mut now: Nanos = 1;
+        for (op, id, arg) in ops {
+            now += 30_000_000;
+            match op {
+                0 => { m.add(id, None, now); }
+                1 => {
+                    let mut h = header(1 + arg, now);
+                    h.dead = Some(vec![(id + arg) % 10]);
+                    m.heard(now, id, &h);
+                }
+                2 => {
+                    let mut h = header(1, now);
+                    h.leaving = true;
+                    m.heard(now, id, &h);
+                }
+                3 => {
+                    let state = [MemberState::Alive, MemberState::Dead, MemberState::Left][arg as usize];
+                    let mut told = member(id, 5, state);
+                    told.incarnation = 1;
+                    m.hear_members(now, 2, &[told]);
+                }
+                4 => now += DEAD * (1 + arg),
+                5 => now += FORGET_AFTER_NS,
+                _ => {
+                    for peer in 2..5 {
+                        m.heard(now, peer, &header(1, now));
+                    }
+                }
+            }
+            m.check(now);
+            for lease in [10_000_000, DEAD, 3 * DEAD] {
+                for at in [now, now + lease / 2, now + lease] {
+                    let heard = 1 + m
+                        .peers()
+                        .values()
+                        .filter(|p| !p.left && p.frame_at > 0 && p.frame_at + lease > at)
+                        .count();
+                    proptest::prop_assert_eq!(at < m.majority_heard_until(lease), m.is_majority(heard));
+                }
+            }
+            for key in 0..16u64 {
+                let key = mix(key);
+                proptest::prop_assert_eq!(m.ranked(key).collect::<Vec<_>>(), ranked_afresh(&m, key));
+                for peer in 2..10 {
+                    proptest::prop_assert_eq!(m.agrees_i_own(peer, key), agrees_afresh(&m, peer, key));
+                }
+            }
+        }
+    }
 }

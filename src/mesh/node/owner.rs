@@ -75,13 +75,7 @@ impl Node {
                 return false;
             }
         }
-        let heard = 1 + self
-            .membership
-            .peers()
-            .values()
-            .filter(|p| !p.left && p.frame_at > 0 && p.frame_at.saturating_add(lease) > now)
-            .count();
-        self.membership.is_majority(heard)
+        now < self.membership.majority_heard_until(lease)
     }
 
     /// Tell whether every member this node counts alive echoed one of its frames sent since it
