@@ -27,6 +27,13 @@ const DENIED_RESEND_NS: Nanos = 2_000_000;
 /// Rounds without demand after which a holder gives its unspent lease back.
 pub const IDLE_ROUNDS: u32 = 10;
 
+/// The least demand (sixteenths of a token per round) for which a holder asks for a longer
+/// lease ahead of its requests: enough to spend two tokens over a short lease
+/// ([`SHORT_LEASE_ROUNDS`]). A sparser key's requests ask as they come; a lease fetched
+/// ahead for them would mostly be given back unspent, at the cost of a want, a grant and a
+/// return for nothing.
+pub const REFILL_DEMAND: u32 = (2 * 16 / SHORT_LEASE_ROUNDS) as u32;
+
 /// Rounds between reports of a holder's count when nothing else is sent.
 pub const REPORT_ROUNDS: u64 = 4;
 
@@ -605,7 +612,7 @@ impl Holding {
         let per_round = u64::from(self.demand).div_ceil(16);
         // Only while requests come: a key quiet for `IDLE_ROUNDS` gives its lease back, and
         // refilling it then would only be given back again.
-        let refill = self.demand > 0
+        let refill = self.demand >= REFILL_DEMAND
             && self.idle_rounds < IDLE_ROUNDS
             && self.waiting.is_empty()
             && now >= self.denied_until
