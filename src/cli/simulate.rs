@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use ratemesh::Policy;
+use ratemesh::mesh::Admission;
 use ratemesh::sim::{self, Crash, Partition, SimConfig, SimReport, Traffic};
 
 /// The algorithms a global policy can use.
@@ -140,6 +141,10 @@ pub struct SimulateArgs {
     /// Skip the baselines (faster for large runs).
     #[arg(long)]
     no_baselines: bool,
+    /// Run the `stale_sum` baseline even where it is costly to simulate (more than a million
+    /// nodes × keys: every node sends every count to every other node).
+    #[arg(long, conflicts_with = "no_baselines")]
+    all_baselines: bool,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -316,7 +321,7 @@ fn median(runs: &[SimReport]) -> SimReport {
 fn run_seeds(
     config: &SimConfig,
     seeds: u64,
-    baselines: bool,
+    baselines: &[(&'static str, Admission)],
 ) -> (SimReport, Vec<(&'static str, SimReport)>) {
     let mut mesh = Vec::new();
     let mut others: Vec<(&'static str, Vec<SimReport>)> = Vec::new();
@@ -324,13 +329,11 @@ fn run_seeds(
         let mut c = config.clone();
         c.seed = config.seed.wrapping_add(i);
         mesh.push(sim::run(&c));
-        if baselines {
-            for (k, (name, r)) in sim::run_baselines(&c).into_iter().enumerate() {
-                if others.len() <= k {
-                    others.push((name, Vec::new()));
-                }
-                others[k].1.push(r);
+        for (k, &(name, admission)) in baselines.iter().enumerate() {
+            if others.len() <= k {
+                others.push((name, Vec::new()));
             }
+            others[k].1.push(sim::run_baseline(&c, admission));
         }
     }
     let others = others
@@ -343,7 +346,12 @@ fn run_seeds(
 /// Run `ratemesh simulate`.
 pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = config(args)?;
-    let (mesh, baselines) = run_seeds(&config, args.seeds, !args.no_baselines);
+    let skip_stale_sum = !args.all_baselines && sim::stale_sum_is_costly(&config);
+    let rules: Vec<(&'static str, Admission)> = sim::BASELINES
+        .into_iter()
+        .filter(|&(_, a)| !(args.no_baselines || (skip_stale_sum && a == Admission::StaleSum)))
+        .collect();
+    let (mesh, baselines) = run_seeds(&config, args.seeds, &rules);
     if args.json {
         let mut out = fields(&mesh);
         out["seeds"] = args.seeds.into();
@@ -418,6 +426,13 @@ pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     row("ratemesh", &mesh);
     for (name, r) in &baselines {
         row(name, r);
+    }
+    if skip_stale_sum && !args.no_baselines {
+        println!(
+            "{:<13} not simulated: every node would send every count to every other node \
+             ({} nodes x {} keys; --all-baselines runs it)",
+            "stale_sum", config.nodes, config.keys
+        );
     }
     println!(
         "\noracle (one central limiter, same stream): overshoot {:.2}%, admitted {} tokens; \
