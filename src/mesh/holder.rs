@@ -27,13 +27,6 @@ const DENIED_RESEND_NS: Nanos = 2_000_000;
 /// Rounds without demand after which a holder gives its unspent lease back.
 pub const IDLE_ROUNDS: u32 = 10;
 
-/// The least demand (sixteenths of a token per round) for which a holder asks for a longer
-/// lease ahead of its requests: enough to spend two tokens over a short lease
-/// ([`SHORT_LEASE_ROUNDS`]). A sparser key's requests ask as they come; a lease fetched
-/// ahead for them would mostly be given back unspent, at the cost of a want, a grant and a
-/// return for nothing.
-pub const REFILL_DEMAND: u32 = (2 * 16 / SHORT_LEASE_ROUNDS) as u32;
-
 /// Rounds between reports of a holder's count when nothing else is sent.
 pub const REPORT_ROUNDS: u64 = 4;
 
@@ -106,6 +99,10 @@ pub struct Holding {
     want_need: u64,
     want_seq: u32,
     idle_rounds: u32,
+    /// The last round with requests, and how many rounds before it the one before came
+    /// (`u64::MAX`: none).
+    busy_round: Option<u64>,
+    busy_gap: u64,
     /// The key's owner changed: tell the new one at the next round.
     report_due: bool,
     /// The node's count of rounds at this holding's last round (see [`Holding::catch_up`]).
@@ -152,6 +149,8 @@ impl Holding {
             want_need: 0,
             want_seq: 0,
             idle_rounds: 0,
+            busy_round: None,
+            busy_gap: u64::MAX,
             report_due: false,
             rounds: 0,
         }
@@ -589,6 +588,8 @@ impl Holding {
         self.expire(now);
         let used = self.see_used(now);
         let spent = used.saturating_sub(self.used_at_tick);
+        // More than one token asked for this round (spent, or asked for on the slow path).
+        let several = spent.max(self.offered) > 1;
         let offered = spent + self.offered + self.waiting.iter().map(|w| w.cost).sum::<u64>();
         self.offered = 0;
         // A closed lease's final count was counted when it was spent: it is no new demand.
@@ -598,6 +599,12 @@ impl Holding {
         self.demand = self.demand - self.demand.div_ceil(8) + sample / 8;
         if self.demand < 2 && offered == 0 {
             self.demand = 0;
+        }
+        if offered > 0 {
+            self.busy_gap = self
+                .busy_round
+                .map_or(u64::MAX, |last| round.saturating_sub(last));
+            self.busy_round = Some(round);
         }
         self.idle_rounds = if offered == 0 {
             self.idle_rounds + 1
@@ -611,8 +618,12 @@ impl Holding {
         let unspent = self.unspent();
         let per_round = u64::from(self.demand).div_ceil(16);
         // Only while requests come: a key quiet for `IDLE_ROUNDS` gives its lease back, and
-        // refilling it then would only be given back again.
-        let refill = self.demand >= REFILL_DEMAND
+        // refilling it then would only be given back again. And not for a lone request (one
+        // token in a round, none in the `IDLE_ROUNDS` before: a sparse key's usual request,
+        // in a holding made for it), which would give most of a lease fetched ahead back
+        // unspent, at the cost of a want, a grant and a return.
+        let refill = self.demand > 0
+            && (several || self.busy_gap <= u64::from(IDLE_ROUNDS))
             && self.idle_rounds < IDLE_ROUNDS
             && self.waiting.is_empty()
             && now >= self.denied_until
