@@ -151,6 +151,26 @@ pub struct Membership {
     stamp: u64,
     /// The last answer of [`Membership::majority_heard_until`]: (stamp, lease, until).
     heard_until: Cell<(u64, Nanos, Nanos)>,
+    /// The peers that did not leave and are not alive (dead or pending), premixed.
+    dormant: Vec<(u64, NodeId)>,
+    /// Raised whenever the live members change: what [`Membership::rank_cache`] entries
+    /// were ranked among.
+    live_version: u64,
+    /// The latest rankings, by key (a request's key is ranked several times in a row).
+    rank_cache: [Cell<Ranking>; RANK_CACHE],
+}
+
+/// How many keys' rankings a membership keeps.
+const RANK_CACHE: usize = 16;
+
+/// The three members of highest rendezvous weight for a key, among the live members of one
+/// version.
+#[derive(Debug, Clone, Copy)]
+struct Ranking {
+    key: u64,
+    live_version: u64,
+    top: [(u64, NodeId); 3],
+    found: usize,
 }
 
 /// The highest lag score: a node that runs late waits up to five times `dead_after` before it
@@ -199,6 +219,16 @@ impl Membership {
             listed: Vec::new(),
             stamp: 0,
             heard_until: Cell::new((u64::MAX, 0, 0)),
+            dormant: Vec::new(),
+            live_version: 0,
+            rank_cache: std::array::from_fn(|_| {
+                Cell::new(Ranking {
+                    key: 0,
+                    live_version: u64::MAX,
+                    top: [(0, me); 3],
+                    found: 0,
+                })
+            }),
         };
         m.reindex();
         m
@@ -208,6 +238,14 @@ impl Membership {
     /// [`Membership::agrees_i_own`]) from the peer table.
     fn reindex(&mut self) {
         self.stamp += 1;
+        self.live_version += 1;
+        self.dormant.clear();
+        self.dormant.extend(
+            self.peers
+                .iter()
+                .filter(|(_, p)| !p.left && !p.alive)
+                .map(|(&id, _)| (premix(id), id)),
+        );
         self.live.clear();
         self.live.push((premix(self.me), self.me));
         self.live.extend(
@@ -650,19 +688,41 @@ impl Membership {
     /// Return the live members ranked by rendezvous weight for `key`, highest first: the
     /// first is the key's owner, the second its successor.
     pub fn ranked(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
-        let mut best: [(u64, NodeId); 2] = [(0, self.me), (0, self.me)];
+        let r = self.ranking(key);
+        r.top.into_iter().take(r.found.min(2)).map(|(_, id)| id)
+    }
+
+    /// The three live members of highest weight for `key` (ties keep the earlier listed).
+    fn ranking(&self, key: u64) -> Ranking {
+        let slot = &self.rank_cache[(key as usize) % RANK_CACHE];
+        let cached = slot.get();
+        if cached.key == key && cached.live_version == self.live_version {
+            return cached;
+        }
+        let mut top: [(u64, NodeId); 3] = [(0, self.me); 3];
         let mut found = 0usize;
         for &(pre, id) in &self.live {
             let w = mix(key ^ pre);
-            if found == 0 || w > best[0].0 {
-                best[1] = best[0];
-                best[0] = (w, id);
-            } else if found == 1 || w > best[1].0 {
-                best[1] = (w, id);
+            if found == 0 || w > top[0].0 {
+                top[2] = top[1];
+                top[1] = top[0];
+                top[0] = (w, id);
+            } else if found == 1 || w > top[1].0 {
+                top[2] = top[1];
+                top[1] = (w, id);
+            } else if found == 2 || w > top[2].0 {
+                top[2] = (w, id);
             }
             found += 1;
         }
-        best.into_iter().take(found.min(2)).map(|(_, id)| id)
+        let r = Ranking {
+            key,
+            live_version: self.live_version,
+            top,
+            found,
+        };
+        slot.set(r);
+        r
     }
 
     /// Tell whether peer `id`, by the view its newest frame told, ranks this node first for
@@ -683,11 +743,21 @@ impl Membership {
         }
         let mine = weight(key, self.me);
         let theirs = weight(key, id);
-        theirs < mine
-            && self
-                .listed
+        if theirs >= mine {
+            return false;
+        }
+        // This node ranks itself first and `id` second, every other live member below `id`:
+        // only the members it does not count alive remain to be looked at.
+        let r = self.ranking(key);
+        if r.top[0].1 == self.me && r.top[1].1 == id && (r.found < 3 || r.top[2].0 < theirs) {
+            return self
+                .dormant
                 .iter()
-                .all(|&(pre, peer)| peer == id || mix(key ^ pre) < theirs || dead.contains(&peer))
+                .all(|&(pre, peer)| peer == id || mix(key ^ pre) < theirs || dead.contains(&peer));
+        }
+        self.listed
+            .iter()
+            .all(|&(pre, peer)| peer == id || mix(key ^ pre) < theirs || dead.contains(&peer))
     }
 
     /// Return the members this node declared dead (and that did not come back or leave) that

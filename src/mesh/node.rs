@@ -721,10 +721,15 @@ impl Node {
     }
 
     fn flush(&mut self, now: Nanos) {
-        for key in std::mem::take(&mut self.touched) {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        for &key in &touched {
             self.arm(key);
             self.candidates.push(key);
         }
+        touched.clear();
+        self.touched = touched;
         if self.outbox.is_empty() {
             return;
         }
