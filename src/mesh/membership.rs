@@ -143,15 +143,13 @@ pub struct Membership {
     /// ([`premix`]): what [`Membership::ranked`] ranks. Rebuilt by [`Membership::reindex`]
     /// whenever a peer comes, goes, dies, revives or leaves.
     live: Vec<(u64, NodeId)>,
-    /// The peers that did not leave (dead and pending ones included), premixed likewise:
-    /// what [`Membership::agrees_i_own`] looks through.
-    listed: Vec<(u64, NodeId)>,
     /// Raised whenever a frame is heard or the members change: what the cached answer of
     /// [`Membership::majority_heard_until`] was computed from.
     stamp: u64,
     /// The last answer of [`Membership::majority_heard_until`]: (stamp, lease, until).
     heard_until: Cell<(u64, Nanos, Nanos)>,
-    /// The peers that did not leave and are not alive (dead or pending), premixed.
+    /// The peers that did not leave and are not alive (dead or pending), premixed: with the
+    /// live members, every peer [`Membership::agrees_i_own`] looks through.
     dormant: Vec<(u64, NodeId)>,
     /// Raised whenever the live members change: what [`Membership::rank_cache`] entries
     /// were ranked among.
@@ -216,7 +214,6 @@ impl Membership {
             lag_score: 0,
             on_time: 0,
             live: Vec::new(),
-            listed: Vec::new(),
             stamp: 0,
             heard_until: Cell::new((u64::MAX, 0, 0)),
             dormant: Vec::new(),
@@ -252,13 +249,6 @@ impl Membership {
             self.peers
                 .iter()
                 .filter(|(_, p)| p.alive)
-                .map(|(&id, _)| (premix(id), id)),
-        );
-        self.listed.clear();
-        self.listed.extend(
-            self.peers
-                .iter()
-                .filter(|(_, p)| !p.left)
                 .map(|(&id, _)| (premix(id), id)),
         );
     }
@@ -755,8 +745,11 @@ impl Membership {
                 .iter()
                 .all(|&(pre, peer)| peer == id || mix(key ^ pre) < theirs || dead.contains(&peer));
         }
-        self.listed
+        // Every peer that did not leave: the live ones (this node aside) and the dormant ones.
+        self.live
             .iter()
+            .chain(&self.dormant)
+            .filter(|&&(_, peer)| peer != self.me)
             .all(|&(pre, peer)| peer == id || mix(key ^ pre) < theirs || dead.contains(&peer))
     }
 
