@@ -6,7 +6,8 @@
 #   benches/keys_100k.sh
 #
 # Environment: KEYS (100000), DURATION (60s), AFTER (30, seconds of quiet measured after),
-# CONNS (32 per node), SKIP_BUILD=1 to use the binary as it is, RATEMESH_BIN to name another.
+# CONNS (32 per node), BACKEND (mesh; local for the same load on each node's own limiter),
+# FIRST_CREDIT (the nodes' mesh_first_credit, default theirs), SKIP_BUILD=1 to use the binary as it is, RATEMESH_BIN to name another.
 # Needs wrk and curl. Every process it starts is stopped on exit.
 #
 # Each node gets one wrk (1 thread) whose requests carry `x-api-key: k<n>`, n drawn at random
@@ -48,7 +49,7 @@ default_tier = "api"
 algorithm = "fixed-window"
 limit = 100
 window = "1s"
-backend = "mesh"
+backend = "${BACKEND:-mesh}"
 
 [tiers.api]
 policies = ["global"]
@@ -62,6 +63,7 @@ for i in 1 2 3; do
     echo "listen = \"127.0.0.1:${QUIC[$i]}\""
     echo "http = \"127.0.0.1:${HTTP[$i]}\""
     echo "policy_file = \"policies.toml\""
+    [ -n "${FIRST_CREDIT:-}" ] && echo "mesh_first_credit = $FIRST_CREDIT"
     echo "[tls]"
     echo "ca = \"certs/ca.pem\""
     echo "cert = \"certs/node-$i.pem\""
@@ -116,6 +118,9 @@ for i in 1 2 3; do
   p50=$(awk '$1 == "50%" { print $2 }' "$WORK/wrk-$i.txt")
   p99=$(awk '$1 == "99%" { print $2 }' "$WORK/wrk-$i.txt")
   codes=$(awk '/Non-2xx/ { print $NF }' "$WORK/wrk-$i.txt"); codes=${codes:-0}
-  keys=$(curl -s "http://127.0.0.1:${HTTP[$i]}/metrics" | awk '/^ratemesh_mesh_keys / { print $2 }')
-  echo "node $i: ${reqs} req/s, latency p50 ${p50} p99 ${p99}; peak RSS ${PEAK[$i]} MiB, ${AFTER} s after: $(rss_mib "${NODE[$i]}") MiB, CPU over those ${AFTER} s: $(( ticks * 10 )) ms; mesh keys held then: ${keys}; answers other than 200: ${codes}"
+  metrics=$(curl -s "http://127.0.0.1:${HTTP[$i]}/metrics")
+  keys=$(awk '/^ratemesh_mesh_keys / { print $2 }' <<<"$metrics")
+  waits=$(awk '/^ratemesh_mesh_waits_total / { print $2 }' <<<"$metrics")
+  credited=$(awk '/^ratemesh_mesh_first_credit_total / { print $2 }' <<<"$metrics")
+  echo "node $i: ${reqs} req/s, latency p50 ${p50} p99 ${p99}; peak RSS ${PEAK[$i]} MiB, ${AFTER} s after: $(rss_mib "${NODE[$i]}") MiB, CPU over those ${AFTER} s: $(( ticks * 10 )) ms; mesh keys held then: ${keys}; requests that waited for an owner: ${waits:-0}, admitted on first-request credit: ${credited:-0}; answers other than 200: ${codes}"
 done

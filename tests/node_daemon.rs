@@ -231,6 +231,16 @@ fn a_bad_node_file_is_refused_with_file_line_and_field() {
     std::fs::write(&path, format!("mesh_max_keys = 5000\n{good}")).unwrap();
     let file = NodeFile::from_file(&path).unwrap();
     assert_eq!(file.node_config().max_keys, 5000);
+    assert_eq!(file.node_config().first_credit, 0, "off unless asked for");
+    check(
+        &format!("mesh_first_credit = -1\n{good}"),
+        "mesh_first_credit",
+        "between 0 and",
+    );
+    let path = dir.path().join("credit.toml");
+    std::fs::write(&path, format!("mesh_first_credit = 2\n{good}")).unwrap();
+    let file = NodeFile::from_file(&path).unwrap();
+    assert_eq!(file.node_config().first_credit, 2);
     check(
         &format!("gossip_budget_bytes_per_s = 10\n{good}"),
         "gossip_budget_bytes_per_s",

@@ -120,6 +120,10 @@ pub struct SimulateArgs {
     /// most urgent first; as `gossip_budget_bytes_per_s` in a node file).
     #[arg(long, default_value_t = ratemesh::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S)]
     gossip_budget: u64,
+    /// Tokens a node admits for a key it holds nothing of before the key's owner answers
+    /// (as `mesh_first_credit` in a node file; 0: the first request waits).
+    #[arg(long, default_value_t = 0)]
+    first_credit: u64,
     /// Cut the first `--minority` nodes off at this second.
     #[arg(long, requires = "heal_at_s")]
     partition_at_s: Option<f64>,
@@ -200,6 +204,7 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
     c.skew_ns = ms(args.skew_ms);
     c.max_wait_ns = ms(args.max_wait_ms);
     c.gossip_budget_bytes_per_s = args.gossip_budget;
+    c.first_credit = args.first_credit;
     c.traffic = match args.traffic {
         TrafficArg::Uniform => Traffic::Uniform,
         TrafficArg::OneNode => Traffic::OneNode,
@@ -268,6 +273,7 @@ fn fields(r: &SimReport) -> serde_json::Value {
             "steady": r.declared_bound.steady,
             "crash": r.declared_bound.crash,
             "partition": r.declared_bound.partition,
+            "first": r.declared_bound.first,
         },
         "gossip_bytes_per_node_per_s": r.gossip_bytes_per_node_per_s,
         "convergence_ms_after_heal": r.convergence_ms_after_heal,

@@ -10,6 +10,7 @@
 //! drain_grace = "5s"               # on SIGTERM: /health says 503 while serving, this long
 //! drain = "5s"                     # then: finish in-flight requests for at most this
 //! mesh_max_keys = 1000000          # mesh keys a node holds; beyond, its share alone decides
+//! mesh_first_credit = 1            # tokens a key's first request here may take before the owner answers (0: wait)
 //! gossip_budget_bytes_per_s = 16000000  # key gossip a node sends at most, urgent first
 //!
 //! # Instead of `http = "…"`, an `[http]` table with its settings (defaults shown):
@@ -85,6 +86,8 @@ pub const MAX_CLUSTER_SIZE: usize = 1024;
 const DEFAULT_MESH_MAX_KEYS: usize = 1_000_000;
 /// The most `mesh_max_keys` a node file may ask for.
 const MAX_MESH_MAX_KEYS: i64 = 100_000_000;
+/// The most `mesh_first_credit` a node file may ask for.
+const MAX_MESH_FIRST_CREDIT: i64 = 1_000_000;
 /// The range of `gossip_budget_bytes_per_s`.
 const GOSSIP_BUDGET_RANGE: std::ops::RangeInclusive<i64> = 10_000..=100_000_000_000;
 
@@ -146,6 +149,9 @@ pub struct NodeFile {
     pub while_joining: WhileJoining,
     /// The most mesh keys the node holds (beyond, a key is decided by its share alone).
     pub mesh_max_keys: usize,
+    /// Tokens a key's first request on this node may take before the key's owner answers
+    /// ([`NodeConfig::first_credit`]).
+    pub mesh_first_credit: u64,
     /// Bytes of key gossip the node sends per second at most (most urgent first; the rest
     /// waits a round).
     pub gossip_budget_bytes_per_s: u64,
@@ -242,6 +248,7 @@ struct RawNodeFile {
     drain_grace: Option<Spanned<String>>,
     cluster_size: Option<Spanned<usize>>,
     mesh_max_keys: Option<Spanned<i64>>,
+    mesh_first_credit: Option<Spanned<i64>>,
     gossip_budget_bytes_per_s: Option<Spanned<i64>>,
     seeds: Option<Spanned<Vec<String>>>,
     seed_refresh: Option<Spanned<String>>,
@@ -423,6 +430,17 @@ impl NodeFile {
                 ));
             }
         };
+        let mesh_first_credit = match &raw.mesh_first_credit {
+            None => NodeConfig::new(id, Vec::new(), Vec::new()).first_credit,
+            Some(n) if (0..=MAX_MESH_FIRST_CREDIT).contains(n.get_ref()) => *n.get_ref() as u64,
+            Some(n) => {
+                return Err(source.error(
+                    at(n.span()),
+                    "mesh_first_credit",
+                    format!("between 0 and {MAX_MESH_FIRST_CREDIT}, got {}", n.get_ref()),
+                ));
+            }
+        };
         let gossip_budget_bytes_per_s = match &raw.gossip_budget_bytes_per_s {
             None => crate::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
             Some(n) if GOSSIP_BUDGET_RANGE.contains(n.get_ref()) => *n.get_ref() as u64,
@@ -596,6 +614,7 @@ impl NodeFile {
             join_timeout,
             while_joining,
             mesh_max_keys,
+            mesh_first_credit,
             gossip_budget_bytes_per_s,
             tls,
             policy_file,
@@ -622,6 +641,7 @@ impl NodeFile {
         let mut config = NodeConfig::new(self.id, members, policies);
         config.cluster_size = self.cluster_size;
         config.max_keys = self.mesh_max_keys;
+        config.first_credit = self.mesh_first_credit;
         config.gossip_budget_bytes_per_s = self.gossip_budget_bytes_per_s;
         config.gossip_interval_ns = duration_to_nanos(self.gossip_interval);
         // A node with peers or seeds joins a cluster; one with neither is a cluster of one.

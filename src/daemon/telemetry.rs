@@ -71,6 +71,7 @@ impl Exporter {
         metrics::gauge!("ratemesh_mesh_authorities").set(authorities as f64);
         metrics::counter!("ratemesh_gossip_rounds_total").absolute(node_stats.rounds);
         metrics::counter!("ratemesh_mesh_waits_total").absolute(node_stats.waits);
+        metrics::counter!("ratemesh_mesh_first_credit_total").absolute(node_stats.credited);
         metrics::counter!("ratemesh_mesh_wait_timeouts_total").absolute(node_stats.timeouts);
         metrics::counter!("ratemesh_mesh_grants_total").absolute(node_stats.grants);
         metrics::counter!("ratemesh_mesh_overflow_decisions_total")
@@ -161,6 +162,10 @@ fn describe() {
         "Peers connected with a completed handshake, heard from in the last 3 s"
     );
     describe_gauge!("ratemesh_mesh_keys", "Keys the mesh node holds state for");
+    describe_counter!(
+        "ratemesh_mesh_first_credit_total",
+        "Requests for a key this node held nothing of, admitted before the key's owner answered (mesh_first_credit)"
+    );
     describe_gauge!(
         "ratemesh_majority",
         "1 while this node heard a majority of the live members at its last check (it may take over keys)"

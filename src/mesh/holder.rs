@@ -41,6 +41,9 @@ pub struct Waiting {
     pub deadline: Nanos,
     /// The first want that counted it (0: none yet).
     pub asked: u32,
+    /// It was admitted already, on the node's first-request credit: it takes its tokens
+    /// from the lease like any waiting request, but nobody waits for its decision.
+    pub prepaid: bool,
 }
 
 /// How a request went on the holder's slow path.
@@ -107,6 +110,9 @@ pub struct Holding {
     report_due: bool,
     /// The node's count of rounds at this holding's last round (see [`Holding::catch_up`]).
     rounds: u64,
+    /// Kept at least until then (a holding that admitted a request on credit): the node
+    /// takes a key's credit again only once it forgot the key.
+    keep_until: Nanos,
 }
 
 impl Holding {
@@ -153,6 +159,7 @@ impl Holding {
             busy_gap: u64::MAX,
             report_due: false,
             rounds: 0,
+            keep_until: 0,
         }
     }
 
@@ -188,7 +195,7 @@ impl Holding {
     /// enough and its times have passed. Before, its rounds change nothing but the idle count.
     pub fn wake_round(&self, round: u64, interval: Nanos) -> u64 {
         let idle = round + u64::from(IDLE_ROUNDS.saturating_sub(self.idle_rounds)).max(1);
-        let mut at = self.denied_until;
+        let mut at = self.denied_until.max(self.keep_until);
         if self.kind.is_window() && self.expiry != 0 {
             at = at.max(self.expiry.saturating_add(self.policy.window_ns()));
         }
@@ -323,8 +330,19 @@ impl Holding {
             cost,
             deadline,
             asked: 0,
+            prepaid: false,
         });
         Slow::Waits
+    }
+
+    /// Mark the waiting request `id` admitted already (on the node's credit, see
+    /// [`crate::mesh::node::NodeConfig::first_credit`]): it still takes its tokens from the
+    /// next grants, but its decision goes nowhere. The holding is kept until `keep_until`.
+    pub fn prepay(&mut self, id: u64, keep_until: Nanos) {
+        if let Some(w) = self.waiting.iter_mut().find(|w| w.id == id) {
+            w.prepaid = true;
+        }
+        self.keep_until = self.keep_until.max(keep_until);
     }
 
     /// Tokens the waiting requests need beyond the reserve.
@@ -491,7 +509,7 @@ impl Holding {
                 }
                 self.denied_cost = min;
             }
-            for w in denied {
+            for w in denied.iter().filter(|w| !w.prepaid) {
                 decided.push((w.id, self.denied(now, grant.retry_after)));
             }
             // What the denied held back may serve those behind them.
@@ -515,7 +533,9 @@ impl Holding {
             self.waiting.pop_front();
             self.reserve -= w.cost;
             let remaining = self.reserve + self.cell.remaining();
-            decided.push((w.id, self.allowed(now, remaining)));
+            if !w.prepaid {
+                decided.push((w.id, self.allowed(now, remaining)));
+            }
         }
         decided
     }
@@ -538,7 +558,9 @@ impl Holding {
                 break;
             }
             self.waiting.pop_front();
-            decided.push((w.id, self.denied(now, retry_after)));
+            if !w.prepaid {
+                decided.push((w.id, self.denied(now, retry_after)));
+            }
         }
         // What the denied held back may serve those behind them.
         decided.extend(self.serve(now));
@@ -666,6 +688,7 @@ impl Holding {
             && self.demand == 0
             && self.idle_rounds >= IDLE_ROUNDS
             && now >= self.denied_until
+            && now >= self.keep_until
             && (self.closed || self.cell.remaining() == 0)
             && self.previous_used.is_none()
     }

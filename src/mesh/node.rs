@@ -143,6 +143,9 @@ pub struct NodeStats {
     pub joining_decisions: u64,
     /// Key items the gossip budget held back for a later round.
     pub gossip_held_back: u64,
+    /// Requests for a key the node held nothing of, admitted on its first-request credit
+    /// before the owner answered ([`NodeConfig::first_credit`]).
+    pub credited: u64,
 }
 
 /// One mesh node.
@@ -487,6 +490,13 @@ impl Node {
         let id = self.next_id;
         self.next_id += 1;
         let deadline = now.saturating_add(self.config.max_wait_ns);
+        // A key this node holds nothing of: its first request may go on credit.
+        let credit = if self.holdings.contains_key(&kr) {
+            0
+        } else {
+            self.config
+                .credit_for(p.capacity(), self.membership.alive_count())
+        };
         let Some(h) = self.holding_mut(kr) else {
             return Admit::Now(Decision::cannot_fit(0));
         };
@@ -508,6 +518,24 @@ impl Node {
                 if let Some(Event::Decided { decision, .. }) = answered {
                     self.stats.waits -= 1;
                     return Admit::Now(decision);
+                }
+                if cost <= credit
+                    && let Some(h) = self.holdings.get_mut(&kr)
+                {
+                    // Admitted now; the tokens the want asked for pay for it when they
+                    // come, and the node keeps the holding (so takes no second credit for
+                    // the key) for a window.
+                    h.prepay(id, now.saturating_add(p.window_ns()));
+                    self.stats.waits -= 1;
+                    self.stats.credited += 1;
+                    // What it reports is what a key unused for a while has: the whole
+                    // capacity but this request, until the window's end on this clock.
+                    let reset = if p.algorithm().is_rate_based() {
+                        cost.saturating_mul(p.interval_ns())
+                    } else {
+                        p.window_ns() - now % p.window_ns()
+                    };
+                    return Admit::Now(Decision::allowed(p.capacity(), p.capacity() - cost, reset));
                 }
                 Admit::Wait(id)
             }

@@ -106,6 +106,9 @@ pub struct SimConfig {
     pub max_wait_ns: Nanos,
     /// Each node's gossip budget, bytes per second ([`NodeConfig::gossip_budget_bytes_per_s`]).
     pub gossip_budget_bytes_per_s: u64,
+    /// Tokens a node admits for a key it holds nothing of before the owner answers
+    /// ([`NodeConfig::first_credit`]).
+    pub first_credit: u64,
 }
 
 impl SimConfig {
@@ -133,6 +136,7 @@ impl SimConfig {
             dead_after_rounds: 10,
             max_wait_ns: 100_000_000,
             gossip_budget_bytes_per_s: crate::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
+            first_credit: 0,
         }
     }
 
@@ -143,6 +147,7 @@ impl SimConfig {
         c.dead_after_rounds = self.dead_after_rounds;
         c.admission = self.admission;
         c.max_wait_ns = self.max_wait_ns;
+        c.first_credit = self.first_credit;
         c.gossip_budget_bytes_per_s = self.gossip_budget_bytes_per_s;
         c.incarnation = incarnation;
         c
@@ -163,12 +168,15 @@ pub struct DeclaredBound {
     /// A partition: what the side that loses the key's authority had leased and the other
     /// side cannot know (measured at the split, at most 1).
     pub partition: f64,
+    /// First requests admitted on credit before the owner answered: one credit per node
+    /// run (a start or a restart), over the capacity.
+    pub first: f64,
 }
 
 impl DeclaredBound {
     /// Return the sum of the terms.
     pub fn total(&self) -> f64 {
-        self.steady + self.crash + self.partition
+        self.steady + self.crash + self.partition + self.first
     }
 }
 
@@ -177,7 +185,27 @@ impl DeclaredBound {
 pub fn declared_bound(config: &SimConfig) -> DeclaredBound {
     let n = config.nodes as f64;
     match config.admission {
-        Admission::Leases | Admission::StaticSplit => DeclaredBound::default(),
+        Admission::Leases => {
+            // A node takes a key's credit at most once per window (bucket: per time to
+            // fill the burst); a restarted node starts afresh.
+            let capacity = config.policy.capacity();
+            let runs = config.nodes
+                + config
+                    .crashes
+                    .iter()
+                    .filter(|c| c.restart_ns.is_some())
+                    .count();
+            let first = if config.first_credit > 0 && capacity >= 10 * config.first_credit {
+                (runs as u64 * config.first_credit) as f64 / capacity as f64
+            } else {
+                0.0
+            };
+            DeclaredBound {
+                first,
+                ..DeclaredBound::default()
+            }
+        }
+        Admission::StaticSplit => DeclaredBound::default(),
         Admission::LocalOnly | Admission::StaleSum => DeclaredBound {
             steady: n - 1.0,
             ..DeclaredBound::default()
@@ -591,7 +619,9 @@ pub fn run(config: &SimConfig) -> SimReport {
     // Requests still waiting at the end are left out (the run stops before their answer).
     let seconds = config.duration_ns as f64 / 1e9;
     let mut report = record.finish(config, &arrivals);
-    report.declared_bound.steady = declared_bound(config).steady;
+    let declared = declared_bound(config);
+    report.declared_bound.steady = declared.steady;
+    report.declared_bound.first = declared.first;
     report.gossip_bytes_per_node_per_s = world.bytes_sent as f64 / config.nodes as f64 / seconds;
     report.frames_dropped = world.frames_dropped;
     report

@@ -50,6 +50,14 @@ pub struct NodeConfig {
     /// `env`), announced to peers (0: none). Nodes whose digests differ are reported
     /// ([`crate::mesh::node::Node::config_mismatch`]) and enforce the lowest of their limits.
     pub digest: u64,
+    /// Tokens a node may admit for a key it holds nothing of (its first request here, or
+    /// its first since the node forgot it) without waiting for the key's owner; the owner
+    /// is asked for them at once, as for a waiting request. Used only where every live
+    /// member doing so at once costs at most a tenth of the limit (`capacity ≥ 10 ×
+    /// first_credit × live members`), and by a node at most once per window (a bucket: per
+    /// time to fill its burst) per key: the `first` term of `docs/overshoot.md`. 0 (the
+    /// default): a first request waits for the owner.
+    pub first_credit: u64,
 }
 
 /// How a node decides the mesh policies before it has joined its cluster.
@@ -106,6 +114,22 @@ impl NodeConfig {
             join_timeout_ns: 10_000_000_000,
             while_joining: WhileJoining::LocalShare,
             digest: 0,
+            first_credit: 0,
+        }
+    }
+
+    /// Return the tokens a request for a key this node holds nothing of may be admitted
+    /// with before the owner answers, under a policy of `capacity` with `live` members
+    /// (see [`NodeConfig::first_credit`]); 0: none.
+    pub fn credit_for(&self, capacity: u64, live: usize) -> u64 {
+        let fleet = self
+            .first_credit
+            .saturating_mul(10)
+            .saturating_mul(live.max(1) as u64);
+        if capacity >= fleet {
+            self.first_credit
+        } else {
+            0
         }
     }
 
