@@ -32,6 +32,14 @@ pub enum Admission {
     StaleSum,
 }
 
+impl Admission {
+    /// Tell whether the rule needs messages between nodes (`local_only` and `static_split`
+    /// decide from what one node sees alone).
+    pub fn talks(self) -> bool {
+        matches!(self, Admission::Leases | Admission::StaleSum)
+    }
+}
+
 #[derive(Debug)]
 struct BaseKey {
     machine: Option<KeyMachine>,

@@ -143,10 +143,13 @@ pub struct Membership {
     /// ([`premix`]): what [`Membership::ranked`] ranks. Rebuilt by [`Membership::reindex`]
     /// whenever a peer comes, goes, dies, revives or leaves.
     live: Vec<(u64, NodeId)>,
-    /// Raised whenever a frame is heard or the members change: what the cached answer of
-    /// [`Membership::majority_heard_until`] was computed from.
+    /// Raised whenever the members or the majority's size change (not when a frame is
+    /// heard): what the cached instant of [`Membership::majority_heard_at`] was computed
+    /// among.
     stamp: u64,
-    /// The last answer of [`Membership::majority_heard_until`]: (stamp, lease, until).
+    /// The last instant [`Membership::majority_heard_at`] computed: (stamp, lease, until).
+    /// Frames only move members' `frame_at` later, so while the stamp holds it is a lower
+    /// bound of the instant computed afresh.
     heard_until: Cell<(u64, Nanos, Nanos)>,
     /// The peers that did not leave and are not alive (dead or pending), premixed: with the
     /// live members, every peer [`Membership::agrees_i_own`] looks through.
@@ -319,13 +322,9 @@ impl Membership {
     /// that left and those never heard do not count. 0 if never; `Nanos::MAX` if this node
     /// alone is a majority.
     pub fn majority_heard_until(&self, lease: Nanos) -> Nanos {
-        let (stamp, cached_lease, until) = self.heard_until.get();
-        if stamp == self.stamp && cached_lease == lease {
-            return until;
-        }
         // A majority is this node and `needed` peers: 2 (1 + needed) > quorum.
         let needed = self.quorum_of() / 2;
-        let until = if needed == 0 {
+        if needed == 0 {
             Nanos::MAX
         } else {
             let mut heard: Vec<Nanos> = self
@@ -340,9 +339,20 @@ impl Membership {
                 let (_, nth, _) = heard.select_nth_unstable_by(needed - 1, |a, b| b.cmp(a));
                 nth.saturating_add(lease)
             }
-        };
+        }
+    }
+
+    /// Tell whether this node received frames from a majority of the members within `lease`
+    /// before `now` (`now < majority_heard_until(lease)`), counting the peers only when the
+    /// instant last computed has passed.
+    pub fn majority_heard_at(&self, now: Nanos, lease: Nanos) -> bool {
+        let (stamp, cached_lease, until) = self.heard_until.get();
+        if stamp == self.stamp && cached_lease == lease && now < until {
+            return true;
+        }
+        let until = self.majority_heard_until(lease);
         self.heard_until.set((self.stamp, lease, until));
-        until
+        now < until
     }
 
     /// Tell whether this node heard a majority of the members at its last check (it may
@@ -428,7 +438,6 @@ impl Membership {
         let Some(peer) = self.peers.get_mut(&from) else {
             return changes;
         };
-        self.stamp += 1;
         let standing = (peer.alive, peer.left);
         let restarted = peer.incarnation.is_some_and(|i| i != header.incarnation);
         if peer.left && !restarted && !header.leaving {
@@ -446,6 +455,7 @@ impl Membership {
         if std::mem::take(&mut peer.pending) {
             // A member learned from others, heard at last: it fills a promised place.
             self.phantoms = self.phantoms.saturating_sub(1);
+            self.stamp += 1;
         }
         peer.suspect_since = None;
         peer.incarnation = Some(header.incarnation);

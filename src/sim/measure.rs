@@ -45,11 +45,12 @@ pub(crate) struct Recorder {
     heal_at: Option<Nanos>,
     converged_at: Option<Nanos>,
     double_authority: bool,
-    /// The nodes that may grant from a checked key: those that could grant at the last
-    /// check, and those that ran since (a node starts granting only while it runs: between
-    /// its runs, time can only end its authority lease).
-    watched: Vec<usize>,
-    is_watched: Vec<bool>,
+    /// The nodes that ran since the last check (a node starts granting only while it runs:
+    /// between its runs, time can only end its authority lease).
+    ran: Vec<usize>,
+    has_run: Vec<bool>,
+    /// Per checked key, the nodes that could grant from it when last looked at.
+    granting: Vec<Vec<usize>>,
 }
 
 impl Recorder {
@@ -67,16 +68,17 @@ impl Recorder {
             heal_at: None,
             converged_at: None,
             double_authority: false,
-            watched: (0..config.nodes).collect(),
-            is_watched: vec![true; config.nodes],
+            ran: (0..config.nodes).collect(),
+            has_run: vec![true; config.nodes],
+            granting: vec![Vec::new(); CHECKED_KEYS as usize],
         }
     }
 
     /// Node `i` ran (a request, a frame, its timer, a restart).
     pub(crate) fn ran(&mut self, i: usize) {
-        if !self.is_watched[i] {
-            self.is_watched[i] = true;
-            self.watched.push(i);
+        if !self.has_run[i] {
+            self.has_run[i] = true;
+            self.ran.push(i);
         }
     }
 
@@ -190,26 +192,36 @@ impl Recorder {
 
     /// At most one live node may grant from a key at any instant.
     pub(crate) fn check_authorities(&mut self, now: Nanos, nodes: &[SimNode], _partitioned: bool) {
-        let keys = (self.mesh.len() as u64).min(CHECKED_KEYS);
-        let mut granting = [0u32; CHECKED_KEYS as usize];
-        let mut watched = std::mem::take(&mut self.watched);
-        watched.retain(|&i| {
+        let keys = (self.mesh.len() as u64).min(CHECKED_KEYS) as usize;
+        let can_grant = |i: usize, key: usize| {
             let n = &nodes[i];
-            let mut any = false;
-            if let Some(node) = &n.node {
-                for key in 0..keys {
-                    if node.can_grant(0, key + 1, n.local(now)) {
-                        granting[key as usize] += 1;
-                        any = true;
+            n.node
+                .as_ref()
+                .is_some_and(|node| node.can_grant(0, key as u64 + 1, n.local(now)))
+        };
+        // The nodes that ran may have started granting: look at them now.
+        for &i in &self.ran {
+            self.has_run[i] = false;
+            for (key, list) in self.granting.iter_mut().enumerate().take(keys) {
+                let listed = list.iter().position(|&j| j == i);
+                match (can_grant(i, key), listed) {
+                    (true, None) => list.push(i),
+                    (false, Some(at)) => {
+                        list.swap_remove(at);
                     }
+                    _ => {}
                 }
             }
-            self.is_watched[i] = any;
-            any
-        });
-        self.watched = watched;
-        if granting.iter().any(|&g| g > 1) {
-            self.double_authority = true;
+        }
+        self.ran.clear();
+        // The others can only have stopped: where two are listed, look again.
+        for (key, list) in self.granting.iter_mut().enumerate().take(keys) {
+            if list.len() > 1 {
+                list.retain(|&j| can_grant(j, key));
+                if list.len() > 1 {
+                    self.double_authority = true;
+                }
+            }
         }
     }
 

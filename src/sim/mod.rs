@@ -369,6 +369,10 @@ impl World<'_> {
 
     /// Make sure node `i` has a tick queued for its next timeout.
     fn schedule(&mut self, i: usize, now: Nanos) {
+        if !self.config.admission.talks() {
+            // A rule that decides alone needs no rounds, and sends nothing.
+            return;
+        }
         let Some(node) = &self.nodes[i].node else {
             return;
         };

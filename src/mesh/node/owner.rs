@@ -75,7 +75,7 @@ impl Node {
                 return false;
             }
         }
-        now < self.membership.majority_heard_until(lease)
+        self.membership.majority_heard_at(now, lease)
     }
 
     /// Tell whether every member this node counts alive echoed one of its frames sent since it

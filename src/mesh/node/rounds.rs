@@ -19,6 +19,10 @@ use crate::mesh::NodeId;
 use crate::mesh::authority::Authority;
 use crate::mesh::message::{Item, KeyRef};
 
+/// Rounds between two looks at every authority for those idle (a look visits them all; an
+/// idle authority kept a little longer changes nothing).
+const IDLE_SWEEP_ROUNDS: u64 = 8;
+
 impl Node {
     /// Run the node's timer at `now`: a round's work when a round began, and the deadlines.
     pub fn handle_timeout(&mut self, now: Nanos) {
@@ -78,7 +82,9 @@ impl Node {
         for &key in &due {
             self.key_timeout(key, now, Some(round));
         }
-        self.drop_idle_authorities(now);
+        if round.is_multiple_of(IDLE_SWEEP_ROUNDS) {
+            self.drop_idle_authorities(now);
+        }
         // What the next rounds must look at.
         for key in std::mem::take(&mut self.touched) {
             if due.binary_search(&key).is_err() {
