@@ -122,5 +122,6 @@ for i in 1 2 3; do
   keys=$(awk '/^ratemesh_mesh_keys / { print $2 }' <<<"$metrics")
   waits=$(awk '/^ratemesh_mesh_waits_total / { print $2 }' <<<"$metrics")
   credited=$(awk '/^ratemesh_mesh_first_credit_total / { print $2 }' <<<"$metrics")
-  echo "node $i: ${reqs} req/s, latency p50 ${p50} p99 ${p99}; peak RSS ${PEAK[$i]} MiB, ${AFTER} s after: $(rss_mib "${NODE[$i]}") MiB, CPU over those ${AFTER} s: $(( ticks * 10 )) ms; mesh keys held then: ${keys}; requests that waited for an owner: ${waits:-0}, admitted on first-request credit: ${credited:-0}; answers other than 200: ${codes}"
+  shed=$(awk '/^ratemesh_mesh_shed_decisions_total / { print $2 }' <<<"$metrics")
+  echo "node $i: ${reqs} req/s, latency p50 ${p50} p99 ${p99}; peak RSS ${PEAK[$i]} MiB, ${AFTER} s after: $(rss_mib "${NODE[$i]}") MiB, CPU over those ${AFTER} s: $(( ticks * 10 )) ms; mesh keys held then: ${keys}; requests that waited for an owner: ${waits:-0}, admitted on first-request credit: ${credited:-0}, decided by the node's share after queueing past max_wait: ${shed:-0}; answers other than 200: ${codes}"
 done
