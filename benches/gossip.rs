@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ratemesh::Policy;
-use ratemesh::mesh::node::{Node, NodeConfig};
+use ratemesh::mesh::{Node, NodeConfig};
 
 const ROUND_NS: u64 = 20_000_000;
 const START: u64 = 1_000_000_000_000;

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ratemesh::Policy;
-use ratemesh::mesh::node::NodeConfig;
+use ratemesh::mesh::NodeConfig;
 use ratemesh::net::certs::{self, ClusterCerts};
-use ratemesh::net::tls::{NodeTls, node_tls};
 use ratemesh::net::{MeshNet, NetConfig, transport_config};
+use ratemesh::net::{NodeTls, node_tls};
 
 fn tls(certs: &ClusterCerts, id: u64) -> NodeTls {
     let (_, cert, key) = certs.nodes.iter().find(|(n, _, _)| *n == id).unwrap();

@@ -23,7 +23,7 @@ use ratemesh::Policy;
 use ratemesh::ids::KeyHasher;
 use ratemesh::mesh::NodeConfig;
 use ratemesh::net::certs::{self, ClusterCerts};
-use ratemesh::net::tls::node_tls;
+use ratemesh::net::node_tls;
 use ratemesh::net::{MeshNet, NetConfig, transport_config};
 
 /// Every key: a bucket of 300 tokens refilled at 5 per second, across the whole cluster.

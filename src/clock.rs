@@ -108,6 +108,16 @@ impl Clock for SystemClock {
 /// limiter. Moving the clock wakes the waiters whose instant it reached
 /// ([`Clock::wake_at`]), so `Limiter::until_ready` on this clock returns once another task
 /// advances it far enough, and never sleeps in real time.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new(0);
+/// let handle = clock.clone(); // the same time
+/// handle.advance(Duration::from_millis(250));
+/// assert_eq!(clock.now_ns(), 250_000_000);
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct ManualClock {
     shared: Arc<Manual>,
@@ -204,6 +214,7 @@ impl Clock for ManualClock {
 ///
 /// Reports nanoseconds since the clock was created.
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 #[derive(Clone, Copy, Debug)]
 pub struct TokioClock {
     origin: tokio::time::Instant,

@@ -94,8 +94,8 @@
 //! - [`policy`]: validated policies and their typed errors.
 //! - [`algorithm`]: the algorithms as pure state machines over `now`.
 //! - [`local`]: the concurrent per-key store with a hard cap on keys.
-//! - [`limiter`]: layered policies, `check` and `until_ready`.
-//! - [`decision`]: what a decision reports.
+//! - [`Limiter`] (`limiter.rs`): layered policies, `check` and `until_ready`.
+//! - [`Decision`] (`decision.rs`): what a decision reports.
 //! - [`ids`]: what must agree across processes: node ids and the keyed hash of identities.
 //! - [`config`]: the TOML policy file and its located errors.
 //! - [`rules`]: the compiled policy file; where an HTTP request is decided.
@@ -104,44 +104,61 @@
 //! - [`mesh`]: the global limit across nodes: one authority per key on its owner, leases
 //!   to the nodes that use the key, the sans-IO state machine ([`mesh::Node`]) and the peer
 //!   frame codec. A global request is decided from the node's lease (one CAS in
-//!   [`mesh::lease::LeaseCell`]) or waits for the key's owner ([`mesh::Node::decide`]).
+//!   `mesh::lease::LeaseCell`) or waits for the key's owner ([`mesh::Node::decide`]).
 //! - [`sim`]: the deterministic cluster simulator behind `ratemesh simulate`.
+//! - [`net`]: the QUIC transport of the mesh ([`net::MeshNet`]), cluster certificates.
+//! - [`node`]: a whole `ratemesh node` (HTTP gateway, mesh, metrics) in your own process.
 
 #![deny(missing_docs)]
+#![warn(unreachable_pub, unnameable_types)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 #[cfg(any(feature = "http", feature = "quic"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "quic"))))]
 pub mod backend;
 pub mod clock;
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod config;
 #[cfg(feature = "node")]
-pub mod daemon;
-pub mod decision;
+mod daemon;
+mod decision;
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 #[cfg(any(feature = "http", feature = "mesh"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "http", feature = "mesh"))))]
 pub mod ids;
-pub mod limiter;
+mod limiter;
 pub mod local;
 #[cfg(feature = "mesh")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mesh")))]
 pub mod mesh;
 #[cfg(feature = "quic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quic")))]
 pub mod net;
+#[cfg(feature = "node")]
+#[cfg_attr(docsrs, doc(cfg(feature = "node")))]
+pub mod node;
 pub mod policy;
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod rules;
 #[cfg(feature = "mesh")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mesh")))]
 pub mod sim;
 mod sync;
 
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub use clock::TokioClock;
 pub use clock::{Clock, ManualClock, Nanos, SystemClock};
 pub use decision::{Decision, Verdict};
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub use limiter::WaitError;
-pub use limiter::{Limiter, LimiterBuilder, LimiterError};
+pub use limiter::{Limiter, LimiterBuilder, LimiterError, MAX_POLICIES};
 pub use local::ToKey;
 pub use policy::{Algorithm, Policy, PolicyError};
 

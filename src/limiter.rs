@@ -55,6 +55,7 @@ pub enum LimiterError {
 
 /// Why `until_ready` gave up. Nothing was charged.
 #[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WaitError {
     /// The cost exceeds a policy's capacity; no wait can help.
@@ -175,6 +176,31 @@ struct Layer<K: Send + Sync, S> {
 ///
 /// `Limiter` is `Sync`: share it behind an `Arc` and call it from any thread (keys are
 /// `Send + Sync`: threads keep shortcuts to hot keys).
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use ratemesh::{Limiter, ManualClock, Policy, Verdict};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // A clock the test moves; `SystemClock` (the default) follows real time.
+/// let clock = ManualClock::new(0);
+/// let limiter = Limiter::builder()
+///     .policy(Policy::gcra(2, Duration::from_secs(1), 2)?) // 2/s, bursts of 2
+///     .max_keys(100_000)
+///     .clock(clock.clone())
+///     .build::<Arc<str>>()?;
+///
+/// // Requests can cost more than one token; keys are looked up by their borrowed form.
+/// assert!(limiter.check("tenant-7", 2).is_allowed());
+/// let denied = limiter.check("tenant-7", 1);
+/// assert_eq!(denied.verdict, Verdict::Denied);
+/// assert_eq!(denied.retry_after_ns, 500_000_000); // one token every 500 ms
+///
+/// clock.advance(Duration::from_millis(500));
+/// assert!(limiter.check("tenant-7", 1).is_allowed());
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Limiter<K: Send + Sync, C = SystemClock, S = DefaultHasher> {
     layers: Box<[Layer<K, S>]>,
@@ -280,7 +306,31 @@ impl<K: Hash + Eq + Send + Sync, C: Clock, S: BuildHasher + Clone> Limiter<K, C,
     /// wakes it when another task advances the clock far enough; a clock that follows real
     /// time sleeps on tokio's timer, and without a tokio runtime with timers it returns
     /// [`WaitError::NoTimer`] (only when it has to wait; an admission needs no timer).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ratemesh::{Limiter, Policy, TokioClock, WaitError};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // tokio's clock: a paused test runtime (`start_paused`) moves it without sleeping.
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::token_bucket(10, Duration::from_secs(1), 1)?)
+    ///     .clock(TokioClock::new())
+    ///     .build::<String>()?;
+    /// assert!(limiter.check("batch-job", 1).is_allowed());
+    ///
+    /// // The next token comes in 100 ms: wait for it, at most one second.
+    /// let decision = limiter.until_ready("batch-job", 1, Duration::from_secs(1)).await?;
+    /// assert!(decision.is_allowed());
+    ///
+    /// // Five tokens never fit a bucket of one: no wait can help.
+    /// let error = limiter.until_ready("batch-job", 5, Duration::from_secs(1)).await;
+    /// assert!(matches!(error, Err(WaitError::CannotFit(_))));
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn until_ready<'a, Q>(
         &self,
         key: &'a Q,

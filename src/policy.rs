@@ -154,6 +154,23 @@ impl Divisor {
 /// Rate-based policies refill one token every `interval_ns = period_ns / rate` nanoseconds
 /// (rounded down, like governor) and hold at most `capacity` tokens. Window policies admit
 /// at most `capacity` (their `limit`) tokens per `window_ns`.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::{Algorithm, Policy, PolicyError};
+///
+/// let api = Policy::token_bucket(100, Duration::from_secs(1), 200)?; // 100/s, bursts of 200
+/// assert_eq!(api.algorithm(), Algorithm::TokenBucket);
+/// assert_eq!(api.capacity(), 200);
+/// assert_eq!(api.interval_ns(), 10_000_000); // one token every 10 ms
+///
+/// // A limit that cannot work is refused with a typed error, never at request time.
+/// assert!(matches!(
+///     Policy::fixed_window(0, Duration::from_secs(60)),
+///     Err(PolicyError::Zero { .. })
+/// ));
+/// # Ok::<(), PolicyError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
     algorithm: Algorithm,

@@ -39,6 +39,7 @@ pub use request::{Identity, Outcome, PolicyReport, RequestFacts};
 pub enum RulesError {
     /// The Redis backend could not be set up.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("redis backend: {0}")]
     Backend(#[from] BackendError),
     /// The file has a `[redis]` section but ratemesh was built without its `redis` feature.
@@ -95,6 +96,46 @@ pub enum RulesError {
 }
 
 /// A policy file compiled for deciding requests; cheap to share behind an `Arc`.
+///
+/// What [`RateLimitLayer`](crate::http::RateLimitLayer) decides with, for gateways that are
+/// not tower services: identify the client, then decide.
+///
+/// ```
+/// use http::Method;
+/// use ratemesh::config::{GatewayConfig, IdentitySource};
+/// use ratemesh::rules::{Identity, RequestFacts, Rules};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = GatewayConfig::from_toml_str(
+///     r#"
+///     default_tier = "free"
+///     [policies.per_minute]
+///     algorithm = "fixed-window"
+///     limit = 2
+///     window = "1m"
+///     [tiers.free]
+///     policies = ["per_minute"]
+///     "#,
+///     "policies.toml",
+/// )?;
+/// let rules = Rules::new(config)?;
+/// let client = Identity::new(IdentitySource::ApiKey, "k-123");
+/// let facts = RequestFacts {
+///     identity: &client,
+///     tier: None,
+///     method: &Method::GET,
+///     path: "/orders",
+/// };
+/// let now = 0; // nanoseconds on the rules' clock (`RateLimitLayer` reads its own)
+/// assert!(rules.decide(&facts, now).allowed);
+/// assert!(rules.decide(&facts, now).allowed);
+/// let denied = rules.decide(&facts, now);
+/// assert!(!denied.allowed);
+/// let by = denied.denied_by().unwrap();
+/// assert_eq!(&*by.name, "per_minute");
+/// assert!(by.decision.retry_after_ns > 0); // for `Retry-After`
+/// # Ok(()) }
+/// ```
 pub struct Rules {
     config: GatewayConfig,
     mesh: Option<Arc<dyn GlobalLimits>>,

@@ -164,7 +164,7 @@ mod mesh {
     //! side installs a new lease (a new window), adds to it, or withdraws from it (a recall).
 
     use super::*;
-    use ratemesh::mesh::lease::LeaseCell;
+    use ratemesh::mesh::LeaseCell;
 
     /// Two admissions of `costs` race `gossip` on a lease of `tokens`; return what the
     /// admissions took and what `gossip` returned.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use ratemesh::Policy;
-use ratemesh::mesh::node::{Admit, Event, Node, NodeConfig, WhileJoining};
+use ratemesh::mesh::{Admit, Event, Node, NodeConfig, WhileJoining};
 
 const MS: u64 = 1_000_000;
 const START: u64 = 1_000_000_000_000;
@@ -81,7 +81,7 @@ impl Cluster {
                     }
                     let now = self.now;
                     if let Some(node) = self.nodes.get_mut(&t.to) {
-                        if node.membership().peer(from).is_none() {
+                        if !node.is_member(from) {
                             node.add_member(now, from, None);
                         }
                         node.handle_frame(now, from, &t.bytes).unwrap();
@@ -146,10 +146,7 @@ impl Cluster {
     }
 
     fn alive_counts(&self) -> Vec<usize> {
-        self.nodes
-            .values()
-            .map(|n| n.membership().alive_count())
-            .collect()
+        self.nodes.values().map(|n| n.alive_count()).collect()
     }
 }
 
@@ -244,8 +241,8 @@ fn a_suspicion_is_refuted_through_a_member_that_still_hears_the_suspect() {
         "{:?}",
         c.events
     );
-    assert!(c.node(3).membership().seq() > 0, "node 3 never refuted");
-    assert!(c.node(1).membership().is_alive(3));
+    assert!(c.node(3).refutations() > 0, "node 3 never refuted");
+    assert!(c.node(1).is_alive(3));
     // Node 2 stops hearing it too: no one vouches for it any more.
     c.cut.insert((3, 2));
     c.run_ms(500);
@@ -270,7 +267,7 @@ fn deaths_lower_the_majority_so_a_cluster_shrinking_one_at_a_time_keeps_granting
         );
     }
     // Two of five, each with a majority of the two alive.
-    assert!(c.nodes.values().all(|n| n.membership().has_majority()));
+    assert!(c.nodes.values().all(|n| n.has_majority()));
     assert_eq!(c.send(1, 9, 30) + c.send(2, 9, 30), 60);
     // Two at once of three would be no majority: one of three alive declares no one dead.
     let mut c = Cluster::of(3);
@@ -278,5 +275,5 @@ fn deaths_lower_the_majority_so_a_cluster_shrinking_one_at_a_time_keeps_granting
     c.nodes.remove(&2);
     c.run_ms(500);
     assert_eq!(c.alive_counts(), vec![3]);
-    assert!(!c.node(1).membership().has_majority());
+    assert!(!c.node(1).has_majority());
 }

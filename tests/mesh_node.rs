@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
+use ratemesh::mesh::FrameError;
 use ratemesh::mesh::message::{Frame, Header, Item, KeyRef, PolicyLimits, Want};
-use ratemesh::mesh::node::{Admit, Event, Node, NodeConfig};
-use ratemesh::mesh::outbox::FrameError;
 use ratemesh::mesh::wire::{self, MAX_FRAME_BYTES, WIRE_VERSION, WireError};
+use ratemesh::mesh::{Admit, Event, Node, NodeConfig};
 use ratemesh::{Policy, Verdict};
 
 const MS: u64 = 1_000_000;
@@ -196,16 +196,15 @@ fn a_first_request_goes_on_credit_and_the_owner_is_asked_for_its_tokens() {
     // holding waits for nothing, and no decision comes out of it a second time.
     let owner = c
         .node(0)
-        .authority(0, key)
-        .expect("the owner knows the key")
-        .state();
+        .authority_state(0, key)
+        .expect("the owner knows the key");
     let record = owner
         .holders
         .iter()
         .find(|h| h.node == 1)
         .expect("node 1 holds");
     assert!(record.granted >= 1, "{record:?}");
-    assert_eq!(c.node(1).holding(0, key).unwrap().waiting(), 0);
+    assert_eq!(c.node(1).lease_state(0, key).unwrap().waiting, 0);
     assert!(
         !c.events
             .iter()
@@ -246,7 +245,7 @@ fn a_node_takes_a_keys_credit_once_per_window_and_a_denial_stands() {
     // The owner denied its tokens: node 1 now denies the key at once, keeps the holding
     // past its idle rounds, and takes no second credit in this window.
     c.run_ms(400);
-    assert!(c.node(1).holding(0, key).is_some());
+    assert!(c.node(1).lease_state(0, key).is_some());
     c.send(1, key, 20);
     assert_eq!(c.admitted[1], 0, "{:?}", c.denied);
     assert_eq!(c.node(1).stats().credited, 1);
@@ -286,9 +285,8 @@ fn no_credit_where_the_fleet_taking_it_at_once_would_cost_over_a_tenth() {
 fn snapshot(node: &Node, key: u64) -> String {
     format!(
         "{:?} {:?} {:?} {} {:?}",
-        node.authority(0, key).map(|a| a.state()),
-        node.holding(0, key)
-            .map(|h| (h.lease(), h.unspent(), h.waiting())),
+        node.authority_state(0, key),
+        node.lease_state(0, key),
         node.backup(0, key),
         node.key_count(),
         node.members(),
@@ -328,8 +326,8 @@ fn a_waiting_request_is_granted_and_later_ones_use_the_lease() {
             .decide(0, key, 1, c.now)
             .is_some_and(|d| d.is_allowed())
     );
-    assert!(c.node(0).authority(0, key).is_some());
-    assert!(c.node(1).authority(0, key).is_none());
+    assert!(c.node(0).authority_state(0, key).is_some());
+    assert!(c.node(1).authority_state(0, key).is_none());
 }
 
 #[test]
@@ -419,10 +417,10 @@ fn a_key_forgotten_while_idle_does_not_take_its_old_grants_again() {
     assert!((100..=100 + refilled(&c)).contains(&c.total_admitted()));
     c.run_ms(3000);
     assert!(
-        c.node(1).holding(0, key).is_none(),
+        c.node(1).lease_state(0, key).is_none(),
         "an idle holding is forgotten"
     );
-    assert!(c.node(0).authority(0, key).is_some());
+    assert!(c.node(0).authority_state(0, key).is_some());
     // The new holding starts afresh: what the bucket refilled, not the old grants again.
     c.send(1, key, 100);
     assert!(
@@ -590,8 +588,8 @@ fn the_owners_crash_costs_at_most_its_lease_and_the_survivors_carry_on() {
     let unspent_on_the_dead = c.nodes[0]
         .as_ref()
         .unwrap()
-        .holding(0, key)
-        .map_or(0, |h| h.unspent());
+        .lease_state(0, key)
+        .map_or(0, |h| h.unspent);
     let before = c.total_admitted();
     assert_eq!(before, 600);
     c.crash(0);
@@ -605,7 +603,7 @@ fn the_owners_crash_costs_at_most_its_lease_and_the_survivors_carry_on() {
     }
     c.run_ms(300);
     assert!(c.events.contains(&(1, Event::PeerDown(0))));
-    let successor = (1..3).find(|&i| c.node(i).authority(0, key).is_some());
+    let successor = (1..3).find(|&i| c.node(i).authority_state(0, key).is_some());
     assert!(successor.is_some(), "no survivor took the key over");
     let total = c.total_admitted();
     assert!(total <= LIMIT, "admitted {total} of {LIMIT}");
@@ -633,8 +631,8 @@ fn a_restarted_owner_gets_its_authority_back_before_granting() {
     c.restart(0);
     c.run_ms(100);
     assert!(c.node(0).is_running());
-    let authority = c.node(0).authority(0, key).expect("owner again");
-    let granted: u64 = authority.holders().iter().map(|h| h.granted).sum();
+    let authority = c.node(0).authority_state(0, key).expect("owner again");
+    let granted: u64 = authority.holders.iter().map(|h| h.granted).sum();
     assert!(granted >= 400, "restored with {granted} granted");
     for _ in 0..400 {
         for i in 0..3 {
@@ -677,13 +675,13 @@ fn a_draining_owner_hands_its_keys_over_before_it_leaves() {
     );
     c.crash(2);
     let holder = (0..2)
-        .find(|&i| c.node(i).authority(0, key).is_some())
+        .find(|&i| c.node(i).authority_state(0, key).is_some())
         .expect("a survivor holds the key");
     let granted: u64 = c
         .node(holder)
-        .authority(0, key)
+        .authority_state(0, key)
         .unwrap()
-        .holders()
+        .holders
         .iter()
         .map(|h| h.granted - h.returned)
         .sum();
@@ -743,9 +741,9 @@ fn grants_sent_to_a_nodes_earlier_run_are_dropped() {
     c.run_ms(60);
     let now = c.now;
     let before = snapshot(c.node(0), key);
-    let (window, _) = c.node(0).holding(0, key).unwrap().lease();
-    let me = c.node(0).membership().incarnation();
-    let sender = c.node(1).membership().incarnation();
+    let window = c.node(0).lease_state(0, key).unwrap().window;
+    let me = c.node(0).incarnation();
+    let sender = c.node(1).incarnation();
     // A grant the owner sent before it heard that node 0 restarted (addressed to node 0's
     // earlier run), for a holding number the new run uses too.
     let grant = |to_incarnation: u64| {

@@ -373,7 +373,7 @@ fn large_costs_move_the_budget_to_the_node_that_needs_it() {
 fn the_survivors_recover_within_a_second_of_detecting_a_crash() {
     // The owner of key 1 (the simulator's first key) in a 3-node cluster.
     let owner = (0..3u64)
-        .max_by_key(|&id| ratemesh::mesh::membership::weight(1, id))
+        .max_by_key(|&id| ratemesh::mesh::rendezvous_weight(1, id))
         .unwrap() as usize;
     let hot = Traffic::MovingHotspot {
         every_ns: 1_000_000_000_000,

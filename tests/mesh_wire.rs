@@ -10,8 +10,8 @@ use ratemesh::mesh::counter::GCounter;
 use ratemesh::mesh::message::{
     Frame, Header, Item, MAX_ADDR_BYTES, MAX_MEMBERS_PER_ITEM, Member, MemberState,
 };
-use ratemesh::mesh::outbox::{self, FrameError};
 use ratemesh::mesh::wire::{MAX_FRAME_BYTES, WIRE_VERSION, WireError, decode, encode};
+use ratemesh::mesh::{FrameError, decode_frame};
 
 struct Largest;
 
@@ -159,14 +159,14 @@ fn a_list_of_members_round_trips_and_one_too_long_is_refused() {
     );
     let bytes = encode(&frame).unwrap();
     assert!(bytes.len() < 1150, "{} bytes", bytes.len());
-    assert_eq!(outbox::decode(&bytes, &policies).unwrap(), frame);
+    assert_eq!(decode_frame(&bytes, &policies).unwrap(), frame);
     let too_many = members_frame(
         (0..=MAX_MEMBERS_PER_ITEM as u64)
             .map(|id| member(id, 0))
             .collect(),
     );
     assert!(matches!(
-        outbox::decode(&encode(&too_many).unwrap(), &policies),
+        decode_frame(&encode(&too_many).unwrap(), &policies),
         Err(FrameError::Invalid {
             what: "members",
             ..
@@ -174,7 +174,7 @@ fn a_list_of_members_round_trips_and_one_too_long_is_refused() {
     ));
     let long_addr = members_frame(vec![member(1, MAX_ADDR_BYTES + 1)]);
     assert!(matches!(
-        outbox::decode(&encode(&long_addr).unwrap(), &policies),
+        decode_frame(&encode(&long_addr).unwrap(), &policies),
         Err(FrameError::Invalid {
             what: "members.addr",
             ..
@@ -185,7 +185,7 @@ fn a_list_of_members_round_trips_and_one_too_long_is_refused() {
     let state_at = bytes.len() - 2;
     bytes[state_at] = 9;
     assert!(matches!(
-        outbox::decode(&bytes, &policies),
+        decode_frame(&bytes, &policies),
         Err(FrameError::Wire(WireError::Malformed { .. }))
     ));
 }
@@ -222,7 +222,7 @@ proptest! {
     ) {
         let frame = members_frame(members);
         let bytes = encode(&frame).unwrap();
-        prop_assert_eq!(outbox::decode(&bytes, &[]).unwrap(), frame);
+        prop_assert_eq!(decode_frame(&bytes, &[]).unwrap(), frame);
     }
 
     /// Bytes shaped like a frame of members, then mangled: typed refusals, bounded memory.
@@ -236,7 +236,7 @@ proptest! {
             let at = at % bytes.len();
             bytes[at] = value;
         }
-        let (_, largest) = largest_allocation(|| outbox::decode(&bytes, &[]));
+        let (_, largest) = largest_allocation(|| decode_frame(&bytes, &[]));
         prop_assert!(largest <= MAX_FRAME_BYTES, "allocated {largest} bytes");
     }
 }
@@ -254,7 +254,7 @@ proptest! {
         }
         let (_, largest) = largest_allocation(|| decode::<Delta>(&bytes));
         prop_assert!(largest <= MAX_FRAME_BYTES, "allocated {largest} bytes");
-        let (_, largest) = largest_allocation(|| outbox::decode(&bytes, &[]));
+        let (_, largest) = largest_allocation(|| decode_frame(&bytes, &[]));
         prop_assert!(largest <= MAX_FRAME_BYTES, "allocated {largest} bytes as a frame");
     }
 }

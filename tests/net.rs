@@ -9,9 +9,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ratemesh::Policy;
-use ratemesh::mesh::node::NodeConfig;
+use ratemesh::mesh::NodeConfig;
 use ratemesh::net::certs::{self, ClusterCerts};
-use ratemesh::net::tls::node_tls;
+use ratemesh::net::node_tls;
 use ratemesh::net::{MeshNet, NetConfig, transport_config};
 
 const LIMIT: u64 = 1000;
@@ -188,9 +188,9 @@ async fn the_owners_crash_costs_at_most_its_lease_with_an_hour_long_window() {
     // What the owner leased itself that its successor has not heard of is the crash's
     // declared cost, with what it holds unspent.
     let granted_to_itself = |n: &ratemesh::mesh::Node| {
-        n.authority(0, key).map_or(0, |a| {
+        n.authority_state(0, key).map_or(0, |a| {
             let me = n.id();
-            a.holders()
+            a.holders
                 .iter()
                 .filter(|h| h.node == me)
                 .map(|h| h.granted)
@@ -210,7 +210,7 @@ async fn the_owners_crash_costs_at_most_its_lease_with_an_hour_long_window() {
     let leased = nodes[dead].with_node(granted_to_itself);
     let backed = nodes.iter().map(|n| n.with_node(backed)).max().unwrap_or(0);
     let unbacked = leased.saturating_sub(backed);
-    let unspent = nodes[dead].with_node(|n| n.holding(0, key).map_or(0, |h| h.unspent()));
+    let unspent = nodes[dead].with_node(|n| n.lease_state(0, key).map_or(0, |h| h.unspent));
     // The owner crashes (no drain): the survivors wait for the failure detector, then the
     // successor's backup takes over, in the same hour-long window.
     nodes.remove(dead).shutdown().await;
@@ -237,7 +237,7 @@ async fn the_owners_crash_costs_at_most_its_lease_with_an_hour_long_window() {
     assert!(
         nodes
             .iter()
-            .any(|n| n.with_node(|n| n.authority(0, key).is_some()))
+            .any(|n| n.with_node(|n| n.authority_state(0, key).is_some()))
     );
     for n in nodes {
         n.shutdown().await;
@@ -343,7 +343,7 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
     let key = key("tenant-9");
     let all: Vec<&MeshNet> = nodes.iter().collect();
     let before = send(&all, key, 150).await;
-    let held_by_3 = nodes[2].with_node(|n| n.holding(0, key).map_or(0, |h| h.unspent()));
+    let held_by_3 = nodes[2].with_node(|n| n.lease_state(0, key).map_or(0, |h| h.unspent));
     // Cut node 3 off from nodes 1 and 2 (both directions).
     for ((i, j), relay) in &relays {
         if *i == 2 || *j == 2 {
@@ -406,11 +406,7 @@ async fn a_cluster_drained_from_five_nodes_to_two_keeps_admitting() {
     // Two of five configured members, both of the two that stayed: still a majority. A
     // key used before and a fresh one are both served up to the limit.
     let survivors: Vec<&MeshNet> = nodes.iter().collect();
-    assert!(
-        nodes
-            .iter()
-            .all(|n| n.with_node(|n| n.membership().has_majority()))
-    );
+    assert!(nodes.iter().all(|n| n.with_node(|n| n.has_majority())));
     assert_eq!(send(&survivors, used, 400).await, 400);
     assert_eq!(send(&survivors, key("tenant-fresh"), 400).await, 400);
     for n in nodes {
@@ -420,5 +416,5 @@ async fn a_cluster_drained_from_five_nodes_to_two_keeps_admitting() {
 
 /// Members that left, as `node` sees them.
 fn left_count(node: &MeshNet) -> usize {
-    node.with_node(|n| n.membership().peers().values().filter(|p| p.left).count())
+    node.with_node(|n| n.departed().len())
 }

@@ -7,7 +7,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ratemesh::daemon::config::NodeFile;
+use ratemesh::node::NodeFile;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ratemesh::daemon::config::NodeFile;
+use ratemesh::node::NodeFile;
 use support::upstream;
 use support::*;
 

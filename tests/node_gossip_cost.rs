@@ -56,7 +56,7 @@ async fn real_cost(config: &SimConfig) -> (f64, usize) {
     for node in &nodes {
         wait_healthy(&client, node).await;
     }
-    let arrivals = sim::traffic::generate(config, &mut fastrand::Rng::with_seed(config.seed));
+    let arrivals = sim::arrivals(config, &mut fastrand::Rng::with_seed(config.seed));
     let first = arrivals.first().map_or(0, |a| a.at_ns);
     let before = gossip_bytes(&client, &nodes).await;
     let start_at = tokio::time::Instant::now();

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ratemesh::daemon::config::NodeFile;
+use ratemesh::node::NodeFile;
 use support::*;
 
 /// Read one HTTP response (head and a `content-length` body) from `stream`.

@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ratemesh::Policy;
-use ratemesh::mesh::node::NodeConfig;
-use ratemesh::net::accept::Refusal;
+use ratemesh::mesh::NodeConfig;
+use ratemesh::net::Refusal;
 use ratemesh::net::certs::{self, ClusterCerts};
-use ratemesh::net::tls::node_tls;
+use ratemesh::net::node_tls;
 use ratemesh::net::{MeshNet, NetConfig, transport_config};
 use support::*;
 
@@ -436,7 +436,7 @@ async fn certificates_of_another_ca_or_naming_no_node_are_refused_and_a_new_node
         one.is_running() && two.is_running()
     })
     .await;
-    let members = |n: &MeshNet| n.with_node(|n| n.membership().alive_count());
+    let members = |n: &MeshNet| n.with_node(|n| n.alive_count());
     let refused = |reason| one.refusals().count(reason);
 
     // Another CA's node 3, dialing node 1 as a seed: refused by TLS.
@@ -491,7 +491,7 @@ fn seeds_and_join_settings_in_a_node_file_are_checked_with_file_line_and_field()
     let (quic, http) = ports(1);
     let parse = |extra: &str| {
         let path = node_file(dir.path(), 1, quic[0], http[0], extra);
-        ratemesh::daemon::config::NodeFile::from_file(path)
+        ratemesh::node::NodeFile::from_file(path)
     };
     let refused = |extra: &str, field: &str, reason: &str| {
         let error = parse(extra).unwrap_err();
@@ -519,16 +519,13 @@ fn seeds_and_join_settings_in_a_node_file_are_checked_with_file_line_and_field()
     assert_eq!(file.seeds.len(), 3);
     let config = file.node_config();
     assert!(config.joins);
-    assert_eq!(
-        config.while_joining,
-        ratemesh::mesh::node::WhileJoining::Deny
-    );
+    assert_eq!(config.while_joining, ratemesh::mesh::WhileJoining::Deny);
     assert_eq!(config.join_timeout_ns, 30_000_000_000);
     // Neither peers nor seeds: a cluster of one, joined at once.
     let config = parse("").unwrap().node_config();
     assert!(!config.joins);
     assert_eq!(
         config.while_joining,
-        ratemesh::mesh::node::WhileJoining::LocalShare
+        ratemesh::mesh::WhileJoining::LocalShare
     );
 }

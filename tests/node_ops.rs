@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ratemesh::daemon::config::NodeFile;
+use ratemesh::node::NodeFile;
 use support::*;
 
 /// A mesh policy `global` and a local one `per_key` (5 per client), plus `extra`.

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
-use ratemesh::daemon::config::NodeFile;
+use ratemesh::node::NodeFile;
 use support::upstream;
 use support::*;
 

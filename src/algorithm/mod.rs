@@ -19,22 +19,13 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
 
-/// Tell whether `policy`'s state fits in one `u64` (and so in one `AtomicU64`).
-#[inline]
-pub fn is_word_algorithm(policy: &Policy) -> bool {
-    !matches!(
-        policy.algorithm(),
-        Algorithm::SlidingLog | Algorithm::SlidingWindow
-    )
-}
-
 /// Decide a request of `cost` tokens at `now` for a word algorithm; return the decision and
 /// the next state (equal to `state` when nothing changes).
 ///
 /// `reserve` only matters to a shaping leaky bucket (see [`leaky_bucket::shape`]).
 /// Panics in debug builds if `policy` is not a word algorithm.
 #[inline]
-pub fn word_decide(
+pub(crate) fn word_decide(
     policy: &Policy,
     state: u64,
     now: Nanos,
@@ -62,7 +53,7 @@ pub fn word_decide(
 
 /// Give back `cost` tokens that a word algorithm admitted at `charged_at`.
 #[inline]
-pub fn word_refund(policy: &Policy, state: u64, charged_at: Nanos, cost: u64) -> u64 {
+pub(crate) fn word_refund(policy: &Policy, state: u64, charged_at: Nanos, cost: u64) -> u64 {
     match policy.algorithm() {
         Algorithm::TokenBucket => token_bucket::refund(policy, state, cost),
         Algorithm::Gcra => gcra::refund(policy, state, cost),
@@ -76,7 +67,7 @@ pub fn word_refund(policy: &Policy, state: u64, charged_at: Nanos, cost: u64) ->
 
 /// Tell whether a word state is equivalent to a fresh key's at `now`.
 #[inline]
-pub fn word_is_idle(policy: &Policy, state: u64, now: Nanos) -> bool {
+pub(crate) fn word_is_idle(policy: &Policy, state: u64, now: Nanos) -> bool {
     match policy.algorithm() {
         Algorithm::TokenBucket => token_bucket::is_idle(state, now),
         Algorithm::Gcra => gcra::is_idle(state, now),
@@ -114,6 +105,19 @@ impl KeyState {
 ///
 /// The local store runs the same functions on shared cells; this single-owner form is what
 /// the property tests and the simulator drive.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::Policy;
+/// use ratemesh::algorithm::KeyMachine;
+///
+/// let mut key = KeyMachine::new(Policy::fixed_window(2, Duration::from_secs(1))?);
+/// assert!(key.decide(0, 1).is_allowed());
+/// assert!(key.decide(100_000_000, 1).is_allowed());
+/// assert!(!key.decide(500_000_000, 1).is_allowed()); // the window's limit is reached
+/// assert!(key.decide(1_000_000_000, 1).is_allowed()); // the next window
+/// # Ok::<(), ratemesh::PolicyError>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct KeyMachine {
     policy: Policy,

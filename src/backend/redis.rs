@@ -68,6 +68,22 @@ fn script_for(algorithm: Algorithm) -> Result<(&'static str, &'static str), Back
 }
 
 /// The exact limiter for one policy, talking to one Redis (or Redis Cluster) deployment.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use ratemesh::Policy;
+/// use ratemesh::backend::redis::{RedisConnection, RedisLimiter, redis_key};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Connects on first use; a call slower than 50 ms counts as a failure.
+/// let redis = RedisConnection::single("redis://127.0.0.1:6379", Duration::from_millis(50))?;
+/// let payouts = RedisLimiter::new(redis, Policy::sliding_window(10, Duration::from_secs(3600))?)?;
+/// let key = redis_key("prod", "payouts", "acct-9", None);
+/// let decision = payouts.check(&key, 1).await?;
+/// println!("allowed: {}, {} left this hour", decision.is_allowed(), decision.remaining);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct RedisLimiter {
     connection: RedisConnection,
@@ -298,6 +314,29 @@ pub use crate::backend::exact::ExactDecision;
 pub use crate::config::FailMode;
 
 /// An exact policy with its fail mode and its local fallback (fail-open decides there).
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::backend::redis::{ExactDecision, ExactLimiter, FailMode, RedisConnection, RedisLimiter};
+/// use ratemesh::{Limiter, Policy};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let policy = Policy::token_bucket(5, Duration::from_secs(60), 5)?;
+/// // Nothing listens on port 1: every call to Redis fails.
+/// let down = || RedisConnection::single("redis://127.0.0.1:1", Duration::from_millis(100));
+/// let fallback = || Limiter::builder().policy(policy).build::<String>();
+///
+/// // A money path fails closed: no Redis, no transfer.
+/// let transfers = ExactLimiter::new(RedisLimiter::new(down()?, policy)?, FailMode::Closed, fallback()?);
+/// assert_eq!(transfers.check("acct-9", 1).await, ExactDecision::Unavailable);
+///
+/// // A fail-open policy decides on its local fallback meanwhile.
+/// let search = ExactLimiter::new(RedisLimiter::new(down()?, policy)?, FailMode::Open, fallback()?);
+/// assert!(matches!(search.check("acct-9", 1).await, ExactDecision::Fallback(d) if d.is_allowed()));
+/// assert_eq!(search.failovers(), 1);
+/// # Ok(()) }
+/// ```
 pub struct ExactLimiter {
     redis: RedisLimiter,
     fail_mode: FailMode,

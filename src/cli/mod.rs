@@ -101,12 +101,12 @@ fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let file = ratemesh::daemon::config::NodeFile::from_file(config)?;
+    let file = ratemesh::node::NodeFile::from_file(config)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let span = tracing::info_span!("node", id = file.id);
     runtime.block_on(
         async move {
-            let running = ratemesh::daemon::start(&file).await?;
+            let running = ratemesh::node::start(&file).await?;
             // One line on stdout that scripts (and `ratemesh demo`) wait for.
             let mut stdout = std::io::stdout();
             let rls = running

@@ -118,7 +118,7 @@ pub struct SimulateArgs {
     max_wait_ms: f64,
     /// Each node's gossip budget, bytes per second (key items beyond it wait a round, the
     /// most urgent first; as `gossip_budget_bytes_per_s` in a node file).
-    #[arg(long, default_value_t = ratemesh::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S)]
+    #[arg(long, default_value_t = ratemesh::mesh::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S)]
     gossip_budget: u64,
     /// Tokens a node admits for a key it holds nothing of before the key's owner answers
     /// (as `mesh_first_credit` in a node file; 0: the first request waits).

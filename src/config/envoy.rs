@@ -43,9 +43,9 @@ use crate::policy::{Algorithm, Policy};
 /// The deepest descriptor tree (entries in one descriptor) the file may describe.
 pub const MAX_DESCRIPTOR_DEPTH: usize = 16;
 /// The most descriptors (at every depth, every domain) a file may describe.
-pub const MAX_DESCRIPTORS: usize = 10_000;
+pub(super) const MAX_DESCRIPTORS: usize = 10_000;
 /// The longest domain, descriptor key or value in the file, in bytes.
-pub const MAX_NAME_BYTES: usize = 256;
+pub(super) const MAX_NAME_BYTES: usize = 256;
 
 /// The `[envoy]` section: domains of descriptors.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -52,8 +52,8 @@
 //! Errors name the file, the line, the field and the reason (the policy file's own errors
 //! name the policy file).
 
-pub mod envoy_rls;
-pub mod upstreams;
+mod envoy_rls;
+mod upstreams;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -76,12 +76,12 @@ pub use envoy_rls::EnvoyRls;
 pub use upstreams::{ForwardAuth, ProxyRoute};
 
 /// The shortest gossip interval a node accepts.
-pub const MIN_GOSSIP_INTERVAL: Duration = Duration::from_millis(1);
+pub(crate) const MIN_GOSSIP_INTERVAL: Duration = Duration::from_millis(1);
 /// The longest gossip interval a node accepts.
-pub const MAX_GOSSIP_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const MAX_GOSSIP_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The most members a cluster has.
-pub const MAX_CLUSTER_SIZE: usize = 1024;
+pub(crate) const MAX_CLUSTER_SIZE: usize = 1024;
 /// Mesh keys a node holds by default.
 const DEFAULT_MESH_MAX_KEYS: usize = 1_000_000;
 /// The most `mesh_max_keys` a node file may ask for.
@@ -92,24 +92,24 @@ const MAX_MESH_FIRST_CREDIT: i64 = 1_000_000;
 const GOSSIP_BUDGET_RANGE: std::ops::RangeInclusive<i64> = 10_000..=100_000_000_000;
 
 /// The longest `drain` or `drain_grace` a node accepts.
-pub const MAX_DRAIN: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_DRAIN: Duration = Duration::from_secs(3600);
 
 /// The most seeds a node file lists.
-pub const MAX_SEEDS: usize = 64;
+pub(crate) const MAX_SEEDS: usize = 64;
 /// How often seed names are resolved again, by default.
-pub const DEFAULT_SEED_REFRESH: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_SEED_REFRESH: Duration = Duration::from_secs(30);
 /// How long a node with only seeds waits for one to answer, by default.
-pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The largest `http.max_identity_bytes` a node accepts (HTTP servers refuse larger header
 /// blocks anyway).
-pub const MAX_IDENTITY_BYTES_LIMIT: usize = 64 * 1024;
+pub(crate) const MAX_IDENTITY_BYTES_LIMIT: usize = 64 * 1024;
 
 /// The largest `http.max_body_bytes` a node accepts.
-pub const MAX_BODY_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
 
 /// The default `http.max_body_bytes`: the node's own endpoints take no body.
-pub const DEFAULT_MAX_BODY_BYTES: u64 = 64 * 1024;
+pub(crate) const DEFAULT_MAX_BODY_BYTES: u64 = 64 * 1024;
 
 /// The largest `http.max_connections` a node accepts.
 const MAX_CONNECTIONS_LIMIT: i64 = 1 << 24;
@@ -181,7 +181,7 @@ pub struct HttpSettings {
     /// How long a kept-alive connection may wait for its next request; then it is closed.
     pub idle_timeout: Duration,
     /// The most connections open at once; `None`: the open-file limit less
-    /// [`RESERVED_FDS`]. Beyond it, new connections wait in the listen queue.
+    /// `RESERVED_FDS`. Beyond it, new connections wait in the listen queue.
     pub max_connections: Option<usize>,
     /// The longest identity header (API key, device id) a request may carry; longer ones
     /// are answered 431.
@@ -193,7 +193,7 @@ pub struct HttpSettings {
 
 /// File descriptors kept for the node itself (QUIC, files, logs) when the connection cap
 /// is derived from the open-file limit.
-pub const RESERVED_FDS: usize = 256;
+pub(crate) const RESERVED_FDS: usize = 256;
 
 impl Default for HttpSettings {
     fn default() -> Self {
@@ -208,7 +208,7 @@ impl Default for HttpSettings {
 }
 
 /// Read and validate a policy file; return it with the SHA-256 of its bytes (hex).
-pub fn read_policy_file(path: &Path) -> Result<(GatewayConfig, String), ConfigError> {
+pub(crate) fn read_policy_file(path: &Path) -> Result<(GatewayConfig, String), ConfigError> {
     let text = read_config_file(path)?;
     let gateway = GatewayConfig::from_toml_str(&text, &path.display().to_string())?;
     Ok((gateway, sha256_hex(text.as_bytes())))

@@ -6,7 +6,6 @@
 //! until the quota is whole again). `Retry-After` is in whole seconds, rounded up.
 
 use crate::clock::Nanos;
-pub use crate::http::sf::sf_string;
 use crate::rules::{Outcome, PolicyReport};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -22,7 +21,7 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Round nanoseconds up to whole seconds.
-pub fn ceil_seconds(ns: Nanos) -> u64 {
+pub(crate) fn ceil_seconds(ns: Nanos) -> u64 {
     ns.div_ceil(1_000_000_000)
 }
 
@@ -55,7 +54,7 @@ fn list<'a>(
 
 /// The policy that speaks for the response: the one that denied, else the one with the
 /// fewest tokens left.
-pub fn deciding_report(outcome: &Outcome) -> Option<&PolicyReport> {
+pub(crate) fn deciding_report(outcome: &Outcome) -> Option<&PolicyReport> {
     outcome.denied_by().or_else(|| {
         outcome.enforced.iter().min_by_key(|r| {
             (
@@ -68,7 +67,7 @@ pub fn deciding_report(outcome: &Outcome) -> Option<&PolicyReport> {
 
 /// Add `RateLimit-Policy`, `RateLimit`, `Retry-After` (when denied) and, if `legacy`, the
 /// `X-RateLimit-*` fields for `outcome` to `headers`.
-pub fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome, legacy: bool) {
+pub(crate) fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome, legacy: bool) {
     let reports = || outcome.enforced.iter();
     if let Some(value) = list(reports(), |r| [("q", r.decision.limit), ("w", r.window_s)]) {
         headers.insert(RATELIMIT_POLICY, value);
@@ -104,7 +103,7 @@ pub fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome, leg
 
 /// The JSON body of a 429: `{"error":"rate_limited","policy":"burst","retry_after_seconds":12}`
 /// (`"error":"cost_exceeds_limit"` without a retry time when the request can never fit).
-pub fn denial_body(outcome: &Outcome) -> String {
+pub(crate) fn denial_body(outcome: &Outcome) -> String {
     let Some(denial) = outcome.denied_by() else {
         return serde_json::json!({"error": "rate_limited"}).to_string();
     };
@@ -127,7 +126,7 @@ pub fn denial_body(outcome: &Outcome) -> String {
 
 /// The JSON body of a 503 when a fail-closed backend is down: the limit could not be checked,
 /// which is the service's fault, not the client's.
-pub fn unavailable_body(outcome: &Outcome) -> String {
+pub(crate) fn unavailable_body(outcome: &Outcome) -> String {
     let policy = outcome.backend_unavailable.as_deref().unwrap_or("");
     serde_json::json!({
         "error": "temporary-reduced-capacity",

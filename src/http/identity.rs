@@ -107,7 +107,11 @@ fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
 }
 
 /// Return the client IP: the peer, or (behind trusted proxies) the right-most untrusted hop.
-pub fn client_ip(headers: &HeaderMap, peer: Option<IpAddr>, trusted: &[IpNet]) -> Option<IpAddr> {
+pub(crate) fn client_ip(
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+    trusted: &[IpNet],
+) -> Option<IpAddr> {
     let peer = peer?;
     if !is_trusted(peer, trusted) {
         return Some(peer);
@@ -138,7 +142,7 @@ fn peer_of(extensions: &Extensions) -> Option<IpAddr> {
 ///
 /// The identity is used whole (it is hashed, never cut); an API key or device id longer than
 /// `max_bytes` is an error, for the caller to refuse the request.
-pub fn identify(
+pub(crate) fn identify(
     headers: &HeaderMap,
     extensions: &Extensions,
     config: &IdentityConfig,

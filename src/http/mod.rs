@@ -4,10 +4,15 @@
 //! A request is decided in `RateLimitService::call` → [`crate::rules::Rules::decide`].
 
 pub mod client;
-pub mod headers;
-pub mod identity;
+pub(crate) mod headers;
+pub(crate) mod identity;
 mod layer;
-pub mod sf;
+pub(crate) mod sf;
 
-pub use identity::{AuthenticatedUser, ClientAddr, ClientTier};
+pub use headers::{
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use identity::{
+    AuthenticatedUser, ClientAddr, ClientTier, DEFAULT_MAX_IDENTITY_BYTES, IdentityTooLong,
+};
 pub use layer::{DenialHook, RateLimitLayer, RateLimitService, ReloadError};

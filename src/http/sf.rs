@@ -5,7 +5,7 @@ use sfv::{ItemSerializer, StringRef};
 
 /// Serialize a policy name as an sf-string, once (names are fixed when a file is loaded).
 /// Characters outside printable ASCII become `?`.
-pub fn sf_string(name: &str) -> String {
+pub(crate) fn sf_string(name: &str) -> String {
     let printable: String = name
         .chars()
         .map(|c| if (' '..='~').contains(&c) { c } else { '?' })

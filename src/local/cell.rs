@@ -4,6 +4,10 @@
 //! compare-and-swap loop: read the state, run the pure algorithm, publish the next state only
 //! if nobody changed it meanwhile, otherwise decide again on the newer state. A denial writes
 //! nothing. The sliding algorithms keep a small struct behind a per-key mutex.
+//!
+//! `WordCell` is public only to the loom models (`--cfg ratemesh_loom`), which race it from
+//! outside the crate.
+#![cfg_attr(not(ratemesh_loom), allow(unreachable_pub))]
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -149,7 +153,7 @@ impl WordCell {
     }
 
     /// Retire the cell whatever its state (its state moves elsewhere); return that state.
-    pub(crate) fn retire(&self) -> u64 {
+    pub fn retire(&self) -> u64 {
         self.state.swap(RETIRED, Ordering::AcqRel)
     }
 

@@ -29,6 +29,9 @@ mod hot;
 mod key;
 mod words;
 
+#[cfg(not(ratemesh_loom))]
+pub(crate) use cell::WordCell;
+#[cfg(ratemesh_loom)]
 pub use cell::{RETIRED, WordCell};
 pub use key::ToKey;
 
@@ -253,6 +256,23 @@ struct Limits {
 }
 
 /// One policy's state for every key: a `DashMap` of cells with a hard cap on keys.
+///
+/// The engine under [`Limiter`](crate::Limiter), for callers that read the clock themselves.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::Policy;
+/// use ratemesh::local::Store;
+///
+/// // One token a second, bursts of one, at most 10,000 keys.
+/// let store: Store<u64> = Store::new(Policy::token_bucket(1, Duration::from_secs(1), 1)?, 10_000);
+/// let t0 = 5_000_000_000; // nanoseconds, on any clock the caller keeps
+/// assert!(store.decide(&7, t0, 1).is_allowed());
+/// assert!(!store.decide(&7, t0, 1).is_allowed());
+/// assert!(store.decide(&7, t0 + 1_000_000_000, 1).is_allowed()); // a token a second later
+/// assert_eq!(store.len(), 1);
+/// # Ok::<(), ratemesh::PolicyError>(())
+/// ```
 pub struct Store<K: Send + Sync, S = DefaultHasher> {
     table: Table<K, S>,
     limits: Limits,

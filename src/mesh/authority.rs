@@ -36,9 +36,9 @@ use crate::policy::{Algorithm, Policy};
 mod grants;
 
 /// Rounds of demand a lease covers when the budget is tight.
-pub const SHORT_LEASE_ROUNDS: u64 = 4;
+pub(crate) const SHORT_LEASE_ROUNDS: u64 = 4;
 /// Rounds of demand a lease covers when the budget is plentiful.
-pub const LONG_LEASE_ROUNDS: u64 = 25;
+pub(crate) const LONG_LEASE_ROUNDS: u64 = 25;
 
 /// How a mesh policy keeps its cluster-wide state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +71,7 @@ impl MeshKind {
 
 /// What the authority answers a request for tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// The holder's cumulative grant for `window` is now `granted` (it may be partial: less
     /// than asked, when `retry_after` is also set).
     Grant {
@@ -102,7 +102,7 @@ struct Waiter {
 
 /// The authority of one key, on the node that keeps it.
 #[derive(Debug, Clone)]
-pub struct Authority {
+pub(crate) struct Authority {
     key: KeyRef,
     kind: MeshKind,
     policy: Policy,
@@ -136,7 +136,7 @@ pub struct Authority {
 impl Authority {
     /// Create the authority of a key nobody knows yet, at `now`: an empty window aligned
     /// on this node's clock, or a full bucket.
-    pub fn fresh(key: KeyRef, policy: Policy, kind: MeshKind, now: Nanos) -> Self {
+    pub(crate) fn fresh(key: KeyRef, policy: Policy, kind: MeshKind, now: Nanos) -> Self {
         let w = policy.window_ns();
         let window = now / w;
         Authority {
@@ -167,7 +167,7 @@ impl Authority {
     /// numbered them and converted so that each begins no earlier here than it did there. Its
     /// window of an index then never begins before the earlier owner's, whose grants of the
     /// window before this node cannot know: they all fall before it.
-    pub fn fresh_after(
+    pub(crate) fn fresh_after(
         key: KeyRef,
         policy: Policy,
         kind: MeshKind,
@@ -191,7 +191,7 @@ impl Authority {
     /// Take over a state another node sent (its backup or handoff) at `now`; `offset` is
     /// that node's clock. Times are converted so that this node's leases of the current
     /// window end no later, and the next window begins no earlier, than the sender's.
-    pub fn from_state(
+    pub(crate) fn from_state(
         state: &AuthorityState,
         policy: Policy,
         kind: MeshKind,
@@ -233,7 +233,7 @@ impl Authority {
     /// Enforce `policy` from now on: the same algorithm (and window) with another limit, or
     /// another rate and burst (a live change). What was counted stays counted; a bucket keeps
     /// its free tokens (at most its new depth).
-    pub fn set_policy(&mut self, policy: Policy) {
+    pub(crate) fn set_policy(&mut self, policy: Policy) {
         if self.kind == MeshKind::Bucket {
             let old = self.policy.interval_ns().max(1);
             let tokens = self.level_ns / old;
@@ -251,7 +251,7 @@ impl Authority {
     /// hold, after the requests waiting ahead; beyond it, the request is denied at once.
     /// Near the limit this serves requests in the order the owner hears them instead of
     /// denying one a moment before room appears for it.
-    pub fn with_hold(mut self, hold_ns: Nanos) -> Self {
+    pub(crate) fn with_hold(mut self, hold_ns: Nanos) -> Self {
         self.hold_ns = hold_ns;
         self
     }
@@ -259,7 +259,7 @@ impl Authority {
     /// Fold in a state another node kept for the same key (a handoff back, or two
     /// authorities after a disagreement): each holder keeps its largest counts, the bucket its
     /// lowest level, the window the newer one.
-    pub fn merge(&mut self, other: &Authority) {
+    pub(crate) fn merge(&mut self, other: &Authority) {
         if other.kind.is_window() && other.window > self.window {
             let mut merged = other.clone();
             merged.version = self.version.max(other.version) + 1;
@@ -306,7 +306,7 @@ impl Authority {
     }
 
     /// Return the state to send to a successor or a new owner, with times on this clock.
-    pub fn state(&self) -> AuthorityState {
+    pub(crate) fn state(&self) -> AuthorityState {
         AuthorityState {
             key: self.key,
             version: self.version,
@@ -324,7 +324,7 @@ impl Authority {
     /// would be an idle authority at `now` if this node took it over ([`Authority::from_state`]
     /// then [`Authority::is_idle`]), without building it: a window's counts no longer matter,
     /// or a bucket is full with nothing leased.
-    pub fn state_is_idle(
+    pub(crate) fn state_is_idle(
         state: &AuthorityState,
         policy: &Policy,
         kind: MeshKind,
@@ -351,28 +351,18 @@ impl Authority {
         }
     }
 
-    /// Return the key.
-    pub fn key(&self) -> KeyRef {
-        self.key
-    }
-
-    /// Return the version (it grows with every change).
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
     /// Return the current window's index and its local bounds `[start, end)` (windows).
-    pub fn frame(&self) -> (u64, Nanos, Nanos) {
+    pub(crate) fn frame(&self) -> (u64, Nanos, Nanos) {
         (self.window, self.start, self.end)
     }
 
     /// Return the newest want of `node` this authority saw.
-    pub fn seq_of(&self, node: NodeId) -> u32 {
+    pub(crate) fn seq_of(&self, node: NodeId) -> u32 {
         self.seqs.get(&node).copied().unwrap_or(0)
     }
 
     /// Return which of `node`'s holdings its record counts for.
-    pub fn holding_of(&self, node: NodeId) -> u64 {
+    pub(crate) fn holding_of(&self, node: NodeId) -> u64 {
         self.holders
             .iter()
             .find(|h| h.node == node)
@@ -381,31 +371,31 @@ impl Authority {
 
     /// Tell whether `want` comes from a holding of `node` older than the one its record
     /// counts for (delayed or duplicated after the holding was forgotten and made again).
-    pub fn is_stale(&self, node: NodeId, incarnation: u64, want: &Want) -> bool {
+    pub(crate) fn is_stale(&self, node: NodeId, incarnation: u64, want: &Want) -> bool {
         self.holders
             .iter()
             .any(|h| h.node == node && h.incarnation == incarnation && h.holding > want.holding)
     }
 
     /// Return the holders' records.
-    pub fn holders(&self) -> &[HolderRecord] {
+    pub(crate) fn holders(&self) -> &[HolderRecord] {
         &self.holders
     }
 
     /// Tell whether requests wait at the authority.
-    pub fn has_waiters(&self) -> bool {
+    pub(crate) fn has_waiters(&self) -> bool {
         !self.waiting.is_empty()
     }
 
     /// Return the earliest instant the authority must act by itself (a waiter's deadline, or
     /// the start of a window after a handover gap).
-    pub fn next_timeout(&self) -> Option<Nanos> {
+    pub(crate) fn next_timeout(&self) -> Option<Nanos> {
         self.waiting.iter().map(|w| w.deadline.min(w.wake)).min()
     }
 
     /// Tell whether the authority holds nothing worth keeping at `now`: no holder has an
     /// unspent lease, the window's counts no longer matter, a bucket is full.
-    pub fn is_idle(&mut self, now: Nanos) -> bool {
+    pub(crate) fn is_idle(&mut self, now: Nanos) -> bool {
         if !self.waiting.is_empty() {
             return false;
         }
@@ -532,7 +522,7 @@ impl Authority {
     }
 
     /// Return the tokens that can be granted at `now`.
-    pub fn available(&mut self, now: Nanos) -> u64 {
+    pub(crate) fn available(&mut self, now: Nanos) -> u64 {
         let limit = self.policy.capacity();
         match self.kind {
             MeshKind::Bucket => {
@@ -561,7 +551,7 @@ impl Authority {
     /// when it asked): they serve part of the want's need. A want about an earlier window
     /// (or from a holding with no grant yet, window 0) has seen none of this window's
     /// grants; another holding's record has nothing on its way to this one.
-    pub fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
+    pub(crate) fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
         self.roll(now);
         let seen = if !self.kind.is_window() || want.window == self.window {
             want.granted
@@ -596,7 +586,7 @@ impl Authority {
 
     /// A holder is gone (dead, or restarted): whatever it did not report counts as spent,
     /// and a bucket's burst is no longer held back for it.
-    pub fn forget_holder(&mut self, node: NodeId) {
+    pub(crate) fn forget_holder(&mut self, node: NodeId) {
         if let Ok(i) = self.holders.binary_search_by_key(&node, |h| h.node) {
             self.forget_holder_at(i);
             self.version += 1;
@@ -653,7 +643,13 @@ impl Authority {
 
     /// Apply a holder's report (its cumulative counts and demand). Return whether it told
     /// something the holder should see acknowledged (tokens given back, a final count).
-    pub fn report(&mut self, now: Nanos, node: NodeId, incarnation: u64, want: &Want) -> bool {
+    pub(crate) fn report(
+        &mut self,
+        now: Nanos,
+        node: NodeId,
+        incarnation: u64,
+        want: &Want,
+    ) -> bool {
         self.roll(now);
         if self.kind == MeshKind::Bucket {
             self.refill(now);

@@ -58,7 +58,7 @@ struct BaseKey {
 
 /// The baseline rules' per-key state on one node.
 #[derive(Debug)]
-pub struct Baseline {
+pub(crate) struct Baseline {
     rule: Admission,
     nodes: usize,
     policies: Vec<Policy>,
@@ -95,7 +95,7 @@ pub(crate) fn scaled(policy: &Policy, nodes: usize) -> Policy {
 
 impl Baseline {
     /// The state of `rule` for a cluster of `nodes` enforcing `policies`.
-    pub fn new(rule: Admission, nodes: usize, policies: Vec<Policy>) -> Self {
+    pub(crate) fn new(rule: Admission, nodes: usize, policies: Vec<Policy>) -> Self {
         Baseline {
             rule,
             nodes,
@@ -126,7 +126,7 @@ impl Baseline {
     }
 
     /// Decide a request at `now`.
-    pub fn decide(&mut self, key: KeyRef, cost: u64, now: Nanos) -> Decision {
+    pub(crate) fn decide(&mut self, key: KeyRef, cost: u64, now: Nanos) -> Decision {
         let (k, policy) = self.entry(key, now);
         if cost == 0 || cost > policy.capacity() {
             return Decision::cannot_fit(policy.capacity());
@@ -182,7 +182,7 @@ impl Baseline {
     }
 
     /// Return this node's counts of the keys that changed since the last call (`stale_sum`).
-    pub fn changed_counts(&mut self) -> Vec<Count> {
+    pub(crate) fn changed_counts(&mut self) -> Vec<Count> {
         if self.rule != Admission::StaleSum {
             return Vec::new();
         }
@@ -202,7 +202,7 @@ impl Baseline {
     }
 
     /// Apply a peer's counts (`stale_sum`).
-    pub fn apply(&mut self, from: NodeId, count: &Count, now: Nanos) {
+    pub(crate) fn apply(&mut self, from: NodeId, count: &Count, now: Nanos) {
         if self.rule != Admission::StaleSum || count.key.policy as usize >= self.policies.len() {
             return;
         }
@@ -226,7 +226,7 @@ impl Baseline {
     }
 
     /// Forget a peer's counts (it restarted).
-    pub fn forget(&mut self, from: NodeId) {
+    pub(crate) fn forget(&mut self, from: NodeId) {
         for k in self.keys.values_mut() {
             k.others.remove(&from);
             k.others_total.remove(&from);

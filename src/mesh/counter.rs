@@ -18,6 +18,21 @@ use crate::mesh::NodeId;
 ///
 /// Decoding (serde or bincode) goes through [`GCounter::from_entries`], so a peer's unsorted
 /// or duplicated entries are normalized, never trusted.
+///
+/// ```
+/// use crdts::CvRDT;
+/// use ratemesh::mesh::counter::GCounter;
+///
+/// let mut a = GCounter::new();
+/// a.increment(1, 3); // node 1 counted 3
+/// let mut b = GCounter::new();
+/// b.increment(2, 5); // node 2 counted 5, and heard an older count of node 1
+/// b.increment(1, 1);
+/// a.merge(b.clone());
+/// b.merge(a.clone());
+/// assert_eq!(a, b); // merges commute: both converge
+/// assert_eq!(a.total(), 8); // node 1's highest count plus node 2's
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, bincode::Encode)]
 #[serde(from = "Vec<(NodeId, u64)>")]
 pub struct GCounter {

@@ -25,14 +25,14 @@ use crate::policy::Policy;
 const DENIED_RESEND_NS: Nanos = 2_000_000;
 
 /// Rounds without demand after which a holder gives its unspent lease back.
-pub const IDLE_ROUNDS: u32 = 10;
+pub(crate) const IDLE_ROUNDS: u32 = 10;
 
 /// Rounds between reports of a holder's count when nothing else is sent.
-pub const REPORT_ROUNDS: u64 = 4;
+pub(crate) const REPORT_ROUNDS: u64 = 4;
 
 /// A request waiting for tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Waiting {
+pub(crate) struct Waiting {
     /// The caller's id for it.
     pub id: u64,
     /// Its cost.
@@ -48,7 +48,7 @@ pub struct Waiting {
 
 /// How a request went on the holder's slow path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slow {
+pub(crate) enum Slow {
     /// Decided now.
     Decided(Decision),
     /// It waits: ask the authority.
@@ -57,7 +57,7 @@ pub enum Slow {
 
 /// One key on a node that uses it.
 #[derive(Debug)]
-pub struct Holding {
+pub(crate) struct Holding {
     key: KeyRef,
     /// Numbers this holding among the node's holdings of the key (see [`Want::holding`]).
     id: u64,
@@ -118,7 +118,7 @@ pub struct Holding {
 impl Holding {
     /// A key this node has no lease for yet; `id` is larger than any earlier holding's of
     /// the key on this node.
-    pub fn new(key: KeyRef, policy: Policy, kind: MeshKind, id: u64) -> Self {
+    pub(crate) fn new(key: KeyRef, policy: Policy, kind: MeshKind, id: u64) -> Self {
         let cell = LeaseCell::new();
         if !kind.is_window() {
             // A bucket's lease never expires: its tokens stay counted until spent or given
@@ -166,7 +166,7 @@ impl Holding {
     /// Decide with `policy` from now on (a live change of its limit or rate); the lease
     /// keeps the tokens it was granted. A denial the authority gave under the old limit no
     /// longer holds: the next request asks again.
-    pub fn set_policy(&mut self, policy: Policy) {
+    pub(crate) fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
         self.denied_until = 0;
     }
@@ -176,7 +176,7 @@ impl Holding {
     /// demand, nothing to report. A node may skip such a holding's rounds until
     /// [`Holding::wake_round`], as long as nothing happens to it, and then
     /// [`Holding::catch_up`].
-    pub fn at_rest(&self) -> bool {
+    pub(crate) fn at_rest(&self) -> bool {
         let used = self.used();
         self.waiting.is_empty()
             && self.reserve == 0
@@ -193,7 +193,7 @@ impl Holding {
     /// Return the first round at which a holding at rest after round `round` may be
     /// forgotten ([`Holding::is_idle`]; rounds are `interval` ns long): its idle rounds are
     /// enough and its times have passed. Before, its rounds change nothing but the idle count.
-    pub fn wake_round(&self, round: u64, interval: Nanos) -> u64 {
+    pub(crate) fn wake_round(&self, round: u64, interval: Nanos) -> u64 {
         let idle = round + u64::from(IDLE_ROUNDS.saturating_sub(self.idle_rounds)).max(1);
         let mut at = self.denied_until.max(self.keep_until);
         if self.kind.is_window() && self.expiry != 0 {
@@ -205,13 +205,13 @@ impl Holding {
     }
 
     /// Start counting rounds from the node's count `rounds` (a new holding).
-    pub fn count_rounds_from(&mut self, rounds: u64) {
+    pub(crate) fn count_rounds_from(&mut self, rounds: u64) {
         self.rounds = rounds;
     }
 
     /// The node runs its round number `rounds` (its count) for this holding: the rounds it
     /// skipped since the holding's last, all at rest, were idle rounds.
-    pub fn catch_up(&mut self, rounds: u64) {
+    pub(crate) fn catch_up(&mut self, rounds: u64) {
         let skipped = rounds.saturating_sub(self.rounds).saturating_sub(1);
         self.idle_rounds = self
             .idle_rounds
@@ -220,22 +220,17 @@ impl Holding {
     }
 
     /// Return the lease cell the request path uses.
-    pub fn cell(&self) -> &Arc<LeaseCell> {
+    pub(crate) fn cell(&self) -> &Arc<LeaseCell> {
         &self.cell
     }
 
-    /// Return the key.
-    pub fn key(&self) -> KeyRef {
-        self.key
-    }
-
     /// Return the number of waiting requests.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.waiting.len()
     }
 
     /// Return the tokens this node may still admit under its lease (cell and reserve).
-    pub fn unspent(&self) -> u64 {
+    pub(crate) fn unspent(&self) -> u64 {
         if self.closed {
             0
         } else {
@@ -244,7 +239,7 @@ impl Holding {
     }
 
     /// Return the lease's window and, for windows, its local expiry.
-    pub fn lease(&self) -> (u64, Nanos) {
+    pub(crate) fn lease(&self) -> (u64, Nanos) {
         (self.window, self.expiry)
     }
 
@@ -291,7 +286,7 @@ impl Holding {
 
     /// End an expired window lease at `now`: the cell admits nothing more, and the final
     /// count is known.
-    pub fn expire(&mut self, now: Nanos) {
+    pub(crate) fn expire(&mut self, now: Nanos) {
         if self.kind.is_window() && !self.closed && now >= self.expiry {
             let left = self.cell.close();
             self.closed_used = self
@@ -306,7 +301,7 @@ impl Holding {
 
     /// Decide a request the lease cell could not: admit from the cell if it can now, deny
     /// if the authority recently said no, or let it wait (`id`, until `deadline`).
-    pub fn slow(&mut self, now: Nanos, id: u64, cost: u64, deadline: Nanos) -> Slow {
+    pub(crate) fn slow(&mut self, now: Nanos, id: u64, cost: u64, deadline: Nanos) -> Slow {
         if cost == 0 || cost > self.policy.capacity() {
             return Slow::Decided(Decision::cannot_fit(self.policy.capacity()));
         }
@@ -338,7 +333,7 @@ impl Holding {
     /// Mark the waiting request `id` admitted already (on the node's credit, see
     /// [`crate::mesh::node::NodeConfig::first_credit`]): it still takes its tokens from the
     /// next grants, but its decision goes nowhere. The holding is kept until `keep_until`.
-    pub fn prepay(&mut self, id: u64, keep_until: Nanos) {
+    pub(crate) fn prepay(&mut self, id: u64, keep_until: Nanos) {
         if let Some(w) = self.waiting.iter_mut().find(|w| w.id == id) {
             w.prepaid = true;
         }
@@ -346,14 +341,14 @@ impl Holding {
     }
 
     /// Tokens the waiting requests need beyond the reserve.
-    pub fn need(&self) -> u64 {
+    pub(crate) fn need(&self) -> u64 {
         let total: u64 = self.waiting.iter().map(|w| w.cost).sum();
         total.saturating_sub(if self.closed { 0 } else { self.reserve })
     }
 
     /// Tell whether a want should go out now for the waiting requests (none in flight that
     /// asked for as much, or its answer is overdue).
-    pub fn should_ask(&self, now: Nanos) -> bool {
+    pub(crate) fn should_ask(&self, now: Nanos) -> bool {
         if self.waiting.is_empty() {
             return false;
         }
@@ -366,7 +361,13 @@ impl Holding {
     /// Build the item to send the authority at `now` (`need` = what the waiting requests
     /// need, `refill` = ask for a longer lease); if it asks for tokens and no answer comes
     /// within `resend_after`, it is sent again.
-    pub fn want(&mut self, now: Nanos, round: u64, refill: bool, resend_after: Nanos) -> Want {
+    pub(crate) fn want(
+        &mut self,
+        now: Nanos,
+        round: u64,
+        refill: bool,
+        resend_after: Nanos,
+    ) -> Want {
         let need = self.need();
         if !self.waiting.is_empty() {
             self.want_sent_at = Some(now + resend_after);
@@ -405,7 +406,7 @@ impl Holding {
     /// Apply the authority's answer at `now`; `expiry` is the local instant the window ends
     /// (converted from the authority's clock, never later than it). Return the waiting
     /// requests decided.
-    pub fn apply_grant(
+    pub(crate) fn apply_grant(
         &mut self,
         now: Nanos,
         grant: &Grant,
@@ -551,7 +552,7 @@ impl Holding {
     }
 
     /// Deny the waiting requests past their deadline at `now` (retry after `retry_after`).
-    pub fn timeouts(&mut self, now: Nanos, retry_after: Nanos) -> Vec<(u64, Decision)> {
+    pub(crate) fn timeouts(&mut self, now: Nanos, retry_after: Nanos) -> Vec<(u64, Decision)> {
         let mut decided = Vec::new();
         while let Some(w) = self.waiting.front().copied() {
             if w.deadline > now {
@@ -570,7 +571,7 @@ impl Holding {
 
     /// Return the earliest instant the holder needs its node: a waiting request's deadline,
     /// or the time to ask again when the last want may have been lost (`resend_after`).
-    pub fn next_deadline(&self) -> Option<Nanos> {
+    pub(crate) fn next_deadline(&self) -> Option<Nanos> {
         // A window's lease ends at its expiry: the final count goes to the authority then.
         let expiry = (self.kind.is_window() && !self.closed).then_some(self.expiry);
         let deadline = self.waiting.iter().map(|w| w.deadline).min();
@@ -580,14 +581,14 @@ impl Holding {
 
     /// End the lease if it expired at `now`; tell whether it ended now (its final count is
     /// then due at the authority).
-    pub fn expire_now(&mut self, now: Nanos) -> bool {
+    pub(crate) fn expire_now(&mut self, now: Nanos) -> bool {
         let was = self.closed;
         self.expire(now);
         self.closed && !was && self.granted > 0
     }
 
     /// Give back what the lease holds beyond `keep` tokens; return how many.
-    pub fn give_back(&mut self, keep: u64) -> u64 {
+    pub(crate) fn give_back(&mut self, keep: u64) -> u64 {
         if self.closed || !self.waiting.is_empty() {
             return 0;
         }
@@ -598,14 +599,14 @@ impl Holding {
     }
 
     /// Give back what the lease holds beyond `keep` tokens (the authority recalls it).
-    pub fn recall(&mut self, keep: u64) -> u64 {
+    pub(crate) fn recall(&mut self, keep: u64) -> u64 {
         self.give_back(keep)
     }
 
     /// The round's bookkeeping at `now`: expire a window lease, update the demand, give an
     /// idle lease back. Return whether the authority should hear from this holder now and
     /// whether to ask for a longer lease.
-    pub fn tick(&mut self, now: Nanos, round: u64) -> (bool, bool) {
+    pub(crate) fn tick(&mut self, now: Nanos, round: u64) -> (bool, bool) {
         let was_closed = self.closed;
         self.expire(now);
         let used = self.see_used(now);
@@ -672,14 +673,14 @@ impl Holding {
     }
 
     /// The authority has the final count of the previous window.
-    pub fn previous_confirmed(&mut self) {
+    pub(crate) fn previous_confirmed(&mut self) {
         self.previous_used = None;
     }
 
     /// Tell whether the holding can be forgotten at `now`: nothing waits, nothing leased,
     /// and (windows) its last lease is older than the window before the current one, so
     /// the authority no longer counts it (a sliding window weighs the previous window).
-    pub fn is_idle(&self, now: Nanos) -> bool {
+    pub(crate) fn is_idle(&self, now: Nanos) -> bool {
         let window_done = !self.kind.is_window()
             || self.expiry == 0
             || now >= self.expiry.saturating_add(self.policy.window_ns());
@@ -695,7 +696,7 @@ impl Holding {
 
     /// The key's owner may have changed: report to it at the next round, so a new
     /// authority learns this node's lease before it grants anyone more.
-    pub fn report_due(&mut self) {
+    pub(crate) fn report_due(&mut self) {
         self.report_due = true;
         self.want_sent_at = None;
     }

@@ -11,11 +11,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::mesh::membership::mix;
 
 /// A map with the fixed hasher.
-pub type FixedMap<K, V> = HashMap<K, V, BuildHasherDefault<FixedHasher>>;
+pub(crate) type FixedMap<K, V> = HashMap<K, V, BuildHasherDefault<FixedHasher>>;
 
 /// Folds the words written into one `u64`, then mixes it.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct FixedHasher(u64);
+pub(crate) struct FixedHasher(u64);
 
 impl Hasher for FixedHasher {
     #[inline]

@@ -20,7 +20,7 @@ use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
 
 /// The most tokens a lease holds (48 bits).
-pub const MAX_LEASE_TOKENS: u64 = (1 << 48) - 1;
+pub(crate) const MAX_LEASE_TOKENS: u64 = (1 << 48) - 1;
 
 const GEN_SHIFT: u32 = 48;
 const LOW_MASK: u64 = (1 << GEN_SHIFT) - 1;

@@ -32,18 +32,16 @@ use crate::mesh::NodeId;
 use crate::mesh::message::{Header, MAX_DEAD_LISTED, Member, MemberState};
 use crate::mesh::timing::{Offset, PeerClock};
 
-pub use rumors::Heard;
-
 /// The most members a node keeps track of (itself included).
-pub const MAX_MEMBERS: usize = 1024;
+pub(crate) const MAX_MEMBERS: usize = 1024;
 
 /// A member that left or was declared dead, and that this node was not configured with, is
 /// forgotten after this long (10 minutes).
-pub const FORGET_AFTER_NS: Nanos = 600_000_000_000;
+pub(crate) const FORGET_AFTER_NS: Nanos = 600_000_000_000;
 
 /// One peer as this node sees it.
 #[derive(Debug, Clone, Default)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// Whether it counts as a live member (owner candidate, counted in the majority).
     pub alive: bool,
     /// Whether it announced that it leaves the cluster.
@@ -93,7 +91,7 @@ pub struct Peer {
 
 /// What changed in a membership update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// A peer was declared dead.
     Down(NodeId),
     /// A peer that was dead (or never heard) is alive.
@@ -113,7 +111,7 @@ pub enum Change {
 
 /// This node's view of the cluster.
 #[derive(Debug, Clone)]
-pub struct Membership {
+pub(crate) struct Membership {
     me: NodeId,
     incarnation: u64,
     /// This node's liveness counter (raised to refute a suspicion).
@@ -176,12 +174,12 @@ struct Ranking {
 
 /// The highest lag score: a node that runs late waits up to five times `dead_after` before it
 /// declares a peer dead.
-pub const MAX_LAG_SCORE: u32 = 8;
+pub(crate) const MAX_LAG_SCORE: u32 = 8;
 
 impl Membership {
     /// Start a view at `now`: `members` (this node may be among them) all count as alive
     /// until they stay silent for `dead_after_ns`.
-    pub fn new(
+    pub(crate) fn new(
         me: NodeId,
         incarnation: u64,
         members: &[NodeId],
@@ -256,46 +254,41 @@ impl Membership {
         );
     }
 
-    /// Return this node's id.
-    pub fn me(&self) -> NodeId {
-        self.me
-    }
-
     /// Return this node's incarnation.
-    pub fn incarnation(&self) -> u64 {
+    pub(crate) fn incarnation(&self) -> u64 {
         self.incarnation
     }
 
     /// Return this node's liveness counter (raised each time it refutes a suspicion).
-    pub fn seq(&self) -> u32 {
+    pub(crate) fn seq(&self) -> u32 {
         self.seq
     }
 
     /// Return a number that changes whenever the set of live members changes.
-    pub fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.version
     }
 
     /// Return the peers.
-    pub fn peers(&self) -> &BTreeMap<NodeId, Peer> {
+    pub(crate) fn peers(&self) -> &BTreeMap<NodeId, Peer> {
         &self.peers
     }
 
     /// Return peer `id`.
-    pub fn peer(&self, id: NodeId) -> Option<&Peer> {
+    pub(crate) fn peer(&self, id: NodeId) -> Option<&Peer> {
         self.peers.get(&id)
     }
 
     /// Count a majority over at least `size` members: a cluster configured larger than the
     /// members this node knows of (the members it learns later fill the difference).
-    pub fn set_configured(&mut self, size: usize) {
+    pub(crate) fn set_configured(&mut self, size: usize) {
         self.phantoms = size.saturating_sub(1 + self.peers.len());
         self.stamp += 1;
     }
 
     /// Return the number of members this node knows of (itself, its peers in any state, and
     /// the members a configured cluster size promises beyond them).
-    pub fn configured(&self) -> usize {
+    pub(crate) fn configured(&self) -> usize {
         1 + self.phantoms + self.peers.len()
     }
 
@@ -303,17 +296,17 @@ impl Membership {
     /// (a suspected one still counts), and the members a configured cluster size promises
     /// beyond those known. A member that left or was declared dead no longer counts; one
     /// learned from others counts once heard.
-    pub fn quorum_of(&self) -> usize {
+    pub(crate) fn quorum_of(&self) -> usize {
         self.phantoms + self.live.len()
     }
 
     /// Tell whether `heard` members (this node included) are a majority.
-    pub fn is_majority(&self, heard: usize) -> bool {
+    pub(crate) fn is_majority(&self, heard: usize) -> bool {
         heard * 2 > self.quorum_of()
     }
 
     /// Return the number of live members (this node included).
-    pub fn alive_count(&self) -> usize {
+    pub(crate) fn alive_count(&self) -> usize {
         self.live.len()
     }
 
@@ -321,7 +314,7 @@ impl Membership {
     /// majority of the members within `lease` before it, with what it heard so far: members
     /// that left and those never heard do not count. 0 if never; `Nanos::MAX` if this node
     /// alone is a majority.
-    pub fn majority_heard_until(&self, lease: Nanos) -> Nanos {
+    pub(crate) fn majority_heard_until(&self, lease: Nanos) -> Nanos {
         // A majority is this node and `needed` peers: 2 (1 + needed) > quorum.
         let needed = self.quorum_of() / 2;
         if needed == 0 {
@@ -345,7 +338,7 @@ impl Membership {
     /// Tell whether this node received frames from a majority of the members within `lease`
     /// before `now` (`now < majority_heard_until(lease)`), counting the peers only when the
     /// instant last computed has passed.
-    pub fn majority_heard_at(&self, now: Nanos, lease: Nanos) -> bool {
+    pub(crate) fn majority_heard_at(&self, now: Nanos, lease: Nanos) -> bool {
         let (stamp, cached_lease, until) = self.heard_until.get();
         if stamp == self.stamp && cached_lease == lease && now < until {
             return true;
@@ -357,34 +350,34 @@ impl Membership {
 
     /// Tell whether this node heard a majority of the members at its last check (it may
     /// declare deaths, and its authorities may grant).
-    pub fn has_majority(&self) -> bool {
+    pub(crate) fn has_majority(&self) -> bool {
         !self.cut_off && self.is_majority(self.alive_count())
     }
 
     /// Tell whether `id` is a live member (this node always is).
-    pub fn is_alive(&self, id: NodeId) -> bool {
+    pub(crate) fn is_alive(&self, id: NodeId) -> bool {
         id == self.me || self.peers.get(&id).is_some_and(|p| p.alive)
     }
 
     /// Mark this node as leaving: its headers say so from now on.
-    pub fn leave(&mut self) {
+    pub(crate) fn leave(&mut self) {
         self.leaving = true;
     }
 
     /// Mark this node as syncing (its headers ask peers for what it should hold) or not.
-    pub fn set_syncing(&mut self, syncing: bool) {
+    pub(crate) fn set_syncing(&mut self, syncing: bool) {
         self.syncing = syncing;
     }
 
     /// Set the digest of this node's configuration that its headers carry.
-    pub fn set_digest(&mut self, digest: u64) {
+    pub(crate) fn set_digest(&mut self, digest: u64) {
         self.digest = digest;
     }
 
     /// Add a member that reached this node at `now` (an authenticated connection), with the
     /// address it is reached at: it counts as alive until silent. A member known already
     /// keeps its state (a pending one is alive now). Return what changed.
-    pub fn add(&mut self, id: NodeId, addr: Option<Vec<u8>>, now: Nanos) -> Vec<Change> {
+    pub(crate) fn add(&mut self, id: NodeId, addr: Option<Vec<u8>>, now: Nanos) -> Vec<Change> {
         let mut changes = Vec::new();
         if id == self.me {
             return changes;
@@ -433,7 +426,7 @@ impl Membership {
     }
 
     /// Record a frame's header from `from` at `now`; return what changed.
-    pub fn heard(&mut self, now: Nanos, from: NodeId, header: &Header) -> Vec<Change> {
+    pub(crate) fn heard(&mut self, now: Nanos, from: NodeId, header: &Header) -> Vec<Change> {
         let mut changes = Vec::new();
         let Some(peer) = self.peers.get_mut(&from) else {
             return changes;
@@ -505,7 +498,7 @@ impl Membership {
     /// its peers sent, so it waits longer before it declares one dead (the local health of
     /// SWIM's Lifeguard extension). Declaring later is always safe: an owner's authority
     /// lease lapses before the shortest silence, `dead_after`, ends.
-    pub fn round_late(&mut self, late: Nanos, interval: Nanos) {
+    pub(crate) fn round_late(&mut self, late: Nanos, interval: Nanos) {
         if late > interval / 4 {
             self.lag_score = (self.lag_score + 1).min(MAX_LAG_SCORE);
             self.on_time = 0;
@@ -520,7 +513,7 @@ impl Membership {
 
     /// Return this node's lag score (0: its rounds run on time; see
     /// [`Membership::round_late`]).
-    pub fn lag_score(&self) -> u32 {
+    pub(crate) fn lag_score(&self) -> u32 {
         self.lag_score
     }
 
@@ -528,7 +521,7 @@ impl Membership {
     /// `peer_lag` dead now: `dead_after`, plus half of it per point of the higher of the two
     /// lag scores (this node's, and the peer's as its last frame said: a peer that runs
     /// behind may go quiet for longer without being dead).
-    pub fn patience_ns(&self, peer_lag: u32) -> Nanos {
+    pub(crate) fn patience_ns(&self, peer_lag: u32) -> Nanos {
         let lag = self.lag_score.max(peer_lag.min(MAX_LAG_SCORE));
         self.dead_after_ns
             .saturating_add(u64::from(lag) * (self.dead_after_ns / 2))
@@ -536,7 +529,7 @@ impl Membership {
 
     /// This node did not run for `ns` before `now`: what its peers said meanwhile may have been
     /// lost on the way in, so their silence counts from `ns` later (at most from `now`).
-    pub fn paused(&mut self, ns: Nanos, now: Nanos) {
+    pub(crate) fn paused(&mut self, ns: Nanos, now: Nanos) {
         for p in self.peers.values_mut() {
             p.heard_at = p.heard_at.saturating_add(ns).min(now);
         }
@@ -549,7 +542,7 @@ impl Membership {
     /// nobody dead; when it hears a majority again, the silence of the others counts from
     /// then: they may simply not have reached it yet, and declaring them dead would make it
     /// take over keys that a live owner still keeps.
-    pub fn check(&mut self, now: Nanos) -> Vec<Change> {
+    pub(crate) fn check(&mut self, now: Nanos) -> Vec<Change> {
         let mut changes = Vec::new();
         self.forget_gone(now, &mut changes);
         if !changes.is_empty() {
@@ -641,7 +634,7 @@ impl Membership {
     }
 
     /// Build the header of a frame to `to`, sent at `now`.
-    pub fn header(&mut self, now: Nanos, to: NodeId) -> Header {
+    pub(crate) fn header(&mut self, now: Nanos, to: NodeId) -> Header {
         let (echo, held, your_deaths, to_incarnation) = match self.peers.get_mut(&to) {
             Some(peer) => {
                 peer.sent_at = now;
@@ -674,7 +667,7 @@ impl Membership {
     }
 
     /// Return the clock offset of peer `id` at `now`, once measured.
-    pub fn offset(&self, id: NodeId, now: Nanos) -> Option<Offset> {
+    pub(crate) fn offset(&self, id: NodeId, now: Nanos) -> Option<Offset> {
         if id == self.me {
             return Some(Offset {
                 offset: 0,
@@ -687,7 +680,7 @@ impl Membership {
 
     /// Return the live members ranked by rendezvous weight for `key`, highest first: the
     /// first is the key's owner, the second its successor.
-    pub fn ranked(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
+    pub(crate) fn ranked(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
         let r = self.ranking(key);
         r.top.into_iter().take(r.found.min(2)).map(|(_, id)| id)
     }
@@ -734,7 +727,7 @@ impl Membership {
     /// earlier owner is gone from the successor's view (declared dead, so its lease ran out
     /// first, or left): were it still alive there, it would rank between the new owner and
     /// the successor, which then is not second.
-    pub fn agrees_i_own(&self, id: NodeId, key: u64) -> bool {
+    pub(crate) fn agrees_i_own(&self, id: NodeId, key: u64) -> bool {
         let Some(dead) = self.peers.get(&id).and_then(|p| p.their_dead.as_ref()) else {
             return false;
         };
@@ -766,7 +759,7 @@ impl Membership {
     /// Return the members this node declared dead (and that did not come back or leave) that
     /// rank above it for `key`, with the local time of each declaration: the owners the key
     /// may have had before this node.
-    pub fn dead_above(&self, key: u64) -> impl Iterator<Item = (NodeId, Nanos)> + '_ {
+    pub(crate) fn dead_above(&self, key: u64) -> impl Iterator<Item = (NodeId, Nanos)> + '_ {
         let mine = weight(key, self.me);
         self.peers
             .iter()
@@ -777,7 +770,7 @@ impl Membership {
     }
 
     /// Return the key's owner and successor (if there is a second live member).
-    pub fn owner_and_successor(&self, key: u64) -> (NodeId, Option<NodeId>) {
+    pub(crate) fn owner_and_successor(&self, key: u64) -> (NodeId, Option<NodeId>) {
         let mut ranked = self.ranked(key);
         let owner = ranked.next().unwrap_or(self.me);
         (owner, ranked.next())
@@ -795,7 +788,7 @@ fn premix(id: NodeId) -> u64 {
 }
 
 /// A 64-bit finalizer (splitmix64's): spreads every input bit over the output.
-pub fn mix(mut x: u64) -> u64 {
+pub(crate) fn mix(mut x: u64) -> u64 {
     x ^= x >> 30;
     x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x ^= x >> 27;

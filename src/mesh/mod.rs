@@ -8,32 +8,42 @@
 //! ever waits for its owner, never gets denied because the limit is shared.
 //! `docs/overshoot.md` states the bound and its proof.
 //!
-//! Sans-IO throughout (no sockets, no clock): [`node::Node`] is the per-node state machine,
-//! made of [`membership`] (liveness, ownership, headers), [`timing`] (peers' clock offsets),
-//! [`holder`] (a key's lease and waiting requests on one node), [`authority`] (a key's
-//! budget), [`lease`] (the atomic cell the request path decides on), [`cells`] (the map of
-//! cells shared with the request path), [`keymap`] (the hasher of the node's maps),
-//! [`outbox`] (frames, and the checks on incoming ones), [`message`] (what travels), [`wire`] (the only parser of peer bytes) and
-//! [`baseline`] (the rules the simulator compares with).
+//! Sans-IO throughout (no sockets, no clock): [`Node`] is the per-node state machine; a
+//! transport feeds it frames and timer ticks and sends what it returns ([`Transmit`]).
+//! [`message`] is what travels between nodes, [`wire`] the only parser of peer bytes
+//! ([`decode_frame`] adds the checks against the cluster's policies), [`counter`] the
+//! grow-only counter CRDT.
+//!
+//! Inside (private modules, for readers of the source): `membership` (liveness, ownership,
+//! headers), `timing` (peers' clock offsets), `holder` (a key's lease and waiting requests
+//! on one node), `authority` (a key's budget), `lease` (the atomic cell the request path
+//! decides on), `cells` (the map of cells shared with the request path), `keymap` (the hasher
+//! of the node's maps), `outbox` (frames, and the checks on incoming ones) and `baseline`
+//! (the rules the simulator compares with).
 
-pub mod authority;
-pub mod baseline;
-pub mod cells;
+pub(crate) mod authority;
+pub(crate) mod baseline;
+pub(crate) mod cells;
 pub mod counter;
-pub mod holder;
-pub mod keymap;
-pub mod lease;
-pub mod membership;
+pub(crate) mod holder;
+pub(crate) mod keymap;
+pub(crate) mod lease;
+pub(crate) mod membership;
 pub mod message;
-pub mod node;
-pub mod outbox;
-pub mod timing;
+pub(crate) mod node;
+pub(crate) mod outbox;
+pub(crate) mod timing;
 pub mod wire;
 
 pub use authority::MeshKind;
 pub use baseline::Admission;
 pub use cells::Cells;
-pub use node::{Admit, Event, MeshError, Node, NodeConfig, NodeStats};
-pub use outbox::{FrameError, Transmit};
+pub use lease::{LeaseCell, Miss};
+pub use membership::weight as rendezvous_weight;
+pub use node::{
+    Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event, LeaseState, MeshError, Node, NodeConfig,
+    NodeStats, WhileJoining,
+};
+pub use outbox::{FrameError, Transmit, decode as decode_frame};
 
-pub use crate::ids::NodeId;
+pub use crate::ids::{KeyHasher, NodeId};

@@ -82,7 +82,7 @@ pub enum Event {
     PeerLeft(NodeId),
     /// A member went silent long enough to be suspected.
     PeerSuspected(NodeId),
-    /// A member named by another, not heard yet: reach it (address in [`Membership::peer`]).
+    /// A member named by another, not heard yet: reach it (address in `Membership::peer`).
     PeerLearned(NodeId),
     /// A member was dropped from the table (gone for long, or pending and told gone).
     PeerForgotten(NodeId),
@@ -148,7 +148,75 @@ pub struct NodeStats {
     pub credited: u64,
 }
 
-/// One mesh node.
+/// A node's lease of one key, as [`Node::lease_state`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseState {
+    /// The window the lease is for (window policies; 0 for buckets).
+    pub window: u64,
+    /// For window policies, the local instant the lease ends.
+    pub expiry: Nanos,
+    /// The tokens this node may still admit under the lease.
+    pub unspent: u64,
+    /// The requests waiting for the key's owner.
+    pub waiting: usize,
+}
+
+/// One mesh node: the sans-IO state machine a transport drives.
+///
+/// The transport owns the clock and the sockets: it calls [`Node::handle_frame`] with each
+/// peer frame, [`Node::handle_timeout`] at [`Node::poll_timeout`], and sends what
+/// [`Node::poll_transmit`] returns. Requests are decided by [`Node::decide`] (or, without
+/// the node, from the shared [`Node::cells`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::Policy;
+/// use ratemesh::mesh::{Admit, Event, Node, NodeConfig};
+///
+/// // What a transport does: call each node at its timeout, carry its frames to the peer.
+/// fn step(nodes: &mut [Node], now: u64) {
+///     for i in 0..nodes.len() {
+///         if nodes[i].poll_timeout() <= now {
+///             nodes[i].handle_timeout(now);
+///         }
+///         while let Some(t) = nodes[i].poll_transmit() {
+///             let from = nodes[i].id();
+///             let to = nodes.iter().position(|n| n.id() == t.to).unwrap();
+///             nodes[to].handle_frame(now, from, &t.bytes).unwrap();
+///         }
+///     }
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Two nodes share 100 requests a minute per key. Time is what the caller says it is.
+/// let policy = Policy::global_fixed_window(100, Duration::from_secs(60))?;
+/// let mut now = 1_000_000_000;
+/// let mut nodes = [1, 2]
+///     .map(|id| Node::new(NodeConfig::new(id, vec![1, 2], vec![policy]), now))
+///     .into_iter()
+///     .collect::<Result<Vec<_>, _>>()?;
+/// while !nodes.iter().all(Node::is_running) {
+///     now += 10_000_000;
+///     step(&mut nodes, now);
+/// }
+///
+/// // Node 2 has no lease of key 42 yet: the request waits for the key's owner.
+/// let decision = match nodes[1].decide(0, 42, 1, now) {
+///     Admit::Now(decision) => decision,
+///     Admit::Wait(id) => loop {
+///         now += 1_000_000;
+///         step(&mut nodes, now);
+///         if let Some(Event::Decided { id: got, decision }) = nodes[1].poll_event() {
+///             if got == id {
+///                 break decision;
+///             }
+///         }
+///     },
+/// };
+/// assert!(decision.is_allowed());
+/// assert_eq!(decision.limit, 100);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Node {
     config: NodeConfig,
@@ -359,8 +427,47 @@ impl Node {
     }
 
     /// Return the membership view.
-    pub fn membership(&self) -> &Membership {
+    pub(crate) fn membership(&self) -> &Membership {
         &self.membership
+    }
+
+    /// Tell whether `id` is a member this node knows of, alive or not (itself included).
+    pub fn is_member(&self, id: NodeId) -> bool {
+        id == self.config.id || self.membership.peer(id).is_some()
+    }
+
+    /// Tell whether `id` is a live member as this node sees it (itself always is).
+    pub fn is_alive(&self, id: NodeId) -> bool {
+        self.membership.is_alive(id)
+    }
+
+    /// Return the number of live members, this node included.
+    pub fn alive_count(&self) -> usize {
+        self.membership.alive_count()
+    }
+
+    /// Tell whether this node heard a majority of the live members at its last check: only
+    /// then may it declare deaths, and its authorities grant.
+    pub fn has_majority(&self) -> bool {
+        self.membership.has_majority()
+    }
+
+    /// Return the members known to have left cleanly (they said so before going).
+    pub fn departed(&self) -> Vec<NodeId> {
+        let mut out: Vec<NodeId> = self
+            .membership
+            .peers()
+            .iter()
+            .filter(|(_, p)| p.left)
+            .map(|(&id, _)| id)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Return how many times this node refuted a suspicion of itself during this run.
+    pub fn refutations(&self) -> u32 {
+        self.membership.seq()
     }
 
     /// Return the number of keys this node uses or owns.
@@ -384,13 +491,27 @@ impl Node {
     }
 
     /// Return the authority of a key, if this node keeps it.
-    pub fn authority(&self, policy: u32, key: u64) -> Option<&Authority> {
+    pub(crate) fn authority(&self, policy: u32, key: u64) -> Option<&Authority> {
         self.authorities.get(&KeyRef { policy, key })
     }
 
-    /// Return this node's lease of a key, if it uses it.
-    pub fn holding(&self, policy: u32, key: u64) -> Option<&Holding> {
-        self.holdings.get(&KeyRef { policy, key })
+    /// Return the state of a key's authority (its budget and the leases it granted), if this
+    /// node keeps it.
+    pub fn authority_state(&self, policy: u32, key: u64) -> Option<AuthorityState> {
+        self.authority(policy, key).map(Authority::state)
+    }
+
+    /// Return this node's lease of a key, if it uses the key.
+    pub fn lease_state(&self, policy: u32, key: u64) -> Option<LeaseState> {
+        self.holdings.get(&KeyRef { policy, key }).map(|h| {
+            let (window, expiry) = h.lease();
+            LeaseState {
+                window,
+                expiry,
+                unspent: h.unspent(),
+                waiting: h.waiting(),
+            }
+        })
     }
 
     /// Return the owner of a key as this node sees it.

@@ -36,7 +36,7 @@ pub struct Transmit {
 /// newer item of the same kind for the same key replaces it (counts are cumulative). Every
 /// peer owed a heartbeat ([`Outbox::heartbeat`]) gets a frame whatever the budget.
 #[derive(Debug)]
-pub struct Outbox {
+pub(crate) struct Outbox {
     datagram: BTreeMap<NodeId, Vec<Item>>,
     reliable: BTreeMap<NodeId, Vec<Item>>,
     /// Peers owed a frame at the next flush (heartbeats).
@@ -71,7 +71,7 @@ impl Default for Outbox {
 
 /// The most items held back for one peer; beyond them the oldest are dropped, as a lost
 /// datagram would be (every item is cumulative and sent again while it matters).
-pub const MAX_DEFERRED_PER_PEER: usize = 65_536;
+pub(crate) const MAX_DEFERRED_PER_PEER: usize = 65_536;
 
 /// How urgent an item is under the budget: 0 never held back, 1 before 2.
 fn urgency(item: &Item) -> u8 {
@@ -104,20 +104,20 @@ fn supersedes(item: &Item) -> Option<Supersedes> {
 
 /// The most holder records a state transfer may carry (a key used by every node of the
 /// largest cluster).
-pub const MAX_HOLDERS: usize = 1024;
+pub(crate) const MAX_HOLDERS: usize = 1024;
 
 /// The most items one frame may carry.
-pub const MAX_ITEMS: usize = 4096;
+pub(crate) const MAX_ITEMS: usize = 4096;
 
 impl Outbox {
     /// Queue `item` for `to` on a datagram.
-    pub fn push(&mut self, to: NodeId, item: Item) {
+    pub(crate) fn push(&mut self, to: NodeId, item: Item) {
         self.datagram.entry(to).or_default().push(item);
     }
 
     /// Queue a backup for `to`, replacing one of the same key among the last few queued
     /// (a newer state supersedes an older one).
-    pub fn push_backup(&mut self, to: NodeId, state: AuthorityState) {
+    pub(crate) fn push_backup(&mut self, to: NodeId, state: AuthorityState) {
         let queue = self.datagram.entry(to).or_default();
         let recent = queue.len().saturating_sub(8);
         for item in &mut queue[recent..] {
@@ -132,18 +132,13 @@ impl Outbox {
     }
 
     /// Queue `item` for `to` on a reliable frame.
-    pub fn push_reliable(&mut self, to: NodeId, item: Item) {
+    pub(crate) fn push_reliable(&mut self, to: NodeId, item: Item) {
         self.reliable.entry(to).or_default().push(item);
-    }
-
-    /// Tell whether anything waits for `to`.
-    pub fn has(&self, to: NodeId) -> bool {
-        self.datagram.contains_key(&to) || self.reliable.contains_key(&to)
     }
 
     /// Tell whether anything waits to be sent now (items the budget held back wait for the
     /// next round).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.datagram.is_empty()
             && self.reliable.is_empty()
             && self.beats.is_empty()
@@ -152,7 +147,7 @@ impl Outbox {
 
     /// Begin a round with `budget` bytes for datagram items (half of them for routine
     /// ones): what earlier rounds held back goes first, unless a newer item replaces it.
-    pub fn new_round(&mut self, budget: usize) {
+    pub(crate) fn new_round(&mut self, budget: usize) {
         // What the last round left unspent carries over, up to one round's worth (a burst
         // right after the rounds of every node begin need not wait a round).
         self.budget = budget.saturating_add(self.budget.min(budget));
@@ -163,12 +158,12 @@ impl Outbox {
     }
 
     /// Return how many items the budget has held back so far.
-    pub fn held_back(&self) -> u64 {
+    pub(crate) fn held_back(&self) -> u64 {
         self.held_back
     }
 
     /// Pack everything into frames; `header` builds each frame's header for a peer.
-    pub fn flush(
+    pub(crate) fn flush(
         &mut self,
         max_datagram_bytes: usize,
         mut header: impl FnMut(NodeId) -> Header,
@@ -278,7 +273,7 @@ impl Outbox {
 
     /// Owe `to` a frame at the next flush (a heartbeat): an empty one unless something
     /// else goes there.
-    pub fn heartbeat(&mut self, to: NodeId) {
+    pub(crate) fn heartbeat(&mut self, to: NodeId) {
         self.beats.insert(to);
     }
 }

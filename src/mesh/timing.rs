@@ -30,14 +30,14 @@ struct Sample {
 
 /// The clock estimate for one peer.
 #[derive(Debug, Clone, Default)]
-pub struct PeerClock {
+pub(crate) struct PeerClock {
     samples: [Option<Sample>; SAMPLES],
     next: usize,
 }
 
 /// A peer's clock offset as known now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Offset {
+pub(crate) struct Offset {
     /// Peer clock minus local clock, in ns.
     pub offset: i64,
     /// How far the true offset may be from `offset`, in ns.
@@ -48,17 +48,17 @@ pub struct Offset {
 
 impl Offset {
     /// Convert an instant on the peer's clock into the earliest local instant it can be.
-    pub fn earliest_local(&self, peer_time: Nanos) -> Nanos {
+    pub(crate) fn earliest_local(&self, peer_time: Nanos) -> Nanos {
         shift(peer_time, -self.offset).saturating_sub(self.error)
     }
 
     /// Convert an instant on the peer's clock into the latest local instant it can be.
-    pub fn latest_local(&self, peer_time: Nanos) -> Nanos {
+    pub(crate) fn latest_local(&self, peer_time: Nanos) -> Nanos {
         shift(peer_time, -self.offset).saturating_add(self.error)
     }
 
     /// Convert a local instant into the peer's clock (central estimate).
-    pub fn to_peer(&self, local: Nanos) -> Nanos {
+    pub(crate) fn to_peer(self, local: Nanos) -> Nanos {
         shift(local, self.offset)
     }
 }
@@ -75,7 +75,7 @@ impl PeerClock {
     /// Record the timestamps of a frame received at `now` (local): the peer sent it at
     /// `sent_at` (its clock), having received our frame sent at `echo` (our clock) `held` ns
     /// earlier. A frame without an echo, or with impossible times, gives no sample.
-    pub fn observe(&mut self, now: Nanos, sent_at: u64, echo: u64, held: u64) {
+    pub(crate) fn observe(&mut self, now: Nanos, sent_at: u64, echo: u64, held: u64) {
         if echo == 0 || echo > now {
             return;
         }
@@ -97,7 +97,7 @@ impl PeerClock {
     }
 
     /// Return the best estimate at `now`, or `None` before the first sample.
-    pub fn offset(&self, now: Nanos) -> Option<Offset> {
+    pub(crate) fn offset(&self, now: Nanos) -> Option<Offset> {
         self.samples
             .iter()
             .flatten()
@@ -115,7 +115,7 @@ impl PeerClock {
     }
 
     /// Forget every sample (the peer restarted: its clock may have been reset).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         *self = PeerClock::default();
     }
 }

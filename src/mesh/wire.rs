@@ -111,7 +111,7 @@ pub fn decode<T: Decode<()>>(frame: &[u8]) -> Result<T, WireError> {
 }
 
 /// Return the bytes `message` takes in a frame body (without the version byte).
-pub fn encoded_len<T: Encode>(message: &T) -> usize {
+pub(crate) fn encoded_len<T: Encode>(message: &T) -> usize {
     let mut size = bincode::enc::write::SizeWriter::default();
     match bincode::encode_into_writer(message, &mut size, LIMITED) {
         Ok(()) => size.bytes_written,

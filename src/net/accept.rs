@@ -23,10 +23,10 @@ use crate::net::tls::peer_id;
 use crate::net::{Input, Shared};
 
 /// At most one log line about refused handshakes per this interval.
-pub const LOG_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The most handshakes in progress at once; beyond it new ones are ignored (`busy`).
-pub const MAX_HANDSHAKES: usize = 256;
+pub(crate) const MAX_HANDSHAKES: usize = 256;
 
 /// Why a handshake on the peer port was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// Every reason, in the order of [`Refusals::counts`].
+    /// Every reason, in the order of `Refusals::counts`.
     pub const ALL: [Refusal; 5] = [
         Refusal::NotQuic,
         Refusal::Tls,

@@ -137,6 +137,14 @@ fn write_file(path: &Path, contents: &str, secret: bool) -> Result<(), CertError
 }
 
 /// Generate a CA named `cluster` and one certificate per node `1..=nodes`.
+///
+/// ```
+/// let certs = ratemesh::net::certs::generate("prod-eu", 3)?;
+/// assert_eq!(certs.nodes.len(), 3);
+/// assert!(certs.ca_cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+/// // `certs::write(dir, &certs)` writes them as files, as `ratemesh certs` does.
+/// # Ok::<(), ratemesh::net::certs::CertError>(())
+/// ```
 pub fn generate(cluster: &str, nodes: u64) -> Result<ClusterCerts, CertError> {
     let ca_key = KeyPair::generate()?;
     let ca_params = ca_params(cluster)?;

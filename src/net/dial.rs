@@ -8,15 +8,15 @@
 use std::time::{Duration, Instant};
 
 /// The first retry delay.
-pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest retry delay.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// While the backoff is at its ceiling, at most one log line per peer per this interval.
-pub const LOG_AT_CEILING_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const LOG_AT_CEILING_EVERY: Duration = Duration::from_secs(60);
 
 /// What kind of failure, to tell a change of reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The TLS handshake failed, on our side or the peer's.
     Tls,
     /// No answer.
@@ -28,7 +28,7 @@ pub enum Failure {
 }
 
 /// Why a connection failed: its kind and a sentence for the log.
-pub fn describe(error: &quinn::ConnectionError) -> (Failure, String) {
+pub(crate) fn describe(error: &quinn::ConnectionError) -> (Failure, String) {
     use quinn::ConnectionError as E;
     let crypto = |code: u64| (0x100..0x200).contains(&code);
     match error {
@@ -48,7 +48,7 @@ pub fn describe(error: &quinn::ConnectionError) -> (Failure, String) {
 }
 
 /// The retry delay after `failures` failed attempts in a row.
-pub fn backoff(failures: u32) -> Duration {
+pub(crate) fn backoff(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
     FIRST_BACKOFF
         .saturating_mul(1 << doublings)
@@ -57,7 +57,7 @@ pub fn backoff(failures: u32) -> Duration {
 
 /// One peer's dialing: failures in a row and what was logged about them.
 #[derive(Debug, Default)]
-pub struct DialState {
+pub(crate) struct DialState {
     /// Failed attempts since the peer was last heard.
     pub failures: u32,
     /// An attempt is scheduled or in progress.
@@ -69,7 +69,7 @@ pub struct DialState {
 impl DialState {
     /// Count a failed attempt of `kind` at `now`; return the next retry delay and whether
     /// to log it.
-    pub fn failed(&mut self, kind: Failure, now: Instant) -> (Duration, bool) {
+    pub(crate) fn failed(&mut self, kind: Failure, now: Instant) -> (Duration, bool) {
         self.failures = self.failures.saturating_add(1);
         let delay = backoff(self.failures);
         let log = match self.logged {
@@ -87,7 +87,7 @@ impl DialState {
     }
 
     /// The peer was heard: forget the failures; return how many there were.
-    pub fn reached(&mut self) -> u32 {
+    pub(crate) fn reached(&mut self) -> u32 {
         self.logged = None;
         std::mem::take(&mut self.failures)
     }

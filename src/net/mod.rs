@@ -1,21 +1,21 @@
 //! The QUIC transport: a tokio + quinn driver that owns one [`Node`] and carries its frames
-//! to and from the peers, with mutual TLS (see [`tls`]).
+//! to and from the peers, with mutual TLS ([`node_tls`]).
 //!
 //! One UDP endpoint per node both accepts and dials. Deltas travel as unreliable QUIC
 //! datagrams (the node keeps them under 1150 bytes); snapshots, and anything a datagram
 //! cannot carry, on a unidirectional stream per frame, read with the frame size limit.
 //! Keep-alives and an idle timeout notice a dead peer; a lost connection is dialed again
-//! with backoff ([`dial`]: the reason of a failure is logged once per peer and backoff step,
+//! with backoff (`dial`: the reason of a failure is logged once per peer and backoff step,
 //! not per attempt). A peer's node id comes from its certificate: any peer whose certificate
 //! the cluster CA signed for one node name is a member (a new one is added to the node, which
 //! tells the others; a member the node learns of that way is dialed at the address it was
 //! told). A peer whose certificate the CA did not sign, or that names no node, is refused and
 //! counted, and so is anything else on the peer port that is not a member's handshake
-//! ([`accept`]), quietly. Seeds ([`seeds`]: addresses or DNS names, re-resolved) are dialed
+//! (`accept`), quietly. Seeds (`seeds`: addresses or DNS names, re-resolved) are dialed
 //! to find the cluster; the node there says who it is with its certificate.
 //! A peer is *up* ([`MeshNet::peers_up`]) while it is a live member and this node has a
 //! connection to it whose handshake completed on both sides, shown by a frame heard from it
-//! within [`PEER_UP_WITHIN`].
+//! within the last 3 seconds.
 //!
 //! The request path ([`MeshNet::decide`]) takes no lock while the node's lease of the key
 //! covers the request: one map read and the lease's compare-and-swap ([`Cells::decide`]).
@@ -28,12 +28,12 @@
 //! node's rounds before anything queued, so a backlog of requests or frames does not hold
 //! back the frames its peers hear it by.
 
-pub mod accept;
+pub(crate) mod accept;
 pub mod certs;
-pub mod dial;
+pub(crate) mod dial;
 mod driver;
-pub mod seeds;
-pub mod tls;
+pub(crate) mod seeds;
+pub(crate) mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -50,17 +50,17 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::mesh::node::{MeshError, Node, NodeConfig};
 use crate::mesh::{Cells, NodeId};
-use crate::net::accept::Refusals;
+pub use crate::net::accept::{Refusal, Refusals};
 use crate::net::dial::Failure;
 use crate::net::driver::Driver;
-use crate::net::tls::NodeTls;
+pub use crate::net::tls::{NodeTls, TlsError, node_tls};
 
 /// A connected peer counts as up while a frame from it arrived within this time.
-pub const PEER_UP_WITHIN: Duration = Duration::from_secs(3);
+pub(crate) const PEER_UP_WITHIN: Duration = Duration::from_secs(3);
 
 /// The most requests queued for the driver (keys' first requests, leases too short); beyond
 /// them a request is decided by the node's share alone.
-pub const INTRO_QUEUE: usize = 4096;
+pub(crate) const INTRO_QUEUE: usize = 4096;
 
 /// The most queued requests the driver takes to the node under one lock.
 const INTRO_BATCH: usize = 256;
@@ -100,7 +100,7 @@ pub struct NetConfig {
 /// The UDP socket buffers the endpoint asks the kernel for (Linux grants at most
 /// `net.core.rmem_max` / `wmem_max`): a burst of peers' frames that arrives while the node is
 /// busy waits here instead of being dropped.
-pub const UDP_BUFFER_BYTES: usize = 4 << 20;
+pub(crate) const UDP_BUFFER_BYTES: usize = 4 << 20;
 
 /// Bind the endpoint's UDP socket at `addr`, with [`UDP_BUFFER_BYTES`] of buffers (or what
 /// the kernel allows).
@@ -225,6 +225,43 @@ pub(crate) enum Input {
 }
 
 /// A running mesh node with its QUIC transport.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::Policy;
+/// use ratemesh::mesh::{KeyHasher, NodeConfig};
+/// use ratemesh::net::{MeshNet, NetConfig, certs, node_tls, transport_config};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Node 1 of a cluster of one; others join by naming it as a seed (`NodeConfig::seeds`,
+/// // `add_peer`), with certificates from the same CA.
+/// let certs = certs::generate("example", 1)?;
+/// let (id, cert, key) = &certs.nodes[0];
+/// let tls = node_tls(
+///     certs.ca_cert_pem.as_bytes(),
+///     cert.as_bytes(),
+///     key.as_bytes(),
+///     transport_config(),
+/// )?;
+/// let per_minute = Policy::global_fixed_window(100, Duration::from_secs(60))?;
+/// let net = MeshNet::start(NetConfig {
+///     node: NodeConfig::new(*id, vec![*id], vec![per_minute]),
+///     listen: "127.0.0.1:0".parse()?,
+///     peers: Vec::new(),
+///     tls,
+/// })
+/// .await?;
+///
+/// // Keys cross the cluster as a keyed hash that every node computes alike.
+/// let tenant = KeyHasher::from_secret("cluster-secret").key(&[b"tenant-42"]);
+/// // From the node's lease of the key at once, or after the key's owner answered.
+/// let decision = net.decide(0, tenant, 1).await;
+/// assert!(decision.is_allowed());
+/// assert_eq!(decision.limit, 100);
+/// net.shutdown().await;
+/// # Ok(()) }
+/// ```
 pub struct MeshNet {
     shared: Arc<Shared>,
     inputs: mpsc::UnboundedSender<Input>,
@@ -354,7 +391,7 @@ impl MeshNet {
     }
 
     /// Return the peers that are up: live members connected, with the handshake completed
-    /// on both sides (a frame from them arrived within [`PEER_UP_WITHIN`]).
+    /// on both sides (a frame from them arrived within the last 3 seconds).
     pub fn peers_up(&self) -> Vec<NodeId> {
         let inner = self.shared.inner.lock();
         let membership = inner.node.membership();

@@ -22,14 +22,14 @@ use crate::net::dial::{DialState, Failure};
 use crate::net::{Input, Shared};
 
 /// While the node has not joined, the seeds are resolved (and dialed) this often.
-pub const JOINING_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const JOINING_RETRY: Duration = Duration::from_secs(1);
 
 /// The most seed addresses a node dials (names that resolve to more are cut there).
-pub const MAX_SEED_ADDRESSES: usize = 256;
+pub(crate) const MAX_SEED_ADDRESSES: usize = 256;
 
 /// Resolve `seeds` now; return the addresses (sorted, without duplicates) and whether every
 /// seed resolved.
-pub async fn resolve(seeds: &[String]) -> (Vec<SocketAddr>, bool) {
+pub(crate) async fn resolve(seeds: &[String]) -> (Vec<SocketAddr>, bool) {
     let mut out = Vec::new();
     let mut complete = true;
     for seed in seeds {
@@ -95,7 +95,7 @@ pub(crate) struct SeedBook {
 impl SeedBook {
     /// Take in a resolution; return the addresses to dial: not this node's, not being
     /// dialed, and for which `known` (a connected peer's address) says no.
-    pub fn resolved(
+    pub(crate) fn resolved(
         &mut self,
         addrs: Vec<SocketAddr>,
         complete: bool,
@@ -115,7 +115,7 @@ impl SeedBook {
 
     /// Return the number of members the seeds stand for: the addresses not this node's,
     /// and this node.
-    pub fn expected_members(&self) -> usize {
+    pub(crate) fn expected_members(&self) -> usize {
         1 + self
             .latest
             .iter()
@@ -125,18 +125,18 @@ impl SeedBook {
 
     /// Tell whether every seed resolved and every address is this node's own (or there
     /// is none): the node is the first of its cluster.
-    pub fn only_self(&self) -> bool {
+    pub(crate) fn only_self(&self) -> bool {
         self.complete && self.latest.iter().all(|a| self.selves.contains(a))
     }
 
     /// A dial of `addr` reached this node itself.
-    pub fn is_self(&mut self, addr: SocketAddr) {
+    pub(crate) fn is_self(&mut self, addr: SocketAddr) {
         self.dialing.remove(&addr);
         self.selves.insert(addr);
     }
 
     /// A dial of `addr` reached a member.
-    pub fn reached(&mut self, addr: SocketAddr) {
+    pub(crate) fn reached(&mut self, addr: SocketAddr) {
         self.dialing.remove(&addr);
         if let Some(state) = self.failures.get_mut(&addr)
             && state.failures > 0
@@ -147,7 +147,7 @@ impl SeedBook {
     }
 
     /// A dial of `addr` failed (it is tried again at the next resolution); log it when due.
-    pub fn failed(&mut self, addr: SocketAddr, kind: Failure, reason: &str) {
+    pub(crate) fn failed(&mut self, addr: SocketAddr, kind: Failure, reason: &str) {
         self.dialing.remove(&addr);
         let state = self.failures.entry(addr).or_default();
         let (_, log) = state.failed(kind, Instant::now());

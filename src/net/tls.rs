@@ -41,15 +41,15 @@ pub enum TlsError {
 }
 
 /// The most incoming handshakes the endpoint holds before the node accepts or refuses them.
-pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+pub(crate) const MAX_PENDING_HANDSHAKES: usize = 1024;
 
 /// The server name under which a seed is dialed by address: its certificate is checked
 /// against the CA for whichever single node name it carries.
-pub const SEED_NAME: &str = "seed.ratemesh";
+pub(crate) const SEED_NAME: &str = "seed.ratemesh";
 
 /// Why a certificate names no node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IdentityError {
+pub(crate) enum IdentityError {
     /// It is not a certificate webpki can read.
     #[error("the certificate does not parse")]
     Unreadable,
@@ -63,7 +63,7 @@ pub enum IdentityError {
 
 /// Return the node id a certificate names: its one `node-<id>.ratemesh` DNS name (id ≥ 1,
 /// written as [`node_name`] writes it). The chain is not checked here.
-pub fn node_id_of(cert: &CertificateDer<'_>) -> Result<NodeId, IdentityError> {
+pub(crate) fn node_id_of(cert: &CertificateDer<'_>) -> Result<NodeId, IdentityError> {
     let leaf = webpki::EndEntityCert::try_from(cert).map_err(|_| IdentityError::Unreadable)?;
     let mut ids = leaf.valid_dns_names().filter_map(|name| {
         let id: NodeId = name
@@ -81,7 +81,7 @@ pub fn node_id_of(cert: &CertificateDer<'_>) -> Result<NodeId, IdentityError> {
 }
 
 /// Return the node id the peer's (verified) certificate names.
-pub fn peer_id(connection: &quinn::Connection) -> Result<NodeId, IdentityError> {
+pub(crate) fn peer_id(connection: &quinn::Connection) -> Result<NodeId, IdentityError> {
     let identity = connection
         .peer_identity()
         .ok_or(IdentityError::Unreadable)?;
@@ -150,7 +150,7 @@ impl rustls::client::danger::ServerCertVerifier for NodeServerVerifier {
 
 /// Why a node's own certificate or key cannot serve it in the cluster.
 #[derive(Debug, thiserror::Error)]
-pub enum OwnCertError {
+pub(crate) enum OwnCertError {
     /// The files do not parse (no certificate, no key, bad PEM).
     #[error(transparent)]
     Pem(#[from] TlsError),
@@ -170,7 +170,7 @@ pub enum OwnCertError {
 
 /// Check, before a node starts, that its certificate chains to the cluster CA for its own
 /// name (`node-<id>.ratemesh`) and that its private key is the certificate's.
-pub fn check_own_certificate(
+pub(crate) fn check_own_certificate(
     ca_pem: &[u8],
     cert_pem: &[u8],
     key_pem: &[u8],
@@ -309,24 +309,10 @@ pub fn node_tls(
     Ok(NodeTls { server, client })
 }
 
-/// Return the node id that the peer's (verified) certificate names, among `candidates`:
-/// a node's identity comes from its certificate, never from what it says in a message.
-pub fn peer_node_id(
-    connection: &quinn::Connection,
-    candidates: impl IntoIterator<Item = NodeId>,
-) -> Option<NodeId> {
-    let identity = connection.peer_identity()?;
-    let certs = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    let leaf = webpki::EndEntityCert::try_from(certs.first()?).ok()?;
-    candidates.into_iter().find(|&id| {
-        ServerName::try_from(node_name(id))
-            .is_ok_and(|name| leaf.verify_is_valid_for_subject_name(&name).is_ok())
-    })
-}
-
 /// Tell whether the first certificate of `cert_pem` names node `id` (`node-<id>.ratemesh`):
 /// a node started with another node's certificate would be refused by its peers.
-pub fn certificate_names_node(cert_pem: &[u8], id: NodeId) -> bool {
+#[cfg(feature = "node")]
+pub(crate) fn certificate_names_node(cert_pem: &[u8], id: NodeId) -> bool {
     let Some(Ok(leaf)) = CertificateDer::pem_slice_iter(cert_pem).next() else {
         return false;
     };

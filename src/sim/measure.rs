@@ -521,7 +521,7 @@ impl<'a> OwnRoom<'a> {
 
 /// Overshoot with exact timestamps: `max A([t, t+W)) / L - 1` for windows,
 /// `max A(I) / (b + r|I|) - 1` for buckets, floored at 0. `admissions` sorted by time.
-pub fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
+pub(crate) fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
     match kind {
         MeshKind::Bucket => bucket_overshoot(policy, admissions),
         _ => {
@@ -550,7 +550,7 @@ pub fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u6
 /// with time: a fresh authority on a node whose clock is behind numbers its windows from its
 /// own clock (a partition that cut off both the owner and its successor). Admissions before
 /// the first recorded window fall in windows aligned on true time. Buckets need no windows.
-pub fn framed_overshoot(
+pub(crate) fn framed_overshoot(
     kind: MeshKind,
     policy: &Policy,
     admissions: &[(Nanos, u64)],
@@ -606,11 +606,6 @@ pub fn framed_overshoot(
     }
     // Rounding of the weights: anything within a billionth of the limit is the limit.
     (best / limit - 1.0 - 1e-9).max(0.0)
-}
-
-/// Overshoot in the policy's own terms on windows aligned on true time.
-pub fn policy_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
-    framed_overshoot(kind, policy, admissions, &[])
 }
 
 /// `max over intervals I of A(I) / (b + r·|I|) - 1`, by bisection on the ratio: for a given

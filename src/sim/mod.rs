@@ -10,30 +10,30 @@
 //! [`Admission::LocalOnly`], [`Admission::StaticSplit`] and [`Admission::StaleSum`] gives
 //! the baselines.
 
-pub mod measure;
-pub mod traffic;
+pub(crate) mod measure;
+pub(crate) mod traffic;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use crate::algorithm::KeyMachine;
 use crate::clock::Nanos;
+use crate::mesh::Admission;
 use crate::mesh::membership::weight;
 use crate::mesh::node::{Admit, Event as NodeEvent, Node, NodeConfig};
-use crate::mesh::{Admission, MeshKind};
 use crate::policy::Policy;
-pub use traffic::Traffic;
+pub use traffic::{Arrival, Traffic, generate as arrivals};
 
 /// More events than this at one simulated instant is a livelock (every arrival of a
 /// synchronized burst of the largest runs is one event).
 const MAX_EVENTS_AT_ONE_INSTANT: u64 = 5_000_000;
 
 /// Traffic starts here (true time), so that every node's skewed clock stays positive.
-pub const START_NS: Nanos = 1_000_000_000_000;
+pub(crate) const START_NS: Nanos = 1_000_000_000_000;
 
 /// Nodes start this long before the traffic, so a run measures a running cluster, not its
 /// first exchange.
-pub const WARM_UP_NS: Nanos = 1_000_000_000;
+pub(crate) const WARM_UP_NS: Nanos = 1_000_000_000;
 
 /// The largest cluster the simulator runs.
 pub const MAX_NODES: usize = 1024;
@@ -429,6 +429,27 @@ impl World<'_> {
 }
 
 /// Run the simulation `config` describes.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratemesh::Policy;
+/// use ratemesh::sim::{self, SimConfig, Traffic};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // 5 nodes share 100 requests a second per key; clients send 80% of that, 1% of the
+/// // packets are lost.
+/// let mut config = SimConfig::new(Policy::global_fixed_window(100, Duration::from_secs(1))?);
+/// config.nodes = 5;
+/// config.traffic = Traffic::Poisson;
+/// config.demand = 0.8;
+/// config.loss = 0.01;
+/// config.duration_ns = 3_000_000_000;
+/// let report = sim::run(&config);
+/// // Under the limit nobody is denied; the overshoot stays within its declared bound.
+/// assert!(report.false_denial_rate < 0.01);
+/// assert!(report.policy_overshoot <= report.declared_bound.total() + 1e-9);
+/// # Ok(()) }
+/// ```
 pub fn run(config: &SimConfig) -> SimReport {
     assert!(
         (1..=MAX_NODES).contains(&config.nodes),
@@ -669,10 +690,10 @@ pub const BASELINES: [(&str, Admission); 3] = [
 /// unless told to: every node sends every count it changes to every other node and keeps
 /// every other node's count of every key, so simulating it costs about nodes² × requests
 /// (64 nodes × 213,333 keys: about 18 s and 3 GB per simulated second).
-pub const STALE_SUM_MAX_NODE_KEYS: u64 = 1_000_000;
+pub(crate) const STALE_SUM_MAX_NODE_KEYS: u64 = 1_000_000;
 
-/// Tell whether simulating `config`'s `stale_sum` baseline is beyond
-/// [`STALE_SUM_MAX_NODE_KEYS`].
+/// Tell whether simulating `config`'s `stale_sum` baseline is too costly to run by default
+/// (more than a million node-keys).
 pub fn stale_sum_is_costly(config: &SimConfig) -> bool {
     (config.nodes as u64).saturating_mul(config.keys) > STALE_SUM_MAX_NODE_KEYS
 }
@@ -690,9 +711,4 @@ pub fn run_baselines(config: &SimConfig) -> Vec<(&'static str, SimReport)> {
         .into_iter()
         .map(|(name, admission)| (name, run_baseline(config, admission)))
         .collect()
-}
-
-/// Tell whether the policy counts per window.
-pub fn is_window_policy(policy: &Policy) -> bool {
-    MeshKind::of(policy).is_some_and(MeshKind::is_window)
 }

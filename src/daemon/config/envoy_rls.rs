@@ -16,9 +16,9 @@ use toml::Spanned;
 use crate::config::{ConfigError, Source};
 
 /// The default `max_message_bytes`: Envoy's requests are a few hundred bytes.
-pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
+pub(super) const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// The largest `max_message_bytes` a node accepts.
-pub const MAX_MESSAGE_BYTES_LIMIT: usize = 4 * 1024 * 1024;
+pub(super) const MAX_MESSAGE_BYTES_LIMIT: usize = 4 * 1024 * 1024;
 
 /// The `[envoy_rls]` table.
 #[derive(Debug, Clone, PartialEq, Eq)]

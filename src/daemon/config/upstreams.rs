@@ -23,19 +23,19 @@ use toml::Spanned;
 use crate::config::{ConfigError, Source, parse_duration};
 
 /// The most `[[proxy]]` routes a node file may have.
-pub const MAX_PROXY_ROUTES: usize = 1024;
+pub(super) const MAX_PROXY_ROUTES: usize = 1024;
 
 /// The longest `path_prefix` or `forward_auth.path`, in bytes.
-pub const MAX_PATH_BYTES: usize = 1024;
+pub(super) const MAX_PATH_BYTES: usize = 1024;
 
 /// The longest `connect_timeout` or `timeout` of a proxy route.
-pub const MAX_PROXY_TIMEOUT: Duration = Duration::from_secs(3600);
+pub(super) const MAX_PROXY_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The default `connect_timeout` of a proxy route.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The default `timeout` of a proxy route.
-pub const DEFAULT_PROXY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const DEFAULT_PROXY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The node's own paths: no proxy route or forward-auth endpoint may take them.
 const OWN_PATHS: [&str; 2] = ["/health", "/metrics"];

@@ -11,7 +11,7 @@ use crate::mesh::message::HolderRecord;
 impl Authority {
     /// Serve a request of `need` tokens from `node` (whose report was applied just before):
     /// grant, wait for recalled tokens (until `deadline`), or deny with a retry time.
-    pub fn request(
+    pub(crate) fn request(
         &mut self,
         now: Nanos,
         node: NodeId,
@@ -204,7 +204,7 @@ impl Authority {
     /// Return the holders to ask for tokens back, with what each may keep, when requests
     /// wait: what they hold beyond a round of their demand if that is enough, else all of
     /// it. At most once per `min_gap` ns.
-    pub fn recall_targets(&mut self, now: Nanos, min_gap: Nanos) -> Vec<(NodeId, u64)> {
+    pub(crate) fn recall_targets(&mut self, now: Nanos, min_gap: Nanos) -> Vec<(NodeId, u64)> {
         if self.waiting.is_empty() || now < self.recalled_at.saturating_add(min_gap) {
             return Vec::new();
         }
@@ -235,7 +235,7 @@ impl Authority {
 
     /// Serve the waiting requests that can be served at `now` (after returns, or a new
     /// window), and deny those past their deadline; return the answers by node.
-    pub fn serve_waiting(&mut self, now: Nanos) -> Vec<(NodeId, u64, Answer)> {
+    pub(crate) fn serve_waiting(&mut self, now: Nanos) -> Vec<(NodeId, u64, Answer)> {
         // A new window first: the records looked up below are then the ones granted from.
         self.roll(now);
         let mut answers = Vec::new();
@@ -291,14 +291,14 @@ impl Authority {
 
     /// Look at the waiting requests no sooner than `at` (while the authority may not grant,
     /// only their deadlines matter).
-    pub fn defer_wakes(&mut self, at: Nanos) {
+    pub(crate) fn defer_wakes(&mut self, at: Nanos) {
         for w in &mut self.waiting {
             w.wake = w.wake.max(at).min(w.deadline);
         }
     }
 
     /// Deny the waiting requests past their deadline (while the authority may not grant).
-    pub fn deny_overdue(&mut self, now: Nanos) -> Vec<(NodeId, Answer)> {
+    pub(crate) fn deny_overdue(&mut self, now: Nanos) -> Vec<(NodeId, Answer)> {
         let mut answers = Vec::new();
         let overdue: Vec<Waiter> = self
             .waiting
@@ -320,7 +320,7 @@ impl Authority {
     }
 
     /// Answer `node` with what it holds now, granting nothing (an acknowledgement).
-    pub fn current(&mut self, now: Nanos, node: NodeId) -> Answer {
+    pub(crate) fn current(&mut self, now: Nanos, node: NodeId) -> Answer {
         self.roll(now);
         let granted = self
             .holders
@@ -371,7 +371,7 @@ impl Authority {
     }
 
     /// When `need` tokens could be had at the earliest (from `now`), in ns (at least 1 ms).
-    pub fn retry_after(&mut self, now: Nanos, need: u64) -> Nanos {
+    pub(crate) fn retry_after(&mut self, now: Nanos, need: u64) -> Nanos {
         self.until_room(now, need).max(1_000_000)
     }
 

@@ -20,11 +20,11 @@ use crate::mesh::NodeId;
 use crate::mesh::message::{Member, MemberState};
 
 /// Rounds during which a piece of news goes to every live peer.
-pub const NEWS_ROUNDS: u8 = 3;
+pub(super) const NEWS_ROUNDS: u8 = 3;
 
 /// What a list of members from a peer changed, and what to pass on.
 #[derive(Debug, Default)]
-pub struct Heard {
+pub(crate) struct Heard {
     /// The membership changes.
     pub changes: Vec<Change>,
     /// Suspicions of other members, to pass on to them (so they can refute).
@@ -49,7 +49,7 @@ impl Membership {
 
     /// Return the news to send every live peer this round (each piece goes out for
     /// `NEWS_ROUNDS` rounds).
-    pub fn news(&mut self) -> Vec<Member> {
+    pub(crate) fn news(&mut self) -> Vec<Member> {
         let out = self.news.iter().map(|(m, _)| m.clone()).collect();
         for (_, left) in &mut self.news {
             *left -= 1;
@@ -60,7 +60,7 @@ impl Membership {
 
     /// Return every member this node knows of and how it sees them, itself included
     /// (pending ones are left out: this node has not heard them).
-    pub fn list(&self) -> Vec<Member> {
+    pub(crate) fn list(&self) -> Vec<Member> {
         let me = Member {
             id: self.me,
             incarnation: self.incarnation,
@@ -93,13 +93,6 @@ impl Membership {
             .collect()
     }
 
-    /// Set where peer `id` is reached (the transport's address, opaque here).
-    pub fn set_addr(&mut self, id: NodeId, addr: Vec<u8>) {
-        if let Some(p) = self.peers.get_mut(&id) {
-            p.addr = Some(addr);
-        }
-    }
-
     /// Forget peer `id` (it was pending and is gone, or gone for long).
     fn forget(&mut self, id: NodeId, changes: &mut Vec<Change>) {
         self.peers.remove(&id);
@@ -107,7 +100,7 @@ impl Membership {
     }
 
     /// Take in what peer `from` told at `now` about `members`.
-    pub fn hear_members(&mut self, now: Nanos, from: NodeId, members: &[Member]) -> Heard {
+    pub(crate) fn hear_members(&mut self, now: Nanos, from: NodeId, members: &[Member]) -> Heard {
         let mut heard = Heard::default();
         for m in members {
             if m.id == self.me {

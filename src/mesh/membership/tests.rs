@@ -299,7 +299,7 @@ fn headers_echo_the_newest_frame_and_confirm_ours() {
 /// The ranking as the peer table says it, computed afresh (what the kept lists must agree
 /// with).
 fn ranked_afresh(m: &Membership, key: u64) -> Vec<NodeId> {
-    let mut live: Vec<NodeId> = std::iter::once(m.me())
+    let mut live: Vec<NodeId> = std::iter::once(m.me)
         .chain(m.peers().iter().filter(|(_, p)| p.alive).map(|(&id, _)| id))
         .collect();
     live.sort_by_key(|&id| std::cmp::Reverse(weight(key, id)));
@@ -312,8 +312,8 @@ fn agrees_afresh(m: &Membership, id: NodeId, key: u64) -> bool {
         return false;
     };
     let theirs = weight(key, id);
-    !dead.contains(&m.me())
-        && theirs < weight(key, m.me())
+    !dead.contains(&m.me)
+        && theirs < weight(key, m.me)
         && m.peers()
             .iter()
             .filter(|&(&peer, p)| peer != id && !p.left && !dead.contains(&peer))

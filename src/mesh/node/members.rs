@@ -8,7 +8,7 @@ use crate::mesh::NodeId;
 use crate::mesh::message::{Item, MAX_MEMBERS_PER_ITEM, Member};
 
 /// Every this many rounds, one live peer in turn gets the whole list of members.
-pub const LIST_EVERY: u64 = 100;
+pub(super) const LIST_EVERY: u64 = 100;
 
 impl Node {
     /// Take in a list of members from peer `from`.
