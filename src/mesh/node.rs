@@ -44,6 +44,7 @@ use crate::mesh::timing::Offset;
 use crate::policy::Policy;
 
 mod config;
+mod inspect;
 mod join;
 mod limits;
 mod members;
@@ -52,6 +53,7 @@ mod recovery;
 mod rounds;
 
 pub use config::{DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, MeshError, NodeConfig, WhileJoining};
+pub use inspect::LeaseState;
 
 /// How a request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,19 +148,6 @@ pub struct NodeStats {
     /// Requests for a key the node held nothing of, admitted on its first-request credit
     /// before the owner answered ([`NodeConfig::first_credit`]).
     pub credited: u64,
-}
-
-/// A node's lease of one key, as [`Node::lease_state`] reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseState {
-    /// The window the lease is for (window policies; 0 for buckets).
-    pub window: u64,
-    /// For window policies, the local instant the lease ends.
-    pub expiry: Nanos,
-    /// The tokens this node may still admit under the lease.
-    pub unspent: u64,
-    /// The requests waiting for the key's owner.
-    pub waiting: usize,
 }
 
 /// One mesh node: the sans-IO state machine a transport drives.
@@ -385,138 +374,6 @@ impl Node {
         }
         node.flush(now);
         Ok(node)
-    }
-
-    /// Return this node's id.
-    pub fn id(&self) -> NodeId {
-        self.config.id
-    }
-
-    /// Return the configuration.
-    pub fn config(&self) -> &NodeConfig {
-        &self.config
-    }
-
-    /// Return this run's incarnation.
-    pub fn incarnation(&self) -> u64 {
-        self.membership.incarnation()
-    }
-
-    /// Tell whether the node heard from every peer since it started (or declared it dead),
-    /// so it serves the keys it owns.
-    pub fn is_running(&self) -> bool {
-        self.running
-    }
-
-    /// Return the counters.
-    pub fn stats(&self) -> NodeStats {
-        self.stats
-    }
-
-    /// Return the members with whether each is alive (this node included).
-    pub fn members(&self) -> Vec<(NodeId, bool)> {
-        let mut out: Vec<(NodeId, bool)> = self
-            .membership
-            .peers()
-            .iter()
-            .map(|(&id, p)| (id, p.alive))
-            .collect();
-        out.push((self.config.id, true));
-        out.sort_unstable();
-        out
-    }
-
-    /// Return the membership view.
-    pub(crate) fn membership(&self) -> &Membership {
-        &self.membership
-    }
-
-    /// Tell whether `id` is a member this node knows of, alive or not (itself included).
-    pub fn is_member(&self, id: NodeId) -> bool {
-        id == self.config.id || self.membership.peer(id).is_some()
-    }
-
-    /// Tell whether `id` is a live member as this node sees it (itself always is).
-    pub fn is_alive(&self, id: NodeId) -> bool {
-        self.membership.is_alive(id)
-    }
-
-    /// Return the number of live members, this node included.
-    pub fn alive_count(&self) -> usize {
-        self.membership.alive_count()
-    }
-
-    /// Tell whether this node heard a majority of the live members at its last check: only
-    /// then may it declare deaths, and its authorities grant.
-    pub fn has_majority(&self) -> bool {
-        self.membership.has_majority()
-    }
-
-    /// Return the members known to have left cleanly (they said so before going).
-    pub fn departed(&self) -> Vec<NodeId> {
-        let mut out: Vec<NodeId> = self
-            .membership
-            .peers()
-            .iter()
-            .filter(|(_, p)| p.left)
-            .map(|(&id, _)| id)
-            .collect();
-        out.sort_unstable();
-        out
-    }
-
-    /// Return how many times this node refuted a suspicion of itself during this run.
-    pub fn refutations(&self) -> u32 {
-        self.membership.seq()
-    }
-
-    /// Return the number of keys this node uses or owns.
-    pub fn key_count(&self) -> usize {
-        self.holdings.len().max(self.authorities.len())
-    }
-
-    /// Return the number of authorities this node keeps.
-    pub fn authority_count(&self) -> usize {
-        self.authorities.len()
-    }
-
-    /// Return the lease cells the request path reads (a shared read handle).
-    pub fn cells(&self) -> Arc<Cells> {
-        Arc::clone(&self.cells)
-    }
-
-    /// Return the kind of mesh policy `policy`.
-    pub fn kind(&self, policy: u32) -> Option<MeshKind> {
-        self.kinds.get(policy as usize).copied()
-    }
-
-    /// Return the authority of a key, if this node keeps it.
-    pub(crate) fn authority(&self, policy: u32, key: u64) -> Option<&Authority> {
-        self.authorities.get(&KeyRef { policy, key })
-    }
-
-    /// Return the state of a key's authority (its budget and the leases it granted), if this
-    /// node keeps it.
-    pub fn authority_state(&self, policy: u32, key: u64) -> Option<AuthorityState> {
-        self.authority(policy, key).map(Authority::state)
-    }
-
-    /// Return this node's lease of a key, if it uses the key.
-    pub fn lease_state(&self, policy: u32, key: u64) -> Option<LeaseState> {
-        self.holdings.get(&KeyRef { policy, key }).map(|h| {
-            let (window, expiry) = h.lease();
-            LeaseState {
-                window,
-                expiry,
-                unspent: h.unspent(),
-                waiting: h.waiting(),
-            }
-        })
-    }
-
-    /// Return the owner of a key as this node sees it.
-    pub fn owner_of(&self, key: u64) -> NodeId {
-        self.membership.owner_and_successor(key).0
     }
 
     /// Return when the node must be called again (its clock), at the latest.
