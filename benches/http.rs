@@ -2,7 +2,8 @@
 //!
 //! `cargo bench --bench http`. The policy admits everything (a 1e9/s bucket and a daily window),
 //! so every request goes through the whole path: identity, key hashing, two layered
-//! decisions, and the `RateLimit-Policy` / `RateLimit` fields.
+//! decisions, and the `RateLimit-Policy` / `RateLimit` fields; then again with the Prometheus
+//! recorder installed (feature `node`), where each decision is counted.
 
 use std::hint::black_box;
 
@@ -61,6 +62,21 @@ fn layer_overhead(c: &mut Criterion) {
             black_box(response.status())
         })
     });
+    // Last: with the Prometheus recorder a node installs, every decision is also counted
+    // (`ratemesh_decisions_total`), as in `ratemesh node`.
+    #[cfg(feature = "node")]
+    {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .unwrap();
+        group.bench_function("ratemesh_layer_counted", |b| {
+            b.to_async(&runtime).iter(|| async {
+                let response = limited.clone().oneshot(request()).await.unwrap();
+                assert_eq!(response.status(), 200);
+                black_box(response.status())
+            })
+        });
+    }
     group.finish();
 }
 

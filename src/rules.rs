@@ -25,7 +25,7 @@ use crate::backend::redis::{BackendError, RedisLimits};
 use crate::config::{GatewayConfig, IdentityConfig};
 use crate::ids::KeyHasher;
 use crate::limiter::MAX_POLICIES;
-use compile::{CompiledPolicy, CompiledRoute, Layers, compile};
+use compile::{CompiledPolicy, CompiledRoute, Counted, Layers, compile};
 pub use decide::NO_TIER_POLICY;
 use envoy::EnvoyDomains;
 pub use envoy::{
@@ -311,6 +311,21 @@ impl Rules {
     /// Return the hasher of identities.
     pub fn hasher(&self) -> &KeyHasher {
         &self.hasher
+    }
+
+    /// Count `report`'s decision in `ratemesh_decisions_total` (by policy and outcome).
+    pub(crate) fn count(&self, report: &PolicyReport) {
+        let counted = match (report.decision.is_allowed(), report.shadow) {
+            (true, _) => Counted::Allowed,
+            (false, false) => Counted::Denied,
+            (false, true) => Counted::ShadowDenied,
+        };
+        let cached = self
+            .policies
+            .get(report.index as usize)
+            .filter(|p| Arc::ptr_eq(&p.name, &report.name))
+            .map(|p| &p.counters);
+        compile::count(cached, &report.name, counted);
     }
 
     /// Return a short, secret-free label of `identity` for logs: `api_key:9f2c41d07ab3e6f1`.

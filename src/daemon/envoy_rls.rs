@@ -18,7 +18,6 @@
 //! matches no configured descriptor is not an error: it is answered `OK` without a limit, as
 //! envoyproxy/ratelimit answers it.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue as ProtoHeader;
@@ -42,7 +41,7 @@ use crate::http::RateLimitLayer;
 use crate::http::headers::insert_rate_limit_headers;
 use crate::rules::{
     DescriptorMatch, DescriptorQuery, DescriptorStatus, EnvoyError, EnvoyOutcome,
-    MAX_DESCRIPTORS_PER_REQUEST, Outcome,
+    MAX_DESCRIPTORS_PER_REQUEST, Outcome, Rules,
 };
 
 /// The results `ratemesh_envoy_rls_requests_total` counts.
@@ -153,7 +152,7 @@ impl RateLimitService for Rls {
                 return Err(Status::invalid_argument(error.to_string()));
             }
         };
-        record(&request.domain, &outcome);
+        record(&rules, &request.domain, &outcome);
         if let Some(policy) = &outcome.outcome.backend_unavailable {
             count("unavailable");
             return Err(Status::unavailable(format!(
@@ -305,30 +304,15 @@ fn count(result: &'static str) {
 
 /// Count the decisions by policy and outcome, and the descriptors by how they matched
 /// (never by value); log a shadow descriptor that would be over.
-fn record(domain: &str, outcome: &EnvoyOutcome) {
+fn record(rules: &Rules, domain: &str, outcome: &EnvoyOutcome) {
     let Outcome {
         enforced, shadow, ..
     } = &outcome.outcome;
-    for report in enforced {
-        let result = if report.decision.is_allowed() {
-            "allowed"
-        } else {
-            "denied"
-        };
-        let policy = metrics::SharedString::from_shared(Arc::clone(&report.name));
-        metrics::counter!("ratemesh_decisions_total", "policy" => policy, "outcome" => result)
-            .increment(1);
+    for report in enforced.iter().chain(shadow) {
+        rules.count(report);
     }
-    for report in shadow {
-        let result = if report.decision.is_allowed() {
-            "allowed"
-        } else {
-            tracing::info!(domain, policy = %report.name, "shadow descriptor would be over its limit");
-            "shadow_denied"
-        };
-        let policy = metrics::SharedString::from_shared(Arc::clone(&report.name));
-        metrics::counter!("ratemesh_decisions_total", "policy" => policy, "outcome" => result)
-            .increment(1);
+    for report in shadow.iter().filter(|r| !r.decision.is_allowed()) {
+        tracing::info!(domain, policy = %report.name, "shadow descriptor would be over its limit");
     }
     for status in &outcome.statuses {
         let matched = match status.matched {

@@ -47,8 +47,9 @@ fn list<'a>(
             out.push_str(digits.format(value.min(MAX_SF_INTEGER)));
         }
     }
+    // `try_from(String)` keeps the string's buffer: one allocation per field.
     (!out.is_empty())
-        .then(|| HeaderValue::from_str(&out).ok())
+        .then(|| HeaderValue::try_from(out).ok())
         .flatten()
 }
 

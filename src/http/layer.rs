@@ -294,24 +294,8 @@ impl RateLimitLayer {
 /// Count decisions by policy and outcome (never by client), and log shadow denials with a
 /// secret-free label of the client.
 fn record(outcome: &Outcome, rules: &Rules, identity: &crate::rules::Identity) {
-    for report in &outcome.enforced {
-        let result = if report.decision.is_allowed() {
-            "allowed"
-        } else {
-            "denied"
-        };
-        let policy = metrics::SharedString::from_shared(Arc::clone(&report.name));
-        metrics::counter!("ratemesh_decisions_total", "policy" => policy, "outcome" => result)
-            .increment(1);
-    }
-    for report in &outcome.shadow {
-        let result = if report.decision.is_allowed() {
-            "allowed"
-        } else {
-            "shadow_denied"
-        };
-        metrics::counter!("ratemesh_decisions_total", "policy" => report.name.to_string(), "outcome" => result)
-            .increment(1);
+    for report in outcome.enforced.iter().chain(&outcome.shadow) {
+        rules.count(report);
     }
     if let Some(denial) = outcome.denied_by() {
         tracing::debug!(client = %rules.client_label(identity), policy = %denial.name, "rate limited");

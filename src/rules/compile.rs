@@ -3,7 +3,7 @@
 //! split by how each policy is decided.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::Method;
 use jiff::Timestamp;
@@ -35,6 +35,50 @@ pub(super) struct CompiledPolicy {
     pub(super) store: Arc<Store<u64>>,
     /// Where the policy is decided when not by `store` alone.
     pub(super) remote: Option<Remote>,
+    /// Its place in the file's policies.
+    pub(super) index: u32,
+    /// `ratemesh_decisions_total` of this policy by outcome, registered with the metrics
+    /// recorder installed when the policy first decides (a request looks up no registry).
+    pub(super) counters: [OnceLock<metrics::Counter>; 3],
+}
+
+/// What a decision of a policy is counted as in `ratemesh_decisions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counted {
+    /// Admitted.
+    Allowed = 0,
+    /// Denied.
+    Denied = 1,
+    /// A shadow policy would have denied.
+    ShadowDenied = 2,
+}
+
+impl Counted {
+    fn label(self) -> &'static str {
+        match self {
+            Counted::Allowed => "allowed",
+            Counted::Denied => "denied",
+            Counted::ShadowDenied => "shadow_denied",
+        }
+    }
+}
+
+/// Count one decision of the policy named `name` as `counted`, through `cached` when given.
+pub(super) fn count(
+    cached: Option<&[OnceLock<metrics::Counter>; 3]>,
+    name: &Arc<str>,
+    counted: Counted,
+) {
+    let register = || {
+        let policy = metrics::SharedString::from_shared(Arc::clone(name));
+        metrics::counter!("ratemesh_decisions_total", "policy" => policy, "outcome" => counted.label())
+    };
+    match cached {
+        Some(counters) => counters[counted as usize]
+            .get_or_init(register)
+            .increment(1),
+        None => register().increment(1),
+    }
 }
 
 impl CompiledPolicy {
@@ -59,6 +103,7 @@ impl CompiledPolicy {
             decision,
             window_s: self.named.policy.window_ns().div_ceil(1_000_000_000),
             shadow: self.named.shadow,
+            index: self.index,
         }
     }
 }
@@ -120,7 +165,8 @@ pub(super) fn compile(
     let policies: Vec<CompiledPolicy> = config
         .policies
         .iter()
-        .map(|named| {
+        .enumerate()
+        .map(|(index, named)| {
             let kept = previous
                 .and_then(|old| old.iter().find(|old| old.named == *named))
                 .map(|old| Arc::clone(&old.store));
@@ -141,6 +187,8 @@ pub(super) fn compile(
                 sf_name: Arc::from(crate::http::sf::sf_string(&named.name)),
                 store: kept.unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
                 remote,
+                index: index as u32,
+                counters: Default::default(),
             }
         })
         .collect();

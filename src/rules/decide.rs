@@ -281,6 +281,7 @@ impl Rules {
             decision: Decision::cannot_fit(0),
             window_s: 0,
             shadow: false,
+            index: u32::MAX,
         };
         self.outcome(plan, false, 0, vec![report], 0)
     }

@@ -73,6 +73,8 @@ pub struct PolicyReport {
     pub window_s: u64,
     /// Counted but never denying.
     pub shadow: bool,
+    /// The policy's place in the compiled file (`u32::MAX` for none), for its counters.
+    pub(crate) index: u32,
 }
 
 /// The outcome of one request.
