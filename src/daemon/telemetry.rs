@@ -48,7 +48,7 @@ impl Exporter {
                     n.is_running(),
                     n.is_joined(),
                     m.has_majority(),
-                    m.lag_score(),
+                    n.lag_score(),
                 )
             });
         let peers_up = mesh.peers_up().iter().filter(|&&peer| peer != id).count();

@@ -90,6 +90,12 @@ impl Node {
         self.membership.has_majority()
     }
 
+    /// Return how late this node's own gossip rounds run (0: on time; it grows while they run
+    /// late, and peers then wait longer before suspecting this node).
+    pub fn lag_score(&self) -> u32 {
+        self.membership.lag_score()
+    }
+
     /// Return the members known to have left cleanly (they said so before going).
     pub fn departed(&self) -> Vec<NodeId> {
         let mut out: Vec<NodeId> = self
