@@ -123,5 +123,8 @@ for i in 1 2 3; do
   waits=$(awk '/^ratemesh_mesh_waits_total / { print $2 }' <<<"$metrics")
   credited=$(awk '/^ratemesh_mesh_first_credit_total / { print $2 }' <<<"$metrics")
   shed=$(awk '/^ratemesh_mesh_shed_decisions_total / { print $2 }' <<<"$metrics")
-  echo "node $i: ${reqs} req/s, latency p50 ${p50} p99 ${p99}; peak RSS ${PEAK[$i]} MiB, ${AFTER} s after: $(rss_mib "${NODE[$i]}") MiB, CPU over those ${AFTER} s: $(( ticks * 10 )) ms; mesh keys held then: ${keys}; requests that waited for an owner: ${waits:-0}, admitted on first-request credit: ${credited:-0}, decided by the node's share after queueing past max_wait: ${shed:-0}; answers other than 200: ${codes}"
+  held=$(awk '/^ratemesh_gossip_held_back_items_total / { print $2 }' <<<"$metrics")
+  dropped=$(awk '/^ratemesh_gossip_dropped_frames_total/ { n += $2 } END { print n + 0 }' <<<"$metrics")
+  timeouts=$(awk '/^ratemesh_mesh_wait_timeouts_total / { print $2 }' <<<"$metrics")
+  echo "node $i: ${reqs} req/s, latency p50 ${p50} p99 ${p99}; peak RSS ${PEAK[$i]} MiB, ${AFTER} s after: $(rss_mib "${NODE[$i]}") MiB, CPU over those ${AFTER} s: $(( ticks * 10 )) ms; mesh keys held then: ${keys}; requests that waited for an owner: ${waits:-0}, admitted on first-request credit: ${credited:-0}, decided by the node's share after queueing past max_wait: ${shed:-0}, waits past max_wait: ${timeouts:-0}; gossip items held back for a later round: ${held:-0}, frames dropped: ${dropped}; answers other than 200: ${codes}"
 done
