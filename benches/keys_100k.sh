@@ -6,7 +6,8 @@
 #   benches/keys_100k.sh
 #
 # Environment: KEYS (100000), DURATION (60s), AFTER (30, seconds of quiet measured after),
-# CONNS (32 per node), BACKEND (mesh; local for the same load on each node's own limiter),
+# CONNS (32 per node), DELAY_MS (each connection pauses this long between requests: a load
+# below what the nodes can take; unset: as fast as wrk drives them), BACKEND (mesh; local for the same load on each node's own limiter),
 # FIRST_CREDIT (the nodes' mesh_first_credit, default theirs), SKIP_BUILD=1 to use the binary as it is, RATEMESH_BIN to name another.
 # Needs wrk and curl. Every process it starts is stopped on exit.
 #
@@ -90,11 +91,14 @@ request = function()
   return wrk.format("GET", "/api/orders", { ["x-api-key"] = "k" .. math.random(1, $KEYS) })
 end
 EOF
+if [ -n "${DELAY_MS:-}" ]; then
+  printf 'delay = function()\n  return %s\nend\n' "$DELAY_MS" >>"$WORK/keys.lua"
+fi
 
 rss_mib() { awk '/VmRSS/ { printf "%d", $2 / 1024 }' "/proc/$1/status"; }
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
-echo "100k keys: $KEYS keys, $DURATION, 3 nodes, wrk -t1 -c$CONNS per node ($(date -u +%F), $(nproc) CPUs)"
+echo "100k keys: $KEYS keys, $DURATION, 3 nodes, wrk -t1 -c$CONNS per node${DELAY_MS:+, ${DELAY_MS} ms pause between requests on a connection} ($(date -u +%F), $(nproc) CPUs)"
 for i in 1 2 3; do
   wrk -t1 -c"$CONNS" -d"$DURATION" --latency -s "$WORK/keys.lua" \
     "http://127.0.0.1:${HTTP[$i]}/" >"$WORK/wrk-$i.txt" 2>&1 &

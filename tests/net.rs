@@ -34,6 +34,16 @@ async fn try_start_on(
     members: &[u64],
     listen: SocketAddr,
 ) -> Result<MeshNet, ratemesh::net::NetError> {
+    try_start_with(certs, id, members, listen, 0).await
+}
+
+async fn try_start_with(
+    certs: &ClusterCerts,
+    id: u64,
+    members: &[u64],
+    listen: SocketAddr,
+    first_credit: u64,
+) -> Result<MeshNet, ratemesh::net::NetError> {
     let (_, cert, key) = certs.nodes.iter().find(|(n, _, _)| *n == id).unwrap();
     let tls = node_tls(
         certs.ca_cert_pem.as_bytes(),
@@ -44,6 +54,7 @@ async fn try_start_on(
     .unwrap();
     let mut node = NodeConfig::new(id, members.to_vec(), vec![policy()]);
     node.gossip_interval_ns = 20_000_000;
+    node.first_credit = first_credit;
     MeshNet::start(NetConfig {
         node,
         listen,
@@ -152,6 +163,71 @@ async fn fresh_keys_get_through_and_one_key_gets_its_limit() {
         (980..=1020).contains(&admitted),
         "admitted {admitted} of a global {LIMIT}"
     );
+    for n in nodes {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_first_request_on_credit_is_admitted_and_counted_by_its_owner() {
+    let certs = certs::generate("test", 3).unwrap();
+    let members = [1, 2, 3];
+    let mut nodes = Vec::new();
+    for id in members {
+        let any = "127.0.0.1:0".parse().unwrap();
+        nodes.push(try_start_with(&certs, id, &members, any, 1).await.unwrap());
+    }
+    connect(&nodes);
+    wait_until("every node to recover from its peers", || {
+        nodes.iter().all(MeshNet::is_running)
+    })
+    .await;
+    let k = key("credited");
+    let o = owner(&nodes, k);
+    let other = (o + 1) % 3;
+    // A key the node holds nothing of: admitted before its owner answered, and the next
+    // request of the key on that node takes no second credit (it waits, or takes the lease
+    // the owner sent).
+    let first = nodes[other].decide(0, k, 1).await;
+    assert!(first.is_allowed());
+    assert_eq!((first.limit, first.remaining), (LIMIT, LIMIT - 1));
+    assert_eq!(nodes[other].with_node(|n| n.stats().credited), 1);
+    assert!(nodes[other].decide(0, k, 1).await.is_allowed());
+    // The owner counts the credited request among the node's tokens.
+    let holder = other as u64 + 1;
+    wait_until("the owner to count the credited request", || {
+        nodes[o].with_node(|n| {
+            n.authority_state(0, k)
+                .is_some_and(|a| a.holders.iter().any(|h| h.node == holder && h.granted >= 2))
+        })
+    })
+    .await;
+    assert_eq!(nodes[other].with_node(|n| n.stats().credited), 1);
+    // The key's limit holds with the credits of the three nodes in it: 1000 in all, of
+    // which the two requests above.
+    let all: Vec<&MeshNet> = nodes.iter().collect();
+    let admitted = 2 + send(&all, k, 1500).await;
+    assert!(
+        (980..=LIMIT + 3).contains(&admitted),
+        "admitted {admitted} of a global {LIMIT}"
+    );
+    // Fresh keys through every node, three requests each: all admitted, the first on each
+    // node but the key's owner (which decides at once) on credit: 200 of the 300.
+    let mut admitted = 0;
+    for i in 0..100 {
+        admitted += send(&all, key(&format!("fresh-credit-{i}")), 3).await;
+    }
+    assert_eq!(admitted, 300);
+    let credited = || -> u64 {
+        nodes
+            .iter()
+            .map(|n| n.with_node(|n| n.stats().credited))
+            .sum()
+    };
+    wait_until("the nodes to count the credited requests", || {
+        credited() >= 190
+    })
+    .await;
     for n in nodes {
         n.shutdown().await;
     }
