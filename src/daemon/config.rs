@@ -53,6 +53,7 @@
 //! name the policy file).
 
 mod envoy_rls;
+mod http;
 mod upstreams;
 
 use std::collections::BTreeSet;
@@ -65,7 +66,6 @@ use toml::Spanned;
 
 use crate::clock::duration_to_nanos;
 use crate::config::{ConfigError, GatewayConfig, Source, parse_duration, read_config_file};
-use crate::http::identity::DEFAULT_MAX_IDENTITY_BYTES;
 use crate::mesh::NodeId;
 use crate::mesh::node::{NodeConfig, WhileJoining};
 use crate::net::tls::{
@@ -73,6 +73,9 @@ use crate::net::tls::{
 };
 use crate::net::transport_config;
 pub use envoy_rls::EnvoyRls;
+pub use http::HttpSettings;
+pub(crate) use http::RESERVED_FDS;
+use http::{RawHttp, http_settings};
 pub use upstreams::{ForwardAuth, ProxyRoute};
 
 /// The shortest gossip interval a node accepts.
@@ -100,19 +103,6 @@ pub(crate) const MAX_SEEDS: usize = 64;
 pub(crate) const DEFAULT_SEED_REFRESH: Duration = Duration::from_secs(30);
 /// How long a node with only seeds waits for one to answer, by default.
 pub(crate) const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The largest `http.max_identity_bytes` a node accepts (HTTP servers refuse larger header
-/// blocks anyway).
-pub(crate) const MAX_IDENTITY_BYTES_LIMIT: usize = 64 * 1024;
-
-/// The largest `http.max_body_bytes` a node accepts.
-pub(crate) const MAX_BODY_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
-
-/// The default `http.max_body_bytes`: the node's own endpoints take no body.
-pub(crate) const DEFAULT_MAX_BODY_BYTES: u64 = 64 * 1024;
-
-/// The largest `http.max_connections` a node accepts.
-const MAX_CONNECTIONS_LIMIT: i64 = 1 << 24;
 
 /// A validated node file, with its policy file loaded.
 #[derive(Debug, Clone)]
@@ -171,42 +161,6 @@ pub struct NodeFile {
     pub envoy_rls: Option<EnvoyRls>,
 }
 
-/// The `[http]` section of a node file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpSettings {
-    /// How long a client has to send a request's head (from the connection's start, or
-    /// from the first byte of a request on a kept-alive connection); then the connection is
-    /// closed.
-    pub header_read_timeout: Duration,
-    /// How long a kept-alive connection may wait for its next request; then it is closed.
-    pub idle_timeout: Duration,
-    /// The most connections open at once; `None`: the open-file limit less
-    /// `RESERVED_FDS`. Beyond it, new connections wait in the listen queue.
-    pub max_connections: Option<usize>,
-    /// The longest identity header (API key, device id) a request may carry; longer ones
-    /// are answered 431.
-    pub max_identity_bytes: usize,
-    /// The largest request body the node reads; a longer one is answered 413 and the
-    /// connection closed.
-    pub max_body_bytes: u64,
-}
-
-/// File descriptors kept for the node itself (QUIC, files, logs) when the connection cap
-/// is derived from the open-file limit.
-pub(crate) const RESERVED_FDS: usize = 256;
-
-impl Default for HttpSettings {
-    fn default() -> Self {
-        HttpSettings {
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: None,
-            max_identity_bytes: DEFAULT_MAX_IDENTITY_BYTES,
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-        }
-    }
-}
-
 /// Read and validate a policy file; return it with the SHA-256 of its bytes (hex).
 pub(crate) fn read_policy_file(path: &Path) -> Result<(GatewayConfig, String), ConfigError> {
     let text = read_config_file(path)?;
@@ -262,17 +216,6 @@ struct RawNodeFile {
     proxy: Vec<Spanned<upstreams::RawProxy>>,
     forward_auth: Option<Spanned<upstreams::RawForwardAuth>>,
     envoy_rls: Option<Spanned<envoy_rls::RawEnvoyRls>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHttp {
-    addr: String,
-    header_read_timeout: Option<String>,
-    idle_timeout: Option<String>,
-    max_connections: Option<i64>,
-    max_identity_bytes: Option<i64>,
-    max_body_bytes: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -750,66 +693,4 @@ fn check_seed(seed: &str) -> Result<(), String> {
         Ok(p) if p > 0 && name_ok => Ok(()),
         _ => Err(bad()),
     }
-}
-
-fn http_settings(
-    source: &Source<'_>,
-    span: std::ops::Range<usize>,
-    raw: &RawHttp,
-) -> Result<HttpSettings, ConfigError> {
-    let mut settings = HttpSettings::default();
-    let timeouts = [
-        ("header_read_timeout", &raw.header_read_timeout),
-        ("idle_timeout", &raw.idle_timeout),
-    ];
-    for (key, text) in timeouts {
-        let Some(text) = text else { continue };
-        let line = source.line_of_key(span.clone(), key);
-        let field = format!("http.{key}");
-        let value = parse_duration(text).map_err(|reason| source.error(line, &field, reason))?;
-        if value.is_zero() || value > MAX_DRAIN {
-            return Err(source.error(
-                line,
-                &field,
-                format!("between 1ms and {MAX_DRAIN:?}, got {value:?}"),
-            ));
-        }
-        match key {
-            "header_read_timeout" => settings.header_read_timeout = value,
-            _ => settings.idle_timeout = value,
-        }
-    }
-    if let Some(value) = raw.max_connections {
-        if !(1..=MAX_CONNECTIONS_LIMIT).contains(&value) {
-            return Err(source.error(
-                source.line_of_key(span.clone(), "max_connections"),
-                "http.max_connections",
-                format!("between 1 and {MAX_CONNECTIONS_LIMIT}, got {value}"),
-            ));
-        }
-        settings.max_connections = Some(value as usize);
-    }
-    if let Some(value) = raw.max_identity_bytes {
-        let limit = MAX_IDENTITY_BYTES_LIMIT as i64;
-        if !(1..=limit).contains(&value) {
-            return Err(source.error(
-                source.line_of_key(span.clone(), "max_identity_bytes"),
-                "http.max_identity_bytes",
-                format!("between 1 and {limit} bytes, got {value}"),
-            ));
-        }
-        settings.max_identity_bytes = value as usize;
-    }
-    if let Some(value) = raw.max_body_bytes {
-        let limit = MAX_BODY_BYTES_LIMIT as i64;
-        if !(0..=limit).contains(&value) {
-            return Err(source.error(
-                source.line_of_key(span, "max_body_bytes"),
-                "http.max_body_bytes",
-                format!("between 0 and {limit} bytes, got {value}"),
-            ));
-        }
-        settings.max_body_bytes = value as u64;
-    }
-    Ok(settings)
 }

@@ -1,0 +1,149 @@
+//! Unit tests of a holding: grants, leases, waiting requests, demand and reports.
+
+use std::time::Duration;
+
+use super::*;
+
+const KEY: KeyRef = KeyRef { policy: 0, key: 1 };
+const S: Nanos = 1_000_000_000;
+
+fn grant(window: u64, granted: u64, retry_after: Nanos) -> Grant {
+    Grant {
+        key: KEY,
+        window,
+        granted,
+        ends_at: 0,
+        retry_after,
+        more_coming: 0,
+        answers: 1,
+        holding: 1,
+    }
+}
+
+#[test]
+fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::FixedWindow, 1);
+    assert_eq!(h.slow(10 * S, 1, 3, 11 * S), Slow::Waits);
+    assert_eq!(h.slow(10 * S, 2, 2, 11 * S), Slow::Waits);
+    assert_eq!(h.need(), 5);
+    let want = h.want(10 * S, 500, false, 1);
+    assert_eq!((want.need, want.window, want.granted), (5, 0, 0));
+    let decided = h.apply_grant(10 * S + 1, &grant(10, 8, 0), 11 * S);
+    assert_eq!(decided.len(), 2);
+    assert!(decided.iter().all(|(_, d)| d.is_allowed()));
+    // The rest went to the cell.
+    assert_eq!(h.cell().remaining(), 3);
+    assert_eq!(h.cell().take(10 * S + 2, 3), Ok(0));
+    // The window ends: the lease is closed with its exact count.
+    h.expire(11 * S);
+    let want = h.want(11 * S, 550, false, 1);
+    assert!(want.closed);
+    assert_eq!(want.used, 8);
+    // A grant for the next window carries the final count of this one.
+    h.slow(11 * S, 3, 1, 12 * S);
+    h.apply_grant(11 * S + 1, &grant(11, 1, 0), 12 * S);
+    assert_eq!(h.want(11 * S + 1, 551, false, 1).previous_used, Some(8));
+}
+
+#[test]
+fn a_denial_decides_the_waiting_and_later_requests_until_the_retry() {
+    let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    h.slow(S, 1, 4, 2 * S);
+    h.slow(S, 2, 4, 2 * S);
+    assert_eq!(h.want(S, 1, false, 1).need, 8);
+    // A request after the want waits for its own answer.
+    assert_eq!(h.slow(S, 5, 1, 2 * S), Slow::Waits);
+    let decided = h.apply_grant(S, &grant(0, 5, S / 2), 0);
+    assert_eq!(decided.len(), 3);
+    assert!(decided[0].1.is_allowed());
+    assert!(!decided[1].1.is_allowed());
+    assert_eq!(decided[1].1.retry_after_ns, S / 2);
+    // The request after the want is served from what the denied one held back.
+    assert_eq!(decided[2].0, 5);
+    assert!(decided[2].1.is_allowed());
+    // As large a request is denied without asking until the retry time, a smaller one
+    // may still fit and asks.
+    assert_eq!(h.cell().remaining(), 0);
+    assert!(matches!(h.slow(S + 1, 3, 4, 2 * S), Slow::Decided(d) if !d.is_allowed()));
+    assert!(matches!(h.slow(S + 1, 4, 2, 2 * S), Slow::Waits));
+}
+
+#[test]
+fn costs_above_the_capacity_cannot_fit_and_deadlines_deny() {
+    let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    assert!(
+        matches!(h.slow(S, 1, 11, 2 * S), Slow::Decided(d) if d.verdict == crate::Verdict::CannotFit)
+    );
+    h.slow(S, 2, 1, S + 100);
+    assert!(h.timeouts(S + 99, 1).is_empty());
+    let decided = h.timeouts(S + 100, 1);
+    assert_eq!(decided.len(), 1);
+    assert!(!decided[0].1.is_allowed());
+}
+
+#[test]
+fn an_idle_lease_is_given_back() {
+    let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    h.slow(S, 1, 1, 2 * S);
+    h.apply_grant(S, &grant(0, 6, 0), 0);
+    for round in 0..IDLE_ROUNDS as u64 + 1 {
+        h.tick(S + round, round);
+    }
+    assert_eq!(h.cell().remaining(), 0);
+    assert_eq!(h.want(2 * S, 100, false, 1).returned, 5);
+}
+
+#[test]
+fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
+    let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    h.slow(S, 1, 1, 2 * S);
+    h.apply_grant(S, &grant(0, 1, 0), 0);
+    // A steady stream: 3 requests a round, served from the lease.
+    let mut granted = 1;
+    for round in 0..50u64 {
+        for _ in 0..3 {
+            if h.cell().take(S + round, 1).is_err() {
+                granted += 3;
+                h.apply_grant(S + round, &grant(0, granted, 0), 0);
+                h.cell().take(S + round, 1).unwrap();
+            }
+        }
+        h.tick(S + round, round);
+    }
+    // The stream stops: once the lease is given back no refill is asked for, the
+    // demand decays to nothing and the holding can be forgotten.
+    let mut refills = 0;
+    for round in 50..200u64 {
+        let (_, refill) = h.tick(S + round, round);
+        if round >= 50 + u64::from(IDLE_ROUNDS) {
+            refills += u32::from(refill);
+        }
+    }
+    assert_eq!(refills, 0);
+    assert!(h.is_idle(S + 200), "{h:?}");
+}
+#[test]
+fn a_closed_lease_is_no_new_demand() {
+    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
+    h.slow(10 * S, 1, 1, 11 * S);
+    h.want(10 * S, 500, false, 1);
+    h.apply_grant(10 * S, &grant(10, 1, 0), 11 * S);
+    let round = S / 50;
+    // The window ends and the lease closes with its final count of 1.
+    let mut demands = Vec::new();
+    let mut refills = 0;
+    for r in 0..60u64 {
+        let now = 10 * S + (r + 1) * round;
+        h.expire_now(now);
+        let (_, refill) = h.tick(now, 501 + r);
+        refills += u32::from(refill && now > 11 * S);
+        demands.push(h.demand);
+    }
+    assert_eq!(refills, 0, "{demands:?}");
+}
