@@ -7,8 +7,10 @@
 #
 # Environment: KEYS (100000), DURATION (60s), AFTER (30, seconds of quiet measured after),
 # CONNS (32 per node), DELAY_MS (each connection pauses this long between requests: a load
-# below what the nodes can take; unset: as fast as wrk drives them), BACKEND (mesh; local for the same load on each node's own limiter),
-# FIRST_CREDIT (the nodes' mesh_first_credit, default theirs), SKIP_BUILD=1 to use the binary as it is, RATEMESH_BIN to name another.
+# below what the nodes can take; unset: as fast as wrk drives them), BACKEND (mesh; local
+# for the same load on each node's own limiter), FIRST_CREDIT (the nodes'
+# mesh_first_credit, default theirs), SKIP_BUILD=1 to use the binary as it is, RATEMESH_BIN
+# to name another.
 # Needs wrk and curl. Every process it starts is stopped on exit.
 #
 # Each node gets one wrk (1 thread) whose requests carry `x-api-key: k<n>`, n drawn at random
