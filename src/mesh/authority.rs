@@ -67,6 +67,13 @@ impl MeshKind {
     pub fn is_window(self) -> bool {
         self != MeshKind::Bucket
     }
+
+    /// Tell whether a holder's final count of a window matters once the window is over: a
+    /// sliding window weighs the previous window by it; a fixed window starts afresh, so
+    /// its leases' final counts are never sent.
+    pub fn weighs_previous(self) -> bool {
+        self == MeshKind::SlidingWindow
+    }
 }
 
 /// What the authority answers a request for tokens.

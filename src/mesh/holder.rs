@@ -8,8 +8,13 @@
 //! answer is a larger lease, a wait while the authority recalls unused leases, or a denial
 //! with the time a retry can succeed, which the holder then applies to later requests
 //! without asking again. A window's lease dies with its window; the holder then knows its
-//! final count of that window exactly (granted − returned − left) and reports it, so the
-//! authority's view of a sliding window's previous count tightens to what was really used.
+//! final count of that window exactly (granted − returned − left) and, for a sliding
+//! window, reports it, so the authority's view of the previous count tightens to what was
+//! really used (a fixed window starts afresh: its final counts are not sent). A window's
+//! lease spent to its last token is no news either: the authority counts what it granted as
+//! spent until told otherwise, so a sparse key's request under a fixed window costs a
+//! want, a grant and the owner's backup (a sliding window adds the final count, its answer
+//! and a backup).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -185,7 +190,7 @@ impl Holding {
             && self.reported_demand == 0
             && (self.closed || self.cell.remaining() == 0)
             && used == self.used_at_tick
-            && used == self.reported_used
+            && (used == self.reported_used || self.spent_out())
             && self.previous_used.is_none()
             && !(self.report_due && self.granted > 0)
     }
@@ -195,10 +200,10 @@ impl Holding {
     /// enough and its times have passed. Before, its rounds change nothing but the idle count.
     pub(crate) fn wake_round(&self, round: u64, interval: Nanos) -> u64 {
         let idle = round + u64::from(IDLE_ROUNDS.saturating_sub(self.idle_rounds)).max(1);
-        let mut at = self.denied_until.max(self.keep_until);
-        if self.kind.is_window() && self.expiry != 0 {
-            at = at.max(self.expiry.saturating_add(self.policy.window_ns()));
-        }
+        let at = self
+            .denied_until
+            .max(self.keep_until)
+            .max(self.counted_until());
         // A round that begins at `now` has the number `now / interval`: none before
         // `at / interval` reaches `at`.
         idle.max(at / interval.max(1))
@@ -236,6 +241,14 @@ impl Holding {
         } else {
             self.cell.remaining() + self.reserve
         }
+    }
+
+    /// A window's lease spent to its last token, nothing waiting: its count is no news to
+    /// the authority, which counts what it granted as spent until told otherwise (should it
+    /// run short, its recall asks for the count). A bucket's authority needs to hear of
+    /// spending to refill.
+    fn spent_out(&self) -> bool {
+        self.kind.is_window() && self.unspent() == 0 && self.waiting.is_empty()
     }
 
     /// Return the lease's window and, for windows, its local expiry.
@@ -443,12 +456,16 @@ impl Holding {
             {
                 // A lease for a newer window: the old one is over (closed as if expired).
                 self.expire(now.max(self.expiry));
-                self.previous_used = (self.window > 0 && grant.window == self.window + 1)
+                self.previous_used = (self.kind.weighs_previous()
+                    && self.window > 0
+                    && grant.window == self.window + 1)
                     .then_some(self.closed_used);
                 // What the old lease admitted since the last round still counts toward the
                 // demand; the new lease's count starts at 0.
                 self.offered += self.closed_used.saturating_sub(self.used_at_tick);
                 self.used_at_tick = 0;
+                // The authority's record of the new window starts at 0 too.
+                self.reported_used = 0;
                 self.window = grant.window;
                 self.granted = grant.granted;
                 self.returned = 0;
@@ -584,7 +601,13 @@ impl Holding {
     pub(crate) fn expire_now(&mut self, now: Nanos) -> bool {
         let was = self.closed;
         self.expire(now);
-        self.closed && !was && self.granted > 0
+        self.final_due(was)
+    }
+
+    /// The lease closed since it was `was` closed, and the authority wants its final count
+    /// (a sliding window's; a fixed window's authority starts each window afresh).
+    fn final_due(&self, was: bool) -> bool {
+        self.closed && !was && self.granted > 0 && self.kind.weighs_previous()
     }
 
     /// Give back what the lease holds beyond `keep` tokens; return how many.
@@ -634,7 +657,7 @@ impl Holding {
         } else {
             0
         };
-        let mut tell = self.closed && !was_closed && self.granted > 0;
+        let mut tell = self.final_due(was_closed);
         if self.idle_rounds >= IDLE_ROUNDS && self.give_back(0) > 0 {
             tell = true;
         }
@@ -651,7 +674,7 @@ impl Holding {
             && self.waiting.is_empty()
             && now >= self.denied_until
             && unspent * 2 < per_round * SHORT_LEASE_ROUNDS;
-        let changed = used != self.reported_used
+        let changed = (used != self.reported_used && !self.spent_out())
             || self.demand.abs_diff(self.reported_demand) > self.reported_demand / 2;
         // A bucket's authority holds back what it leased until it hears it was spent: report
         // spending at the next round (a window's leases count as spent anyway).
@@ -677,14 +700,24 @@ impl Holding {
         self.previous_used = None;
     }
 
+    /// Until when the authority counts the holding's last lease (0: a bucket's, or no
+    /// lease yet): a fixed window's until its window ends, a sliding window's one window
+    /// longer (it weighs the previous window).
+    fn counted_until(&self) -> Nanos {
+        if !self.kind.is_window() || self.expiry == 0 {
+            return 0;
+        }
+        if self.kind.weighs_previous() {
+            self.expiry.saturating_add(self.policy.window_ns())
+        } else {
+            self.expiry
+        }
+    }
+
     /// Tell whether the holding can be forgotten at `now`: nothing waits, nothing leased,
-    /// and (windows) its last lease is older than the window before the current one, so
-    /// the authority no longer counts it (a sliding window weighs the previous window).
+    /// and (windows) the authority no longer counts its last lease.
     pub(crate) fn is_idle(&self, now: Nanos) -> bool {
-        let window_done = !self.kind.is_window()
-            || self.expiry == 0
-            || now >= self.expiry.saturating_add(self.policy.window_ns());
-        window_done
+        now >= self.counted_until()
             && self.waiting.is_empty()
             && self.demand == 0
             && self.idle_rounds >= IDLE_ROUNDS

@@ -22,8 +22,8 @@ fn grant(window: u64, granted: u64, retry_after: Nanos) -> Grant {
 
 #[test]
 fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
-    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::FixedWindow, 1);
+    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
     assert_eq!(h.slow(10 * S, 1, 3, 11 * S), Slow::Waits);
     assert_eq!(h.slow(10 * S, 2, 2, 11 * S), Slow::Waits);
     assert_eq!(h.need(), 5);
@@ -44,6 +44,41 @@ fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     h.slow(11 * S, 3, 1, 12 * S);
     h.apply_grant(11 * S + 1, &grant(11, 1, 0), 12 * S);
     assert_eq!(h.want(11 * S + 1, 551, false, 1).previous_used, Some(8));
+}
+
+#[test]
+fn a_fixed_windows_spent_lease_reports_nothing_more() {
+    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::FixedWindow, 1);
+    assert_eq!(h.slow(10 * S, 1, 1, 11 * S), Slow::Waits);
+    h.want(10 * S, 500, false, 1);
+    let decided = h.apply_grant(10 * S + 1, &grant(10, 1, 0), 11 * S);
+    assert!(decided[0].1.is_allowed());
+    // Spent to its last token: the authority counts the grant as spent already.
+    for round in 501..540 {
+        assert_eq!(
+            h.tick(10 * S + (round - 500) * S / 50, round),
+            (false, false)
+        );
+    }
+    assert!(h.at_rest());
+    // Its window ends: a fixed window's final count is never used, and the holding may go
+    // as soon as the window is over (a sliding window's stays a window longer).
+    assert!(!h.expire_now(11 * S));
+    assert!(h.is_idle(11 * S));
+    let sliding = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, sliding, MeshKind::SlidingWindow, 1);
+    h.slow(10 * S, 1, 1, 11 * S);
+    h.want(10 * S, 500, false, 1);
+    h.apply_grant(10 * S + 1, &grant(10, 1, 0), 11 * S);
+    for round in 501..540 {
+        assert_eq!(
+            h.tick(10 * S + (round - 500) * S / 50, round),
+            (false, false)
+        );
+    }
+    assert!(h.expire_now(11 * S));
+    assert!(!h.is_idle(11 * S + S / 2));
 }
 
 #[test]
