@@ -13,8 +13,8 @@
 //! really used (a fixed window starts afresh: its final counts are not sent). A window's
 //! lease spent to its last token is no news either: the authority counts what it granted as
 //! spent until told otherwise, so a sparse key's request under a fixed window costs a
-//! want, a grant and the owner's backup (a sliding window adds the final count, its answer
-//! and a backup).
+//! want, a grant and the owner's backup (a sliding window adds the final count and the
+//! owner's backup of it).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -111,7 +111,8 @@ pub(crate) struct Holding {
     /// (`u64::MAX`: none).
     busy_round: Option<u64>,
     busy_gap: u64,
-    /// The key's owner changed: tell the new one at the next round.
+    /// Tell the authority at the next round: the key's owner changed (a new one learns
+    /// this lease), or a lease closed as it arrived (its final count is due).
     report_due: bool,
     /// The node's count of rounds at this holding's last round (see [`Holding::catch_up`]).
     rounds: u64,
@@ -243,12 +244,13 @@ impl Holding {
         }
     }
 
-    /// A window's lease spent to its last token, nothing waiting: its count is no news to
-    /// the authority, which counts what it granted as spent until told otherwise (should it
-    /// run short, its recall asks for the count). A bucket's authority needs to hear of
-    /// spending to refill.
+    /// A window's lease spent to its last token, nothing waiting, no demand left: its count
+    /// is no news to the authority, which counts what it granted as spent until told
+    /// otherwise (should it run short, its recall asks for the count; a key still in
+    /// demand here reports as before, so the authority's view of what it could recall
+    /// stays fresh). A bucket's authority needs to hear of spending to refill.
     fn spent_out(&self) -> bool {
-        self.kind.is_window() && self.unspent() == 0 && self.waiting.is_empty()
+        self.kind.is_window() && self.unspent() == 0 && self.waiting.is_empty() && self.demand == 0
     }
 
     /// Return the lease's window and, for windows, its local expiry.
@@ -471,6 +473,11 @@ impl Holding {
                 self.returned = 0;
                 self.expiry = expiry;
                 self.closed = now >= expiry;
+                // A lease that arrives after its window ended closes unspent at once: its
+                // final count (0) is due like any other's.
+                if self.closed && grant.granted > 0 && self.kind.weighs_previous() {
+                    self.report_due = true;
+                }
                 self.closed_used = 0;
                 self.cell.renew(0, Some(expiry));
                 self.reserve = if self.closed { 0 } else { grant.granted };
@@ -700,18 +707,16 @@ impl Holding {
         self.previous_used = None;
     }
 
-    /// Until when the authority counts the holding's last lease (0: a bucket's, or no
-    /// lease yet): a fixed window's until its window ends, a sliding window's one window
-    /// longer (it weighs the previous window).
+    /// Until when the holding's last lease may still count (0: a bucket's, or no lease
+    /// yet): a window longer than the lease's own end, an estimate made early. A sliding
+    /// window weighs the previous window; and an owner that takes over without a backup
+    /// may run the same window up to a clock error past that end, learning its grants only
+    /// from the holders' reports.
     fn counted_until(&self) -> Nanos {
         if !self.kind.is_window() || self.expiry == 0 {
             return 0;
         }
-        if self.kind.weighs_previous() {
-            self.expiry.saturating_add(self.policy.window_ns())
-        } else {
-            self.expiry
-        }
+        self.expiry.saturating_add(self.policy.window_ns())
     }
 
     /// Tell whether the holding can be forgotten at `now`: nothing waits, nothing leased,

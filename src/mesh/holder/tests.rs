@@ -62,10 +62,11 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
         );
     }
     assert!(h.at_rest());
-    // Its window ends: a fixed window's final count is never used, and the holding may go
-    // as soon as the window is over (a sliding window's stays a window longer).
+    // Its window ends: a fixed window's final count is never used. The holding stays a
+    // window longer (an owner taking over without a backup learns its grant from it).
     assert!(!h.expire_now(11 * S));
-    assert!(h.is_idle(11 * S));
+    assert!(!h.is_idle(11 * S + S / 2));
+    assert!(h.is_idle(12 * S));
     let sliding = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
     let mut h = Holding::new(KEY, sliding, MeshKind::SlidingWindow, 1);
     h.slow(10 * S, 1, 1, 11 * S);
@@ -79,6 +80,31 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
     }
     assert!(h.expire_now(11 * S));
     assert!(!h.is_idle(11 * S + S / 2));
+}
+
+#[test]
+fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
+    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
+    h.slow(10 * S, 1, 1, 11 * S);
+    h.want(10 * S, 500, false, 1);
+    h.apply_grant(10 * S + 1, &grant(10, 1, 0), 11 * S);
+    for round in 501..540 {
+        h.tick(10 * S + (round - 500) * S / 50, round);
+    }
+    assert!(h.expire_now(11 * S));
+    h.want(11 * S, 550, false, 1);
+    // A refill for window 11 lands after that window ended here: the lease closes unspent.
+    h.apply_grant(12 * S, &grant(11, 5, 0), 12 * S);
+    // (The node confirms the previous window's count on any grant of a later window.)
+    h.previous_confirmed();
+    let (tell, _) = h.tick(12 * S, 600);
+    assert!(tell, "its final count is due");
+    let want = h.want(12 * S, 600, false, 1);
+    assert_eq!(
+        (want.window, want.granted, want.used, want.closed),
+        (11, 5, 0, true)
+    );
 }
 
 #[test]

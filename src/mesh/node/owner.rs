@@ -163,11 +163,20 @@ impl Node {
             Some(a.current(now, from))
         } else if news {
             // A report: answered only when the holder lacks something (a grant lost on the
-            // way, another window); otherwise the answer would repeat what it holds.
+            // way, another window's tokens or its denial); otherwise the answer would repeat
+            // what it holds, or (a final count answered by the next window's empty lease)
+            // give it nothing.
             match a.current(now, from) {
                 Answer::Grant {
                     window, granted, ..
                 } if window == want.window && granted == want.granted => None,
+                Answer::Grant {
+                    window,
+                    granted: 0,
+                    retry_after: 0,
+                    more_coming: 0,
+                    ..
+                } if window > want.window => None,
                 current => Some(current),
             }
         } else {
