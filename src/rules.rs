@@ -149,6 +149,10 @@ pub struct Rules {
     tenants: HashMap<String, String>,
     /// The `[envoy]` descriptors, for Envoy's rate limit service API.
     envoy: EnvoyDomains,
+    /// Some policy is decided by the exact backend (`backend = "redis"` with a backend).
+    exact_policies: bool,
+    /// Some policy is decided by the mesh (`backend = "mesh"` with a mesh).
+    mesh_policies: bool,
 }
 
 impl std::fmt::Debug for Rules {
@@ -284,7 +288,11 @@ impl Rules {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let exact_policies = exact.is_some() && !config.redis_policies().is_empty();
+        let mesh_policies = mesh.is_some() && !config.mesh_policies().is_empty();
         Ok(Rules {
+            exact_policies,
+            mesh_policies,
             config,
             mesh,
             exact,
@@ -349,14 +357,14 @@ impl Rules {
 
     /// Tell whether a request may have to wait for IO: a `redis` policy, or a `mesh` policy
     /// whose key's owner the node may have to ask. Such rules are decided with
-    /// [`Rules::decide_exact`].
+    /// [`Rules::decide_exact`]; others with [`Rules::decide`], which gives the same answer.
     pub fn needs_io(&self) -> bool {
-        self.has_exact_policies() || self.mesh.is_some()
+        self.exact_policies || self.mesh_policies
     }
 
     /// Tell whether any policy is decided by the exact backend (`backend = "redis"`).
     pub fn has_exact_policies(&self) -> bool {
-        self.exact.is_some() && !self.config.redis_policies().is_empty()
+        self.exact_policies
     }
 }
 

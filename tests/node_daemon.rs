@@ -281,3 +281,55 @@ fn a_bad_node_file_is_refused_with_file_line_and_field() {
     assert!(error.file.ends_with("policies.toml"), "{error}");
     assert_eq!(error.field, "policies.global.algorithm", "{error}");
 }
+
+/// Send `n` requests from `from` (a loopback address), with `api_key` if any; return how
+/// many were admitted.
+async fn admitted_from(
+    node: &NodeProcess,
+    from: std::net::IpAddr,
+    api_key: Option<&str>,
+    n: usize,
+) -> usize {
+    let client = reqwest::Client::builder()
+        .local_address(from)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..n {
+        let mut request = client.get(format!("http://{}/api", node.http));
+        if let Some(key) = api_key {
+            request = request.header("x-api-key", key);
+        }
+        let status = request.send().await.unwrap().status();
+        assert!(status == 200 || status == 429, "status {status}");
+        admitted += usize::from(status == 200);
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_a_key_are_limited_by_their_own_address() {
+    // A local bucket of 3, by API key, else by the client's address: each address and each
+    // key has its own 3 (the node attaches the address only when the rules read it).
+    let dir = tempfile::tempdir().unwrap();
+    let text = "env = \"test\"\ndefault_tier = \"api\"\n\n[identity]\norder = [\"api_key\", \"ip\"]\n\n\
+                [policies.small]\nalgorithm = \"token-bucket\"\nrate = 1\nperiod = \"1h\"\nburst = 3\n\n\
+                [tiers.api]\npolicies = [\"small\"]\n";
+    let files = write_cluster_with(dir.path(), 1, text);
+    let node = start(&files[0]);
+    wait_healthy(&client(), &node).await;
+    let (one, two) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    assert_eq!(admitted_from(&node, one, None, 5).await, 3, "127.0.0.1");
+    assert_eq!(admitted_from(&node, two, None, 5).await, 3, "127.0.0.2");
+    assert_eq!(
+        admitted_from(&node, one, Some("key-a"), 5).await,
+        3,
+        "key-a"
+    );
+    assert_eq!(
+        admitted_from(&node, two, None, 1).await,
+        0,
+        "127.0.0.2 again"
+    );
+}

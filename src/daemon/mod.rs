@@ -178,7 +178,12 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .with_state(Arc::clone(&state));
-    let app = App { own, front };
+    let app = App {
+        own,
+        peer_forwarded: front.forward_auth.is_some() || !file.proxies.is_empty(),
+        layer: layer.clone(),
+        front,
+    };
     Ok(RunningNode {
         state,
         listener,
@@ -308,6 +313,10 @@ async fn wait_or_stop(signals: &mut Signals, state: &NodeState, time: Duration) 
 pub(crate) struct App {
     own: Router,
     front: Front,
+    /// A forward-auth check or a proxy route reads the client's address.
+    peer_forwarded: bool,
+    /// The policies in force, whose identity may be the client's address.
+    layer: RateLimitLayer,
 }
 
 /// What [`App::call`] returns.
@@ -320,6 +329,19 @@ pub(crate) type AppFuture = std::pin::Pin<
 >;
 
 impl App {
+    /// Tell whether requests need the client's address ([`axum::extract::ConnectInfo`]):
+    /// a forward-auth check or a proxy route reads it, or the policies identify clients by
+    /// it. Otherwise it is not attached (which costs three allocations a request).
+    pub(crate) fn wants_peer(&self) -> bool {
+        self.peer_forwarded
+            || self
+                .layer
+                .rules()
+                .identity_config()
+                .order
+                .contains(&crate::config::IdentitySource::Ip)
+    }
+
     /// Answer `request`.
     pub(crate) fn call(&self, request: axum::http::Request<Body>) -> AppFuture {
         match request.uri().path() {

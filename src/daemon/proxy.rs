@@ -347,7 +347,7 @@ impl Gateway {
 impl tower::Service<Request<Body>> for Gateway {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+    type Future = GatewayFuture;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -361,7 +361,7 @@ impl tower::Service<Request<Body>> for Gateway {
             .iter()
             .position(|u| u.route.matches(path))
         else {
-            return Box::pin(std::future::ready(Ok(admitted())));
+            return GatewayFuture::Answered(std::future::ready(Ok(admitted())));
         };
         let peer = request
             .extensions()
@@ -373,10 +373,29 @@ impl tower::Service<Request<Body>> for Gateway {
             proxies.iter().any(|net| net.contains(&ip))
         });
         let proxy = Arc::clone(&self.proxy);
-        Box::pin(async move {
+        GatewayFuture::Forwarded(Box::pin(async move {
             let upstream = &proxy.upstreams[index];
             Ok(proxy.forward(upstream, request, peer, trusted).await)
-        })
+        }))
+    }
+}
+
+/// The answer of [`Gateway`]: ready at once (no proxy route), or the upstream's.
+pub(crate) enum GatewayFuture {
+    /// Answered by the node itself.
+    Answered(std::future::Ready<Result<Response<Body>, Infallible>>),
+    /// Forwarded to an upstream.
+    Forwarded(Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>),
+}
+
+impl Future for GatewayFuture {
+    type Output = Result<Response<Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            GatewayFuture::Answered(ready) => Pin::new(ready).poll(cx),
+            GatewayFuture::Forwarded(forwarded) => forwarded.as_mut().poll(cx),
+        }
     }
 }
 

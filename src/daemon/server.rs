@@ -549,21 +549,32 @@ async fn serve_connection(
         let streamed = proxy
             .route(request.uri().path())
             .map(|route| route.max_body_bytes);
+        // A request with no body to read is handed to the app now, whose rules may decide
+        // it (and drop it) before the connection reads on.
+        let next = if streamed.is_none() && request.body().is_end_stream() {
+            // No body: an empty one in its place (which allocates nothing).
+            Next::Answer(app.call(with_peer(request.map(|_| Body::empty()), &app, peer)))
+        } else {
+            Next::Read(Box::new(request))
+        };
         let body_in_flight = streamed.map(|_| InFlight::begin(&service_activity));
         let app = Arc::clone(&app);
         async move {
-            let request = match (streamed, body_in_flight) {
-                (Some(max), Some(body_in_flight)) => {
-                    streamed_body(request, max, body_in_flight).await
+            let response = match next {
+                Next::Answer(answer) => answer.await,
+                Next::Read(request) => {
+                    let request = *request;
+                    let request = match (streamed, body_in_flight) {
+                        (Some(max), Some(body_in_flight)) => {
+                            streamed_body(request, max, body_in_flight).await
+                        }
+                        _ => bounded_body(request, &limits).await,
+                    };
+                    match request {
+                        Ok(request) => app.call(with_peer(request, &app, peer)).await,
+                        Err(refusal) => Ok(refusal),
+                    }
                 }
-                _ => bounded_body(request, &limits).await,
-            };
-            let response = match request {
-                Ok(mut request) => {
-                    request.extensions_mut().insert(ConnectInfo(peer));
-                    app.call(request).await
-                }
-                Err(refusal) => Ok(refusal),
             };
             response.map(|response| {
                 response.map(|body| Tracked {
@@ -609,6 +620,21 @@ async fn serve_connection(
             }
         }
     }
+}
+
+/// What a request's service does next: await the app's answer, or read the body first.
+enum Next {
+    Answer(crate::daemon::AppFuture),
+    /// (boxed: the request is large, the answer's future small)
+    Read(Box<Request<Incoming>>),
+}
+
+/// `request` with the client's address attached, when the app reads it.
+fn with_peer(mut request: Request<Body>, app: &App, peer: SocketAddr) -> Request<Body> {
+    if app.wants_peer() {
+        request.extensions_mut().insert(ConnectInfo(peer));
+    }
+    request
 }
 
 /// Read the request's body, at most `max_body_bytes` of it and within the header time;

@@ -25,32 +25,12 @@ pub(crate) fn ceil_seconds(ns: Nanos) -> u64 {
     ns.div_ceil(1_000_000_000)
 }
 
-/// sf-integers stop at 15 digits.
-const MAX_SF_INTEGER: u64 = 999_999_999_999_999;
-
 /// Write a list of `sf_name;k1=v1;k2=v2` items (the names already serialized).
 fn list<'a>(
-    reports: impl Iterator<Item = &'a PolicyReport>,
-    params: impl Fn(&PolicyReport) -> [(&'static str, u64); 2],
+    reports: impl Iterator<Item = &'a PolicyReport> + Clone,
+    params: impl Fn(&PolicyReport) -> [(&'static str, u64); 2] + Clone,
 ) -> Option<HeaderValue> {
-    let mut out = String::with_capacity(64);
-    let mut digits = itoa::Buffer::new();
-    for report in reports {
-        if !out.is_empty() {
-            out.push_str(", ");
-        }
-        out.push_str(&report.sf_name);
-        for (key, value) in params(report) {
-            out.push(';');
-            out.push_str(key);
-            out.push('=');
-            out.push_str(digits.format(value.min(MAX_SF_INTEGER)));
-        }
-    }
-    // `try_from(String)` keeps the string's buffer: one allocation per field.
-    (!out.is_empty())
-        .then(|| HeaderValue::try_from(out).ok())
-        .flatten()
+    crate::http::sf::item_list(reports.map(move |r| (&*r.sf_name, params(r))))
 }
 
 /// The policy that speaks for the response: the one that denied, else the one with the
@@ -70,7 +50,12 @@ pub(crate) fn deciding_report(outcome: &Outcome) -> Option<&PolicyReport> {
 /// `X-RateLimit-*` fields for `outcome` to `headers`.
 pub(crate) fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outcome, legacy: bool) {
     let reports = || outcome.enforced.iter();
-    if let Some(value) = list(reports(), |r| [("q", r.decision.limit), ("w", r.window_s)]) {
+    let policy = match &outcome.enforced[..] {
+        // One policy (the usual case): its item, formatted when the policy first decided.
+        [report] if report.policy_field.is_some() => report.policy_field.clone(),
+        _ => list(reports(), |r| [("q", r.decision.limit), ("w", r.window_s)]),
+    };
+    if let Some(value) = policy {
         headers.insert(RATELIMIT_POLICY, value);
     }
     let remaining = |r: &PolicyReport| {

@@ -204,8 +204,11 @@ impl RateLimitLayer {
 
     /// Take what a decision needs from `request` (owned, so the decision can wait on Redis
     /// without borrowing the request).
-    fn prepare<B>(&self, request: &Request<B>) -> Result<Prepared, IdentityTooLong> {
-        let rules = self.shared.rules.load_full();
+    fn prepare<B>(
+        &self,
+        request: &Request<B>,
+        rules: Arc<Rules>,
+    ) -> Result<Prepared, IdentityTooLong> {
         let identity = identify(
             request.headers(),
             request.extensions(),
@@ -225,8 +228,34 @@ impl RateLimitLayer {
         })
     }
 
+    /// Decide without IO, from `request` as it stands.
+    fn decide_now<B>(
+        &self,
+        request: &Request<B>,
+        rules: &Rules,
+    ) -> Result<Outcome, IdentityTooLong> {
+        let identity = identify(
+            request.headers(),
+            request.extensions(),
+            rules.identity_config(),
+            self.shared.max_identity_bytes,
+        )?;
+        let facts = RequestFacts {
+            identity: &identity,
+            tier: request
+                .extensions()
+                .get::<ClientTier>()
+                .map(|t| t.0.as_str()),
+            method: request.method(),
+            path: request.uri().path(),
+        };
+        let outcome = rules.decide(&facts, self.shared.clock.now_ns());
+        record(&outcome, rules, &identity);
+        Ok(outcome)
+    }
+
     /// Decide, asking Redis when a `redis` policy applies.
-    async fn decide(&self, prepared: Prepared) -> Outcome {
+    async fn decide(&self, prepared: Prepared) -> (Outcome, Arc<Rules>) {
         let Prepared {
             rules,
             identity,
@@ -247,10 +276,10 @@ impl RateLimitLayer {
             rules.decide(&facts, now)
         };
         record(&outcome, &rules, &identity);
-        outcome
+        (outcome, rules)
     }
 
-    fn denial_response(&self, outcome: &Outcome) -> Response<Body> {
+    fn denial_response(&self, outcome: &Outcome, rules: &Rules) -> Response<Body> {
         let mut response = match &self.shared.on_denied {
             _ if outcome.backend_unavailable.is_some() => {
                 let mut response = Response::new(Body::from(unavailable_body(outcome)));
@@ -275,7 +304,7 @@ impl RateLimitLayer {
             }
         };
         let mut fields = http::HeaderMap::new();
-        insert_rate_limit_headers(&mut fields, outcome, self.legacy());
+        insert_rate_limit_headers(&mut fields, outcome, rules.config().legacy_headers);
         for (name, value) in fields {
             if let Some(name) = name
                 && !response.headers().contains_key(&name)
@@ -284,10 +313,6 @@ impl RateLimitLayer {
             }
         }
         response
-    }
-
-    fn legacy(&self) -> bool {
-        self.shared.rules.load().config().legacy_headers
     }
 }
 
@@ -364,24 +389,64 @@ where
         // The inner service that `poll_ready` readied is the one we call; leave a fresh clone.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let rules = self.layer.shared.rules.load_full();
+        if !rules.needs_io() {
+            // Decided now, from the request as it stands (nothing copied out of it), and
+            // handed on at once unless a shaping policy delays it: the future holds no part
+            // of the request, so the connection's read buffer is free for the next one.
+            let outcome = match self.layer.decide_now(&request, &rules) {
+                Ok(outcome) => outcome,
+                Err(too_long) => {
+                    return Box::pin(std::future::ready(Ok(identity_too_long(&too_long))));
+                }
+            };
+            if !outcome.allowed {
+                let response = self.layer.denial_response(&outcome, &rules);
+                return Box::pin(std::future::ready(Ok(response)));
+            }
+            let legacy = rules.config().legacy_headers;
+            drop(rules);
+            if outcome.delay_ns == 0 {
+                let forwarded = inner.call(request);
+                return Box::pin(async move {
+                    let response = forwarded.await?;
+                    Ok(with_fields(response, &outcome, legacy))
+                });
+            }
+            return Box::pin(async move {
+                tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
+                let response = inner.call(request).await?;
+                Ok(with_fields(response, &outcome, legacy))
+            });
+        }
         let layer = self.layer.clone();
-        let prepared = match layer.prepare(&request) {
+        let prepared = match layer.prepare(&request, rules) {
             Ok(prepared) => prepared,
             Err(too_long) => return Box::pin(async move { Ok(identity_too_long(&too_long)) }),
         };
         Box::pin(async move {
-            let outcome = layer.decide(prepared).await;
+            let (outcome, rules) = layer.decide(prepared).await;
             if !outcome.allowed {
-                return Ok(layer.denial_response(&outcome));
+                return Ok(layer.denial_response(&outcome, &rules));
             }
-            let legacy = layer.legacy();
+            let legacy = rules.config().legacy_headers;
+            drop(rules);
             if outcome.delay_ns > 0 {
                 tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
             }
             let response = inner.call(request).await?;
-            let mut response = response.map(Body::new);
-            insert_rate_limit_headers(response.headers_mut(), &outcome, legacy);
-            Ok(response)
+            Ok(with_fields(response, &outcome, legacy))
         })
     }
+}
+
+/// `response` with the `RateLimit` fields of `outcome`.
+fn with_fields<B>(response: Response<B>, outcome: &Outcome, legacy: bool) -> Response<Body>
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let mut response = response.map(Body::new);
+    insert_rate_limit_headers(response.headers_mut(), outcome, legacy);
+    response
 }

@@ -40,6 +40,8 @@ pub(super) struct CompiledPolicy {
     /// `ratemesh_decisions_total` of this policy by outcome, registered with the metrics
     /// recorder installed when the policy first decides (a request looks up no registry).
     pub(super) counters: [OnceLock<metrics::Counter>; 3],
+    /// Its `RateLimit-Policy` item for the limit it first reported (formatted once).
+    pub(super) policy_field: OnceLock<(u64, http::HeaderValue)>,
 }
 
 /// What a decision of a policy is counted as in `ratemesh_decisions_total`.
@@ -97,13 +99,26 @@ impl CompiledPolicy {
     }
 
     pub(super) fn report(&self, decision: Decision) -> PolicyReport {
+        let window_s = self.named.policy.window_ns().div_ceil(1_000_000_000);
+        let field = || {
+            let item = [("q", decision.limit), ("w", window_s)];
+            crate::http::sf::item_list(std::iter::once((&*self.sf_name, item)))
+                .map(|value| (decision.limit, value))
+        };
+        let policy_field = match self.policy_field.get() {
+            Some(cached) => Some(cached),
+            None => field().map(|made| self.policy_field.get_or_init(|| made)),
+        };
         PolicyReport {
             name: Arc::clone(&self.name),
             sf_name: Arc::clone(&self.sf_name),
             decision,
-            window_s: self.named.policy.window_ns().div_ceil(1_000_000_000),
+            window_s,
             shadow: self.named.shadow,
             index: self.index,
+            policy_field: policy_field
+                .filter(|(limit, _)| *limit == decision.limit)
+                .map(|(_, value)| value.clone()),
         }
     }
 }
@@ -189,6 +204,7 @@ pub(super) fn compile(
                 remote,
                 index: index as u32,
                 counters: Default::default(),
+                policy_field: OnceLock::new(),
             }
         })
         .collect();

@@ -56,8 +56,9 @@ struct Passage<'r> {
 impl<'r> Passage<'r> {
     /// Charge the local layers of `plan` (and its `redis` policy on its local store, when
     /// `exact_here`); a denial by one gives the earlier ones back.
-    fn start(rules: &'r Rules, plan: Plan<'r>, now: Nanos, exact_here: bool) -> Self {
-        let mut local = plan.enforced.clone();
+    fn start(rules: &'r Rules, mut plan: Plan<'r>, now: Nanos, exact_here: bool) -> Self {
+        // The plan's enforced layers are read only from here on, as `local`.
+        let mut local = std::mem::take(&mut plan.enforced);
         if exact_here {
             local.extend(plan.exact);
         }
@@ -218,17 +219,23 @@ impl Rules {
     }
 
     fn tier_of(&self, facts: &RequestFacts<'_>) -> Option<&Layers> {
-        let named = facts
-            .tier
-            .map(str::to_string)
-            .or_else(|| {
-                facts
-                    .identity
-                    .tenant_name()
-                    .and_then(|n| self.tenants.get(&n).cloned())
-            })
-            .or_else(|| self.config.default_tier.clone());
-        named.and_then(|name| self.tiers.get(&name))
+        // The tier an earlier layer chose, else the client's as a tenant, else the default;
+        // the first of these that names a tier is looked up (a name with no tier: none).
+        if let Some(tier) = facts.tier {
+            return self.tiers.get(tier);
+        }
+        if !self.tenants.is_empty()
+            && let Some(tier) = facts
+                .identity
+                .tenant_name()
+                .and_then(|n| self.tenants.get(&n))
+        {
+            return self.tiers.get(tier);
+        }
+        self.config
+            .default_tier
+            .as_deref()
+            .and_then(|tier| self.tiers.get(tier))
     }
 
     /// Give back `cost` that layer `(p, key)` took from `charge` at `now`.
@@ -282,6 +289,7 @@ impl Rules {
             window_s: 0,
             shadow: false,
             index: u32::MAX,
+            policy_field: None,
         };
         self.outcome(plan, false, 0, vec![report], 0)
     }

@@ -75,6 +75,9 @@ pub struct PolicyReport {
     pub shadow: bool,
     /// The policy's place in the compiled file (`u32::MAX` for none), for its counters.
     pub(crate) index: u32,
+    /// The policy's `RateLimit-Policy` item (`"name";q=…;w=…`), formatted once, when it
+    /// is this decision's.
+    pub(crate) policy_field: Option<http::HeaderValue>,
 }
 
 /// The outcome of one request.
