@@ -349,7 +349,7 @@ impl App {
                 let mut own = self.own.clone();
                 Box::pin(async move { tower::Service::call(&mut own, request).await })
             }
-            _ => tower::Service::call(&mut self.front.clone(), request),
+            _ => self.front.call_shared(request),
         }
     }
 }
@@ -359,6 +359,18 @@ impl App {
 struct Front {
     forward_auth: Option<ForwardAuthService>,
     gateway: RateLimitService<Gateway>,
+}
+
+impl Front {
+    /// Answer `request` without cloning the front (its services are always ready).
+    fn call_shared(&self, request: axum::http::Request<Body>) -> AppFuture {
+        match &self.forward_auth {
+            Some(check) if check.takes(request.uri().path()) => {
+                tower::Service::call(&mut check.clone(), request)
+            }
+            _ => self.gateway.call_shared(request),
+        }
+    }
 }
 
 impl tower::Service<axum::http::Request<Body>> for Front {

@@ -549,32 +549,32 @@ async fn serve_connection(
         let streamed = proxy
             .route(request.uri().path())
             .map(|route| route.max_body_bytes);
-        // A request with no body to read is handed to the app now, whose rules may decide
-        // it (and drop it) before the connection reads on.
-        let next = if streamed.is_none() && request.body().is_end_stream() {
+        // A request whose body streams (a proxy route's) or that has none is handed to the
+        // app now, whose rules may decide it (and drop it) before the connection reads on;
+        // one with a body to read first waits for it.
+        let next = match streamed {
+            Some(max) => {
+                let body_in_flight = InFlight::begin(&service_activity);
+                match streamed_body(request, max, body_in_flight) {
+                    Ok(request) => Next::Answer(app.call(with_peer(request, &app, peer))),
+                    Err(refusal) => Next::Refused(refusal),
+                }
+            }
             // No body: an empty one in its place (which allocates nothing).
-            Next::Answer(app.call(with_peer(request.map(|_| Body::empty()), &app, peer)))
-        } else {
-            Next::Read(Box::new(request))
+            None if request.body().is_end_stream() => {
+                Next::Answer(app.call(with_peer(request.map(|_| Body::empty()), &app, peer)))
+            }
+            None => Next::Read(Box::new(request)),
         };
-        let body_in_flight = streamed.map(|_| InFlight::begin(&service_activity));
         let app = Arc::clone(&app);
         async move {
             let response = match next {
                 Next::Answer(answer) => answer.await,
-                Next::Read(request) => {
-                    let request = *request;
-                    let request = match (streamed, body_in_flight) {
-                        (Some(max), Some(body_in_flight)) => {
-                            streamed_body(request, max, body_in_flight).await
-                        }
-                        _ => bounded_body(request, &limits).await,
-                    };
-                    match request {
-                        Ok(request) => app.call(with_peer(request, &app, peer)).await,
-                        Err(refusal) => Ok(refusal),
-                    }
-                }
+                Next::Refused(refusal) => Ok(*refusal),
+                Next::Read(request) => match bounded_body(*request, &limits).await {
+                    Ok(request) => app.call(with_peer(request, &app, peer)).await,
+                    Err(refusal) => Ok(refusal),
+                },
             };
             response.map(|response| {
                 response.map(|body| Tracked {
@@ -622,9 +622,11 @@ async fn serve_connection(
     }
 }
 
-/// What a request's service does next: await the app's answer, or read the body first.
+/// What a request's service does next: await the app's answer, answer a refusal, or read
+/// the body first.
 enum Next {
     Answer(crate::daemon::AppFuture),
+    Refused(Box<Response<Body>>),
     /// (boxed: the request is large, the answer's future small)
     Read(Box<Request<Incoming>>),
 }
@@ -670,19 +672,19 @@ async fn bounded_body(
 
 /// A request under a proxy route, its body left to stream (at most `max` bytes, checked by
 /// the proxy as it goes); a longer declared `Content-Length` is refused at once (413).
-async fn streamed_body(
+fn streamed_body(
     request: Request<Incoming>,
     max: Option<u64>,
     in_flight: InFlight,
-) -> Result<Request<Body>, Response<Body>> {
+) -> Result<Request<Body>, Box<Response<Body>>> {
     if let Some(max) = max
         && declared_length(&request).is_some_and(|length| length > max)
     {
-        return Err(refusal(
+        return Err(Box::new(refusal(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
             max,
-        ));
+        )));
     }
     Ok(request.map(|body| {
         Body::new(Tracked {

@@ -379,7 +379,7 @@ where
 {
     type Response = Response<Body>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, S::Error>> + Send>>;
+    type Future = Responding<S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -388,20 +388,61 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // The inner service that `poll_ready` readied is the one we call; leave a fresh clone.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let rules = self.layer.shared.rules.load_full();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        self.layer.respond(inner, request)
+    }
+}
+
+impl<S> RateLimitService<S> {
+    /// Call a clone of the inner service, through a shared reference (for an inner service
+    /// that is always ready, like the node's own).
+    pub(crate) fn call_shared<ReqBody, ResBody>(
+        &self,
+        request: Request<ReqBody>,
+    ) -> Responding<S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: HttpBody<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<axum::BoxError>,
+    {
+        self.layer.respond(self.inner.clone(), request)
+    }
+}
+
+/// A boxed response future of a [`RateLimitService`].
+type Responding<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
+
+impl RateLimitLayer {
+    /// Decide `request` and hand it to `inner` when admitted.
+    fn respond<S, ReqBody, ResBody>(
+        &self,
+        mut inner: S,
+        request: Request<ReqBody>,
+    ) -> Responding<S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: HttpBody<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<axum::BoxError>,
+    {
+        let rules = self.shared.rules.load_full();
         if !rules.needs_io() {
             // Decided now, from the request as it stands (nothing copied out of it), and
             // handed on at once unless a shaping policy delays it: the future holds no part
             // of the request, so the connection's read buffer is free for the next one.
-            let outcome = match self.layer.decide_now(&request, &rules) {
+            let outcome = match self.decide_now(&request, &rules) {
                 Ok(outcome) => outcome,
                 Err(too_long) => {
                     return Box::pin(std::future::ready(Ok(identity_too_long(&too_long))));
                 }
             };
             if !outcome.allowed {
-                let response = self.layer.denial_response(&outcome, &rules);
+                let response = self.denial_response(&outcome, &rules);
                 return Box::pin(std::future::ready(Ok(response)));
             }
             let legacy = rules.config().legacy_headers;
@@ -419,7 +460,7 @@ where
                 Ok(with_fields(response, &outcome, legacy))
             });
         }
-        let layer = self.layer.clone();
+        let layer = self.clone();
         let prepared = match layer.prepare(&request, rules) {
             Ok(prepared) => prepared,
             Err(too_long) => return Box::pin(async move { Ok(identity_too_long(&too_long)) }),

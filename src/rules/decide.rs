@@ -198,23 +198,21 @@ impl Rules {
             let tier_layers = tier
                 .map_or(&[][..], |t| of(t))
                 .iter()
-                .map(|&i| (i, client_key));
+                .map(move |&i| (i, client_key));
             let route_layers = route
                 .map_or(&[][..], |r| of(&r.layers))
                 .iter()
-                .map(|&i| (i, route_key));
-            tier_layers
-                .chain(route_layers)
-                .collect::<Vec<(usize, u64)>>()
+                .map(move |&i| (i, route_key));
+            tier_layers.chain(route_layers)
         };
         Plan {
             refused: tier.is_none() && self.config.refuse_without_tier,
             route,
             cost,
-            enforced: keyed(|l| &l.enforced),
-            shadow: keyed(|l| &l.shadow),
-            global: keyed(|l| &l.global).first().copied(),
-            exact: keyed(|l| &l.exact).first().copied(),
+            enforced: keyed(|l| &l.enforced).collect(),
+            shadow: keyed(|l| &l.shadow).collect(),
+            global: keyed(|l| &l.global).next(),
+            exact: keyed(|l| &l.exact).next(),
         }
     }
 

@@ -38,8 +38,25 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 /// (`TE: trailers`), which an HTTP/2 upstream may need to hear again (gRPC).
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // Most messages have none, or only `Connection`: one pass over the names tells.
-    if !headers.keys().any(hop_by_hop) {
+    let mut hops = headers.keys().filter(|name| hop_by_hop(name));
+    let Some(first) = hops.next() else {
         return false;
+    };
+    // The usual case, one pass: only `Connection: keep-alive` (or `close`), naming no field.
+    if first == CONNECTION && hops.next().is_none() {
+        let names_none = headers.get_all(CONNECTION).iter().all(|value| {
+            value.to_str().is_ok_and(|text| {
+                text.split(',').map(str::trim).all(|token| {
+                    token.is_empty()
+                        || token.eq_ignore_ascii_case("close")
+                        || token.eq_ignore_ascii_case("keep-alive")
+                })
+            })
+        });
+        if names_none {
+            headers.remove(CONNECTION);
+            return false;
+        }
     }
     // The fields `Connection` names; allocated only when it names something unusual.
     let mut named: Vec<HeaderName> = Vec::new();
@@ -95,6 +112,8 @@ pub(crate) fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, trust
         }
     }
     let Some(peer) = peer else { return };
+    // Room for the four fields at once (one growth of the map at most).
+    headers.reserve(4);
     let chain = trusted && sent;
     let mut text = BytesMut::with_capacity(64);
     if chain {
@@ -216,6 +235,19 @@ mod tests {
         assert_eq!(left, ["x-api-key", "content-length"]);
         let mut map = headers(&[("te", "gzip")]);
         assert!(!strip_hop_by_hop(&mut map));
+        // `Connection` alone: dropped, and the field it names with it.
+        let mut map = headers(&[("connection", "Keep-Alive"), ("x-api-key", "k")]);
+        assert!(!strip_hop_by_hop(&mut map));
+        assert_eq!(
+            map.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["x-api-key"]
+        );
+        let mut map = headers(&[("connection", "close, x-hop"), ("x-hop", "1"), ("x-b", "2")]);
+        assert!(!strip_hop_by_hop(&mut map));
+        assert_eq!(
+            map.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["x-b"]
+        );
     }
 
     #[test]
