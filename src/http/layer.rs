@@ -396,6 +396,7 @@ where
 impl<S> RateLimitService<S> {
     /// Call a clone of the inner service, through a shared reference (for an inner service
     /// that is always ready, like the node's own).
+    #[cfg(feature = "node")]
     pub(crate) fn call_shared<ReqBody, ResBody>(
         &self,
         request: Request<ReqBody>,
