@@ -202,6 +202,20 @@ impl RateLimitLayer {
         }))
     }
 
+    /// Who sent `request`, by `rules`' identity settings.
+    fn identify<B>(
+        &self,
+        request: &Request<B>,
+        rules: &Rules,
+    ) -> Result<crate::rules::Identity, IdentityTooLong> {
+        identify(
+            request.headers(),
+            request.extensions(),
+            rules.identity_config(),
+            self.shared.max_identity_bytes,
+        )
+    }
+
     /// Take what a decision needs from `request` (owned, so the decision can wait on Redis
     /// without borrowing the request).
     fn prepare<B>(
@@ -209,12 +223,7 @@ impl RateLimitLayer {
         request: &Request<B>,
         rules: Arc<Rules>,
     ) -> Result<Prepared, IdentityTooLong> {
-        let identity = identify(
-            request.headers(),
-            request.extensions(),
-            rules.identity_config(),
-            self.shared.max_identity_bytes,
-        )?;
+        let identity = self.identify(request, &rules)?;
         Ok(Prepared {
             identity,
             tier: request
@@ -234,12 +243,7 @@ impl RateLimitLayer {
         request: &Request<B>,
         rules: &Rules,
     ) -> Result<Outcome, IdentityTooLong> {
-        let identity = identify(
-            request.headers(),
-            request.extensions(),
-            rules.identity_config(),
-            self.shared.max_identity_bytes,
-        )?;
+        let identity = self.identify(request, rules)?;
         let facts = RequestFacts {
             identity: &identity,
             tier: request
