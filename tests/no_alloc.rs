@@ -182,7 +182,9 @@ fn shared_and_boxed_str_keys_checked_with_a_str_do_not_allocate() {
         .build::<std::sync::Arc<str>>()
         .unwrap();
     assert_eq!(exercise(&arcs, &keys), (0, 0), "Arc<str> keys");
-    assert_eq!(arcs.stats()[0].hot_keys, 1);
+    // The key checked 2,000 times in a row is hot (a cold pass's key may be too, at random:
+    // the sampler may note one key of a set twice in a row across passes).
+    assert!(arcs.stats()[0].hot_keys >= 1);
     let boxes = Limiter::builder()
         .policy(policy)
         .clock(ManualClock::new(1_000_000_000))
