@@ -3,7 +3,8 @@
 //! and denied ones never do; hop-by-hop fields are dropped and forwarding fields appended
 //! (a forged chain from an untrusted client is dropped); a 64 MiB body streams both ways
 //! without being buffered; HTTP/2 to the upstream; an upstream that hangs, resets or refuses
-//! is answered 504/502 in JSON, each request counted once, and the node keeps serving; bad
+//! is answered 504/502 in JSON, each request counted once, and the node keeps serving; a
+//! kept-alive connection the upstream closes while it is idle costs no request; bad
 //! `[[proxy]]` entries are refused with the file, the line and the field.
 
 mod support;
@@ -494,6 +495,39 @@ async fn a_failing_upstream_is_answered_in_json_counted_once_and_the_node_keeps_
         );
     }
     drop(fillers);
+}
+
+/// A kept-alive connection the upstream closes while it waits in the node's pool is not
+/// used for the next request: that request goes on a new connection, reaches the upstream
+/// once, and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_closes_its_idle_connections_costs_no_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, answered, _task) = upstream::closing_when_idle(Duration::from_millis(20)).await;
+    let node = node_with(dir.path(), &proxy("/idle", addr, "")).await;
+    let client = client();
+    for i in 0..6 {
+        let response = client
+            .get(format!("http://{}/idle/{i}", node.http))
+            .header("x-api-key", "idle")
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = response.text().await.unwrap();
+        assert_eq!(
+            (status.as_u16(), body.as_str()),
+            (200, "ok\n"),
+            "request {i}"
+        );
+        // The upstream closes the connection the node keeps for the next request.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_eq!(
+        *answered.lock().unwrap(),
+        6,
+        "each request reached the upstream once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -200,6 +200,42 @@ pub async fn resetting() -> (SocketAddr, JoinHandle<()>) {
         }
     });
     (addr, task)
+}
+
+/// A TCP server that answers each connection's first request `200 ok` (kept alive, as far
+/// as the client can tell), then closes the connection `linger` later without a word; returns
+/// its address and how many requests it answered.
+pub async fn closing_when_idle(
+    linger: Duration,
+) -> (SocketAddr, Arc<Mutex<usize>>, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answered = Arc::new(Mutex::new(0));
+    let count = Arc::clone(&answered);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n";
+                if stream.write_all(answer).await.is_ok() {
+                    *count.lock().unwrap() += 1;
+                }
+                tokio::time::sleep(linger).await;
+            });
+        }
+    });
+    (addr, answered, task)
 }
 
 /// A loopback address where nothing listens.
