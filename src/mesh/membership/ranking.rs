@@ -1,0 +1,144 @@
+//! Rendezvous ranking: which live members own a key (the highest weight first, then its
+//! successor), whether a peer's view agrees that this node owns one, and the dead members
+//! that ranked above it.
+
+use super::Membership;
+use crate::clock::Nanos;
+use crate::mesh::NodeId;
+
+/// How many keys' rankings a membership keeps.
+pub(super) const RANK_CACHE: usize = 16;
+
+/// The three members of highest rendezvous weight for a key, among the live members of one
+/// version.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ranking {
+    pub(super) key: u64,
+    pub(super) live_version: u64,
+    pub(super) top: [(u64, NodeId); 3],
+    /// How many of `top` are members (3 stands for 3 or more).
+    pub(super) found: usize,
+}
+
+impl Membership {
+    /// Return the live members ranked by rendezvous weight for `key`, highest first: the
+    /// first is the key's owner, the second its successor.
+    pub(crate) fn ranked(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
+        let r = self.ranking(key);
+        r.top.into_iter().take(r.found.min(2)).map(|(_, id)| id)
+    }
+
+    /// The three live members of highest weight for `key` (ties keep the earlier listed).
+    fn ranking(&self, key: u64) -> Ranking {
+        let slot = &self.rank_cache[(key as usize) % RANK_CACHE];
+        let cached = slot.get();
+        if cached.key == key && cached.live_version == self.live_version {
+            return cached;
+        }
+        let mut top: [(u64, NodeId); 3] = [(0, self.me); 3];
+        let mut found = 0usize;
+        for &(pre, id) in &self.live {
+            let w = mix(key ^ pre);
+            // Most members rank below the third: one comparison for them.
+            if found == 3 && w <= top[2].0 {
+                continue;
+            }
+            if found == 0 || w > top[0].0 {
+                top[2] = top[1];
+                top[1] = top[0];
+                top[0] = (w, id);
+            } else if found == 1 || w > top[1].0 {
+                top[2] = top[1];
+                top[1] = (w, id);
+            } else if found == 2 || w > top[2].0 {
+                top[2] = (w, id);
+            }
+            found = (found + 1).min(3);
+        }
+        let r = Ranking {
+            key,
+            live_version: self.live_version,
+            top,
+            found,
+        };
+        slot.set(r);
+        r
+    }
+
+    /// Tell whether peer `id`, by the view its newest frame told, ranks this node first for
+    /// `key` and itself second: it counts this node alive, and every other member it counts
+    /// alive ranks below both. Unknown views do not agree.
+    ///
+    /// Second, not just below: a successor whose view changes may rank another member first
+    /// while the owner it confirmed before still holds its lease. That is safe only when the
+    /// earlier owner is gone from the successor's view (declared dead, so its lease ran out
+    /// first, or left): were it still alive there, it would rank between the new owner and
+    /// the successor, which then is not second.
+    pub(crate) fn agrees_i_own(&self, id: NodeId, key: u64) -> bool {
+        let Some(dead) = self.peers.get(&id).and_then(|p| p.their_dead.as_ref()) else {
+            return false;
+        };
+        if dead.contains(&self.me) {
+            return false;
+        }
+        let mine = weight(key, self.me);
+        let theirs = weight(key, id);
+        if theirs >= mine {
+            return false;
+        }
+        // This node ranks itself first and `id` second, every other live member below `id`:
+        // only the members it does not count alive remain to be looked at.
+        let r = self.ranking(key);
+        if r.top[0].1 == self.me && r.top[1].1 == id && (r.found < 3 || r.top[2].0 < theirs) {
+            return self
+                .dormant
+                .iter()
+                .all(|&(pre, peer)| peer == id || mix(key ^ pre) < theirs || dead.contains(&peer));
+        }
+        // Every peer that did not leave: the live ones (this node aside) and the dormant ones.
+        self.live
+            .iter()
+            .chain(&self.dormant)
+            .filter(|&&(_, peer)| peer != self.me)
+            .all(|&(pre, peer)| peer == id || mix(key ^ pre) < theirs || dead.contains(&peer))
+    }
+
+    /// Return the members this node declared dead (and that did not come back or leave) that
+    /// rank above it for `key`, with the local time of each declaration: the owners the key
+    /// may have had before this node.
+    pub(crate) fn dead_above(&self, key: u64) -> impl Iterator<Item = (NodeId, Nanos)> + '_ {
+        let mine = weight(key, self.me);
+        self.peers
+            .iter()
+            .filter(move |&(&id, p)| {
+                !p.alive && !p.left && !p.pending && p.deaths > 0 && weight(key, id) > mine
+            })
+            .map(|(&id, p)| (id, p.since))
+    }
+
+    /// Return the key's owner and successor (if there is a second live member).
+    pub(crate) fn owner_and_successor(&self, key: u64) -> (NodeId, Option<NodeId>) {
+        let mut ranked = self.ranked(key);
+        let owner = ranked.next().unwrap_or(self.me);
+        (owner, ranked.next())
+    }
+}
+
+/// The rendezvous weight of member `id` for `key`.
+pub fn weight(key: u64, id: NodeId) -> u64 {
+    mix(key ^ premix(id))
+}
+
+/// The half of a rendezvous weight that depends on the member alone.
+pub(super) fn premix(id: NodeId) -> u64 {
+    mix(id.wrapping_add(0x9e37_79b9_7f4a_7c15))
+}
+
+/// A 64-bit finalizer (splitmix64's): spreads every input bit over the output.
+pub(crate) fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
