@@ -159,8 +159,9 @@ pub(crate) struct Membership {
     /// Raised whenever the live members change: what [`Membership::rank_cache`] entries
     /// were ranked among.
     live_version: u64,
-    /// The latest rankings, by key (a request's key is ranked several times in a row).
-    rank_cache: [Cell<Ranking>; RANK_CACHE],
+    /// The latest rankings, by key (a request's key is ranked several times in a row, on
+    /// the request and in the rounds that follow).
+    rank_cache: Box<[Cell<Ranking>]>,
 }
 
 /// The highest lag score: a node that runs late waits up to five times `dead_after` before it
@@ -210,14 +211,16 @@ impl Membership {
             heard_until: Cell::new((u64::MAX, 0, 0)),
             dormant: Vec::new(),
             live_version: 0,
-            rank_cache: std::array::from_fn(|_| {
-                Cell::new(Ranking {
-                    key: 0,
-                    live_version: u64::MAX,
-                    top: [(0, me); 3],
-                    found: 0,
+            rank_cache: (0..RANK_CACHE)
+                .map(|_| {
+                    Cell::new(Ranking {
+                        key: 0,
+                        live_version: u64::MAX,
+                        top: [(0, me); 3],
+                        found: 0,
+                    })
                 })
-            }),
+                .collect(),
         };
         m.reindex();
         m

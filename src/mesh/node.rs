@@ -527,9 +527,18 @@ impl Node {
         let Some(h) = self.holdings.get_mut(&key) else {
             return;
         };
-        let resend = resend_after(&self.membership, &self.config, key.key, now);
+        // The owner the holding last asked, unless the live members changed since.
+        let version = self.membership.live_version();
+        let owner = match h.owner_under(version) {
+            Some(owner) => owner,
+            None => {
+                let owner = self.membership.owner_and_successor(key.key).0;
+                h.note_owner(version, owner);
+                owner
+            }
+        };
+        let resend = resend_after(&self.membership, &self.config, owner, now);
         let want = h.want(now, round, refill, resend);
-        let owner = self.membership.owner_and_successor(key.key).0;
         if owner == self.config.id {
             let incarnation = self.membership.incarnation();
             self.on_want(now, owner, incarnation, want);
@@ -758,10 +767,9 @@ impl Node {
 /// How deep a holder's re-ask may recurse through this node's own authority.
 const MAX_LOCAL_DEPTH: u8 = 4;
 
-/// How long a holder waits for the owner of `key` to answer before it asks again: three
+/// How long a holder waits for a key's `owner` to answer before it asks again: three
 /// round trips to it (a lost frame costs that much), between 2 ms and two rounds.
-fn resend_after(membership: &Membership, config: &NodeConfig, key: u64, now: Nanos) -> Nanos {
-    let owner = membership.owner_and_successor(key).0;
+fn resend_after(membership: &Membership, config: &NodeConfig, owner: NodeId, now: Nanos) -> Nanos {
     let round_trip = membership.offset(owner, now).map_or(0, |o| o.round_trip);
     (3 * round_trip).clamp(2_000_000, 2 * config.gossip_interval_ns)
 }

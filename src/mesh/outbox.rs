@@ -170,8 +170,9 @@ impl Outbox {
         out: &mut Vec<Transmit>,
     ) {
         for (to, items) in std::mem::take(&mut self.reliable) {
-            for frame in pack(header(to), items, MAX_FRAME_BYTES - 1) {
-                if let Ok(bytes) = wire::encode(&frame) {
+            let items = items.into_iter().map(|item| (item_len(&item), item));
+            for (frame, len) in pack(header(to), items, MAX_FRAME_BYTES - 1) {
+                if let Ok(bytes) = wire::encode_sized(&frame, len) {
                     out.push(Transmit {
                         to,
                         bytes,
@@ -197,16 +198,16 @@ impl Outbox {
         }
         // The budget goes to the urgent items of every peer before any routine one; the
         // items sent keep the order they were queued in.
-        let mut plans: Vec<(NodeId, Vec<(Item, bool)>)> = Vec::with_capacity(queues.len());
+        let mut plans: Vec<(NodeId, Vec<Planned>)> = Vec::with_capacity(queues.len());
         let mut routine: Vec<(usize, usize)> = Vec::new();
         for (to, items) in queues {
             let index = plans.len();
             let mut marked = Vec::with_capacity(items.len());
             for item in items {
+                let len = item_len(&item);
                 let send = match urgency(&item) {
                     0 => true,
                     1 => {
-                        let len = wire::encoded_len(&item).saturating_add(2);
                         let fits = len <= self.budget;
                         if fits {
                             self.budget -= len;
@@ -218,25 +219,25 @@ impl Outbox {
                         false
                     }
                 };
-                marked.push((item, send));
+                marked.push((item, len, send));
             }
             plans.push((to, marked));
         }
         for (index, at) in routine {
             let entry = &mut plans[index].1[at];
-            let len = wire::encoded_len(&entry.0).saturating_add(2);
+            let len = entry.1;
             if len <= self.budget.min(self.routine_budget) {
                 self.budget -= len;
                 self.routine_budget -= len;
-                entry.1 = true;
+                entry.2 = true;
             }
         }
         for (to, marked) in plans {
             let mut send = Vec::with_capacity(marked.len());
             let mut held = Vec::new();
-            for (item, go) in marked {
+            for (item, len, go) in marked {
                 if go {
-                    send.push(item);
+                    send.push((len, item));
                 } else {
                     held.push(item);
                 }
@@ -257,8 +258,8 @@ impl Outbox {
                 continue;
             }
             let h = header(to);
-            for frame in pack(h, send, max_datagram_bytes.saturating_sub(1)) {
-                if let Ok(bytes) = wire::encode(&frame) {
+            for (frame, len) in pack(h, send.into_iter(), max_datagram_bytes.saturating_sub(1)) {
+                if let Ok(bytes) = wire::encode_sized(&frame, len) {
                     // An item too large for a datagram (a big backup) goes on a stream.
                     let reliable = bytes.len() > max_datagram_bytes;
                     out.push(Transmit {
@@ -278,34 +279,49 @@ impl Outbox {
     }
 }
 
-/// Split `items` into frames whose bodies stay within `budget` bytes (an item larger than
-/// the budget gets a frame of its own).
-fn pack(header: Header, items: Vec<Item>, budget: usize) -> Vec<Frame> {
-    let base = wire::encoded_len(&Frame {
-        header: header.clone(),
-        items: Vec::new(),
-    });
+/// An item to send now or hold back: the item, its [`item_len`], and whether it goes now.
+type Planned = (Item, usize, bool);
+
+/// The bytes `item` takes in a frame, plus at most a few for the count prefix.
+fn item_len(item: &Item) -> usize {
+    wire::encoded_len(item).saturating_add(2)
+}
+
+/// Split `items` (each with its [`item_len`]) into frames whose bodies stay within `budget`
+/// bytes (an item larger than the budget gets a frame of its own); each frame comes with
+/// an upper bound of its encoded length (the version byte included).
+fn pack(
+    header: Header,
+    items: impl Iterator<Item = (usize, Item)>,
+    budget: usize,
+) -> Vec<(Frame, usize)> {
+    // The header and the empty item list's length.
+    let base = wire::encoded_len(&header) + 1;
     let mut frames = Vec::new();
     let mut current: Vec<Item> = Vec::new();
     let mut size = base;
-    for item in items {
-        // An item's length, plus at most a few bytes more for the count prefix.
-        let len = wire::encoded_len(&item) + 2;
+    for (len, item) in items {
         if !current.is_empty() && (size + len > budget || current.len() >= MAX_ITEMS) {
-            frames.push(Frame {
-                header: header.clone(),
-                items: std::mem::take(&mut current),
-            });
+            frames.push((
+                Frame {
+                    header: header.clone(),
+                    items: std::mem::take(&mut current),
+                },
+                size + 1,
+            ));
             size = base;
         }
         size += len;
         current.push(item);
     }
     if !current.is_empty() || frames.is_empty() {
-        frames.push(Frame {
-            header,
-            items: current,
-        });
+        frames.push((
+            Frame {
+                header,
+                items: current,
+            },
+            size + 1,
+        ));
     }
     frames
 }

@@ -68,11 +68,19 @@ pub enum WireError {
 
 /// Encode `message` as a frame: the version byte, then the body.
 pub fn encode<T: Encode>(message: &T) -> Result<Vec<u8>, WireError> {
-    let mut frame = vec![WIRE_VERSION];
-    let body = bincode::encode_to_vec(message, LIMITED).map_err(|e| WireError::Encode {
-        reason: e.to_string(),
+    encode_sized(message, encoded_len(message).saturating_add(1))
+}
+
+/// Encode `message` as a frame into a buffer of `capacity` bytes to begin with (the frame's
+/// length when the caller knows it: one pass over the message, one allocation).
+pub(crate) fn encode_sized<T: Encode>(message: &T, capacity: usize) -> Result<Vec<u8>, WireError> {
+    let mut frame = Vec::with_capacity(capacity.min(MAX_FRAME_BYTES));
+    frame.push(WIRE_VERSION);
+    bincode::encode_into_writer(message, FrameWriter(&mut frame), LIMITED).map_err(|e| {
+        WireError::Encode {
+            reason: e.to_string(),
+        }
     })?;
-    frame.extend_from_slice(&body);
     if frame.len() > MAX_FRAME_BYTES {
         return Err(WireError::TooLarge {
             len: frame.len(),
@@ -80,6 +88,16 @@ pub fn encode<T: Encode>(message: &T) -> Result<Vec<u8>, WireError> {
         });
     }
     Ok(frame)
+}
+
+/// Appends what bincode writes to a frame.
+struct FrameWriter<'a>(&'a mut Vec<u8>);
+
+impl bincode::enc::write::Writer for FrameWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
 }
 
 /// Decode a frame received from a peer.

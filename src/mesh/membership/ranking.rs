@@ -6,8 +6,10 @@ use super::Membership;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 
-/// How many keys' rankings a membership keeps.
-pub(super) const RANK_CACHE: usize = 16;
+/// How many keys' rankings a membership keeps (a power of two; 72 bytes each). A key's
+/// ranking is asked for several times per request across the rounds that follow it; with
+/// 64 members it costs 64 hashes to compute again.
+pub(super) const RANK_CACHE: usize = 4096;
 
 /// The three members of highest rendezvous weight for a key, among the live members of one
 /// version.
@@ -30,7 +32,7 @@ impl Membership {
 
     /// The three live members of highest weight for `key` (ties keep the earlier listed).
     fn ranking(&self, key: u64) -> Ranking {
-        let slot = &self.rank_cache[(key as usize) % RANK_CACHE];
+        let slot = &self.rank_cache[(key as usize) & (RANK_CACHE - 1)];
         let cached = slot.get();
         if cached.key == key && cached.live_version == self.live_version {
             return cached;
@@ -108,12 +110,20 @@ impl Membership {
     /// may have had before this node.
     pub(crate) fn dead_above(&self, key: u64) -> impl Iterator<Item = (NodeId, Nanos)> + '_ {
         let mine = weight(key, self.me);
-        self.peers
+        // The dead are among the dormant (the peers neither alive nor gone).
+        self.dormant
             .iter()
-            .filter(move |&(&id, p)| {
-                !p.alive && !p.left && !p.pending && p.deaths > 0 && weight(key, id) > mine
+            .filter(move |&&(pre, _)| mix(key ^ pre) > mine)
+            .filter_map(|&(_, id)| {
+                let p = self.peers.get(&id)?;
+                (!p.alive && !p.left && !p.pending && p.deaths > 0).then_some((id, p.since))
             })
-            .map(|(&id, p)| (id, p.since))
+    }
+
+    /// The version of the live members: it changes whenever they do, and a key's owner
+    /// and successor stay the same while it does not.
+    pub(crate) fn live_version(&self) -> u64 {
+        self.live_version
     }
 
     /// Return the key's owner and successor (if there is a second live member).
