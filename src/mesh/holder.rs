@@ -33,6 +33,9 @@ const DENIED_RESEND_NS: Nanos = 2_000_000;
 /// Rounds without demand after which a holder gives its unspent lease back.
 pub(crate) const IDLE_ROUNDS: u32 = 10;
 
+/// Over how many rounds the holdings whose times end together are looked at again (by key).
+const WAKE_SPREAD_ROUNDS: u64 = 16;
+
 /// Rounds between reports of a holder's count when nothing else is sent.
 pub(crate) const REPORT_ROUNDS: u64 = 4;
 
@@ -211,8 +214,15 @@ impl Holding {
             .max(self.keep_until)
             .max(self.counted_until());
         // A round that begins at `now` has the number `now / interval`: none before
-        // `at / interval` reaches `at`.
-        idle.max(at / interval.max(1))
+        // `at / interval` reaches `at`. The holdings of one window all reach it at its end:
+        // each waits a few rounds more by its key, so that they are forgotten over
+        // several rounds rather than in one long one.
+        let spread = if at == 0 {
+            0
+        } else {
+            self.key.key % WAKE_SPREAD_ROUNDS
+        };
+        idle.max(at / interval.max(1) + spread)
     }
 
     /// The key's owner noted under live-members version `version`, if any.
@@ -611,8 +621,10 @@ impl Holding {
     /// Return the earliest instant the holder needs its node: a waiting request's deadline,
     /// or the time to ask again when the last want may have been lost (`resend_after`).
     pub(crate) fn next_deadline(&self) -> Option<Nanos> {
-        // A window's lease ends at its expiry: the final count goes to the authority then.
-        let expiry = (self.kind.is_window() && !self.closed).then_some(self.expiry);
+        // A sliding window's lease ends at its expiry: the final count goes to the authority
+        // then. A fixed window's has nothing to send then (its cell stops at the expiry by
+        // itself): it is closed when the holding is next looked at.
+        let expiry = (self.kind.weighs_previous() && !self.closed).then_some(self.expiry);
         let deadline = self.waiting.iter().map(|w| w.deadline).min();
         let resend = self.want_sent_at.filter(|_| !self.waiting.is_empty());
         [expiry, deadline, resend].into_iter().flatten().min()

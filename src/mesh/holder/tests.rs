@@ -83,6 +83,43 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
 }
 
 #[test]
+fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_timer() {
+    let fixed = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let round_ns = S / 50;
+    let mut wakes = std::collections::BTreeSet::new();
+    for key in 1..=64u64 {
+        let k = KeyRef { policy: 0, key };
+        let mut h = Holding::new(k, fixed, MeshKind::FixedWindow, 1);
+        h.slow(10 * S, 1, 1, 11 * S);
+        h.want(10 * S, 500, false, 1);
+        let g = Grant {
+            key: k,
+            ..grant(10, 1, 0)
+        };
+        assert!(h.apply_grant(10 * S + 1, &g, 11 * S)[0].1.is_allowed());
+        // Spent out, nothing waits: a fixed window's lease has nothing to do at its expiry.
+        assert_eq!(h.next_deadline(), None);
+        for round in 501..540 {
+            h.tick(10 * S + (round - 500) * round_ns, round);
+        }
+        assert!(h.at_rest());
+        // Looked at again once it may be forgotten (a window after its lease's end, round
+        // 600), each key up to 15 rounds later.
+        let wake = h.wake_round(539, round_ns);
+        assert!((600..616).contains(&wake), "{wake}");
+        wakes.insert(wake);
+    }
+    assert_eq!(wakes.len(), 16);
+    // A sliding window's lease keeps its timer: its final count is due at the expiry.
+    let sliding = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, sliding, MeshKind::SlidingWindow, 1);
+    h.slow(10 * S, 1, 1, 11 * S);
+    h.want(10 * S, 500, false, 1);
+    h.apply_grant(10 * S + 1, &grant(10, 1, 0), 11 * S);
+    assert_eq!(h.next_deadline(), Some(11 * S));
+}
+
+#[test]
 fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
     let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
