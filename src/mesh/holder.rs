@@ -21,7 +21,6 @@ use std::sync::Arc;
 
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::mesh::NodeId;
 use crate::mesh::authority::{MeshKind, SHORT_LEASE_ROUNDS};
 use crate::mesh::lease::{LeaseCell, Miss};
 use crate::mesh::message::{Grant, KeyRef, Want};
@@ -123,9 +122,6 @@ pub(crate) struct Holding {
     /// Kept at least until then (a holding that admitted a request on credit): the node
     /// takes a key's credit again only once it forgot the key.
     keep_until: Nanos,
-    /// The key's owner when last asked, and the version of the live members it was ranked
-    /// among ([`Membership::live_version`](crate::mesh::membership::Membership::live_version)).
-    owner: (u64, NodeId),
 }
 
 impl Holding {
@@ -173,7 +169,6 @@ impl Holding {
             report_due: false,
             rounds: 0,
             keep_until: 0,
-            owner: (u64::MAX, 0),
         }
     }
 
@@ -223,16 +218,6 @@ impl Holding {
             self.key.key % WAKE_SPREAD_ROUNDS
         };
         idle.max(at / interval.max(1) + spread)
-    }
-
-    /// The key's owner noted under live-members version `version`, if any.
-    pub(crate) fn owner_under(&self, version: u64) -> Option<NodeId> {
-        (self.owner.0 == version).then_some(self.owner.1)
-    }
-
-    /// Note the key's `owner` among the live members of version `version`.
-    pub(crate) fn note_owner(&mut self, version: u64, owner: NodeId) {
-        self.owner = (version, owner);
     }
 
     /// Start counting rounds from the node's count `rounds` (a new holding).

@@ -527,16 +527,7 @@ impl Node {
         let Some(h) = self.holdings.get_mut(&key) else {
             return;
         };
-        // The owner the holding last asked, unless the live members changed since.
-        let version = self.membership.live_version();
-        let owner = match h.owner_under(version) {
-            Some(owner) => owner,
-            None => {
-                let owner = self.membership.owner_and_successor(key.key).0;
-                h.note_owner(version, owner);
-                owner
-            }
-        };
+        let owner = self.membership.owner_and_successor(key.key).0;
         let resend = resend_after(&self.membership, &self.config, owner, now);
         let want = h.want(now, round, refill, resend);
         if owner == self.config.id {

@@ -76,7 +76,7 @@ pub fn encode<T: Encode>(message: &T) -> Result<Vec<u8>, WireError> {
 pub(crate) fn encode_sized<T: Encode>(message: &T, capacity: usize) -> Result<Vec<u8>, WireError> {
     let mut frame = Vec::with_capacity(capacity.min(MAX_FRAME_BYTES));
     frame.push(WIRE_VERSION);
-    bincode::encode_into_writer(message, FrameWriter(&mut frame), LIMITED).map_err(|e| {
+    bincode::encode_into_std_write(message, &mut frame, LIMITED).map_err(|e| {
         WireError::Encode {
             reason: e.to_string(),
         }
@@ -88,16 +88,6 @@ pub(crate) fn encode_sized<T: Encode>(message: &T, capacity: usize) -> Result<Ve
         });
     }
     Ok(frame)
-}
-
-/// Appends what bincode writes to a frame.
-struct FrameWriter<'a>(&'a mut Vec<u8>);
-
-impl bincode::enc::write::Writer for FrameWriter<'_> {
-    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
-        self.0.extend_from_slice(bytes);
-        Ok(())
-    }
 }
 
 /// Decode a frame received from a peer.

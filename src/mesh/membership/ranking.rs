@@ -120,12 +120,6 @@ impl Membership {
             })
     }
 
-    /// The version of the live members: it changes whenever they do, and a key's owner
-    /// and successor stay the same while it does not.
-    pub(crate) fn live_version(&self) -> u64 {
-        self.live_version
-    }
-
     /// Return the key's owner and successor (if there is a second live member).
     pub(crate) fn owner_and_successor(&self, key: u64) -> (NodeId, Option<NodeId>) {
         let mut ranked = self.ranked(key);
