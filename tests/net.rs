@@ -44,6 +44,16 @@ async fn try_start_with(
     listen: SocketAddr,
     first_credit: u64,
 ) -> Result<MeshNet, ratemesh::net::NetError> {
+    MeshNet::start(config(certs, id, members, listen, first_credit)).await
+}
+
+fn config(
+    certs: &ClusterCerts,
+    id: u64,
+    members: &[u64],
+    listen: SocketAddr,
+    first_credit: u64,
+) -> NetConfig {
     let (_, cert, key) = certs.nodes.iter().find(|(n, _, _)| *n == id).unwrap();
     let tls = node_tls(
         certs.ca_cert_pem.as_bytes(),
@@ -55,13 +65,12 @@ async fn try_start_with(
     let mut node = NodeConfig::new(id, members.to_vec(), vec![policy()]);
     node.gossip_interval_ns = 20_000_000;
     node.first_credit = first_credit;
-    MeshNet::start(NetConfig {
+    NetConfig {
         node,
         listen,
         peers: Vec::new(),
         tls,
-    })
-    .await
+    }
 }
 
 /// Certificates for nodes 1-3, their member list, and the three nodes (not yet connected).
@@ -176,6 +185,56 @@ async fn fresh_keys_get_through_and_one_key_gets_its_limit() {
     for n in nodes {
         n.shutdown().await;
     }
+}
+
+/// How many threads of this process are named `ratemesh-mesh`.
+fn mesh_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "ratemesh-mesh")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_on_threads_of_their_own_decide_and_their_threads_end_with_them() {
+    let certs = certs::generate("test", 3).unwrap();
+    let members = [1, 2, 3];
+    let mut nodes = Vec::new();
+    for id in members {
+        let listen = "127.0.0.1:0".parse().unwrap();
+        nodes.push(
+            MeshNet::start_on_thread(config(&certs, id, &members, listen, 0))
+                .await
+                .unwrap(),
+        );
+    }
+    // Only this test starts nodes on threads of their own.
+    assert_eq!(mesh_threads(), 3);
+    connect(&nodes);
+    wait_until("every node to recover from its peers", || {
+        nodes.iter().all(MeshNet::is_running)
+    })
+    .await;
+    let all: Vec<&MeshNet> = nodes.iter().collect();
+    let mut admitted = 0;
+    for k in 0..50 {
+        admitted += send(&all, key(&format!("threaded-{k}")), 3).await;
+    }
+    assert_eq!(
+        admitted, 150,
+        "admitted {admitted} of 150 under-limit requests"
+    );
+    let admitted = send(&all, key("threaded-hot"), 1100).await;
+    assert!(
+        (980..=1020).contains(&admitted),
+        "admitted {admitted} of a global {LIMIT}"
+    );
+    // The first node is shut down, the others dropped: every thread ends.
+    let mut nodes = nodes.into_iter();
+    nodes.next().unwrap().shutdown().await;
+    drop(nodes);
+    wait_until("the mesh threads to end", || mesh_threads() == 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -129,7 +129,7 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
     let tls = file.load_tls()?;
     let metrics = telemetry::Exporter::install()?;
     let mesh = Arc::new(
-        MeshNet::start(NetConfig {
+        MeshNet::start_on_thread(NetConfig {
             node: file.node_config(),
             listen: file.listen,
             peers: file.peers.clone(),

@@ -82,6 +82,9 @@ pub enum NetError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The mesh's own thread or its runtime could not be started.
+    #[error("starting the mesh thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// A node's transport settings.
@@ -268,6 +271,8 @@ pub struct MeshNet {
     endpoint: quinn::Endpoint,
     driver: tokio::task::JoinHandle<()>,
     acceptor: tokio::task::JoinHandle<()>,
+    /// With [`MeshNet::start_on_thread`]: dropped with the handle, which ends the thread.
+    _thread: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl MeshNet {
@@ -337,7 +342,53 @@ impl MeshNet {
             endpoint,
             driver,
             acceptor,
+            _thread: None,
         })
+    }
+
+    /// Like [`MeshNet::start`], but run the endpoint, the driver and their timers on a
+    /// thread of their own (`ratemesh-mesh`, a single-threaded runtime) rather than on the
+    /// caller's runtime: the node's rounds and its peers' frames never wait behind the
+    /// caller's tasks for a worker, and the mesh's tasks wake one another on one thread
+    /// instead of moving between workers. What `ratemesh node` does. The thread ends, and
+    /// the endpoint with it, once the returned handle is dropped (or shut down).
+    pub async fn start_on_thread(config: NetConfig) -> Result<MeshNet, NetError> {
+        let (started, net) = tokio::sync::oneshot::channel();
+        let (keep, dropped) = tokio::sync::oneshot::channel::<()>();
+        let span = tracing::Span::current();
+        std::thread::Builder::new()
+            .name("ratemesh-mesh".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        let _ = started.send(Err(NetError::Thread(error)));
+                        return;
+                    }
+                };
+                runtime.block_on(
+                    async move {
+                        let net = MeshNet::start(config).await;
+                        let ok = net.is_ok();
+                        if started.send(net).is_ok() && ok {
+                            // Serve until the handle is dropped.
+                            let _ = dropped.await;
+                        }
+                    }
+                    .instrument(span),
+                );
+            })
+            .map_err(NetError::Thread)?;
+        let mut net = net.await.map_err(|_| {
+            NetError::Thread(std::io::Error::other(
+                "the mesh thread ended before starting",
+            ))
+        })??;
+        net._thread = Some(keep);
+        Ok(net)
     }
 
     /// Return the UDP address the endpoint listens on.
