@@ -194,7 +194,10 @@ async fn a_flood_of_random_keys_stays_bounded_and_spares_the_shared_key() {
         "the flood sent only {keys_sent} keys"
     );
     assert!(held <= max_keys as f64, "node 1 holds {held} mesh keys");
-    if keys_sent > 2 * max_keys {
+    // Every key is held at least to the end of the window it came in: when twice the cap
+    // comes per second on average, some window brought more keys than the cap. (Sending
+    // more keys than the cap in all proves nothing: the node forgets them as they go idle.)
+    if keys_sent as f64 / flood_secs > 2.0 * max_keys as f64 {
         assert!(overflow > 0.0, "no key was decided by the node's share");
     }
     let deaths: Vec<String> = logs
