@@ -152,6 +152,33 @@ async fn send(nodes: &[&MeshNet], key: u64, count: usize) -> u64 {
     admitted
 }
 
+/// `fresh` fresh keys, three requests each, round-robin: a client under its limit is never
+/// denied, whichever node it reaches. Then one key, `hot` requests round-robin: its limit
+/// of 1000, within 2%.
+async fn fresh_keys_and_one_over_its_limit(
+    nodes: &[MeshNet],
+    prefix: &str,
+    fresh: u64,
+    hot: usize,
+) {
+    let all: Vec<&MeshNet> = nodes.iter().collect();
+    let mut admitted = 0;
+    for k in 0..fresh {
+        admitted += send(&all, key(&format!("{prefix}-{k}")), 3).await;
+    }
+    assert_eq!(
+        admitted,
+        3 * fresh,
+        "admitted {admitted} of {} under-limit requests",
+        3 * fresh
+    );
+    let admitted = send(&all, key(&format!("{prefix}-hot")), hot).await;
+    assert!(
+        (980..=1020).contains(&admitted),
+        "admitted {admitted} of a global {LIMIT}"
+    );
+}
+
 async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
     for _ in 0..200 {
         if ok() {
@@ -165,23 +192,7 @@ async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_keys_get_through_and_one_key_gets_its_limit() {
     let nodes = three_connected_nodes().await;
-    let all: Vec<&MeshNet> = nodes.iter().collect();
-    // 300 fresh keys, three requests each, round-robin: a client under its limit is never
-    // denied, whichever node it reaches.
-    let mut admitted = 0;
-    for k in 0..300 {
-        admitted += send(&all, key(&format!("fresh-{k}")), 3).await;
-    }
-    assert_eq!(
-        admitted, 900,
-        "admitted {admitted} of 900 under-limit requests"
-    );
-    // One key, 1500 requests round-robin: its limit of 1000, within 2%.
-    let admitted = send(&all, key("tenant-42"), 1500).await;
-    assert!(
-        (980..=1020).contains(&admitted),
-        "admitted {admitted} of a global {LIMIT}"
-    );
+    fresh_keys_and_one_over_its_limit(&nodes, "fresh", 300, 1500).await;
     for n in nodes {
         n.shutdown().await;
     }
@@ -216,20 +227,7 @@ async fn nodes_on_threads_of_their_own_decide_and_their_threads_end_with_them() 
         nodes.iter().all(MeshNet::is_running)
     })
     .await;
-    let all: Vec<&MeshNet> = nodes.iter().collect();
-    let mut admitted = 0;
-    for k in 0..50 {
-        admitted += send(&all, key(&format!("threaded-{k}")), 3).await;
-    }
-    assert_eq!(
-        admitted, 150,
-        "admitted {admitted} of 150 under-limit requests"
-    );
-    let admitted = send(&all, key("threaded-hot"), 1100).await;
-    assert!(
-        (980..=1020).contains(&admitted),
-        "admitted {admitted} of a global {LIMIT}"
-    );
+    fresh_keys_and_one_over_its_limit(&nodes, "threaded", 50, 1100).await;
     // The first node is shut down, the others dropped: every thread ends.
     let mut nodes = nodes.into_iter();
     nodes.next().unwrap().shutdown().await;
