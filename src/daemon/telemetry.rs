@@ -72,7 +72,8 @@ impl Exporter {
         metrics::counter!("ratemesh_gossip_rounds_total").absolute(node_stats.rounds);
         metrics::counter!("ratemesh_mesh_waits_total").absolute(node_stats.waits);
         metrics::counter!("ratemesh_mesh_first_credit_total").absolute(node_stats.credited);
-        metrics::counter!("ratemesh_mesh_wait_timeouts_total").absolute(node_stats.timeouts);
+        metrics::counter!("ratemesh_mesh_wait_timeouts_total")
+            .absolute(node_stats.timeouts + load(&net.late));
         metrics::counter!("ratemesh_mesh_grants_total").absolute(node_stats.grants);
         metrics::counter!("ratemesh_mesh_overflow_decisions_total")
             .absolute(node_stats.overflow + load(&net.overflow));
@@ -181,7 +182,7 @@ fn describe() {
     );
     describe_counter!(
         "ratemesh_mesh_wait_timeouts_total",
-        "Waiting requests denied because the owner did not answer within max_wait"
+        "Waiting requests denied because the owner did not answer within max_wait (or the node took them too late)"
     );
     describe_counter!(
         "ratemesh_mesh_grants_total",

@@ -24,6 +24,17 @@ use crate::mesh::lease::LeaseCell;
 use crate::mesh::message::KeyRef;
 use crate::policy::Policy;
 
+/// How [`Cells::decide_behind`] decided a request the node could not take in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behind {
+    /// By the key's lease, which covered it.
+    Lease,
+    /// Denied: the node holds a lease for the key that could not cover it.
+    Late,
+    /// By the node's share: the node holds no lease for the key.
+    Shed,
+}
+
 /// The lease cells of one node, by key.
 #[derive(Debug)]
 pub struct Cells {
@@ -93,6 +104,36 @@ impl Cells {
             .decide(&key, now, cost)
     }
 
+    /// Decide a request the node cannot take in time (its queue to the node is full, or the
+    /// request waited in it longer than the mesh's longest wait). A key this node holds a
+    /// lease for is decided by the lease, or denied with `retry_after` ([`Behind::Late`]):
+    /// the other holders may have the rest of the limit, and the node's share would admit
+    /// on top of what the key's authority granted. Any other key (its first request here)
+    /// is decided by the node's share ([`Behind::Shed`], see [`Cells::overflow_decide`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_behind(
+        &self,
+        policy: u32,
+        key: u64,
+        cost: u64,
+        now: Nanos,
+        members: usize,
+        max_keys: usize,
+        retry_after: Nanos,
+    ) -> (Decision, Behind) {
+        if !self.contains(policy, key) {
+            let d = self.overflow_decide(policy, key, cost, now, members, max_keys);
+            return (d, Behind::Shed);
+        }
+        match self.decide(policy, key, cost, now) {
+            Some(d) => (d, Behind::Lease),
+            None => (
+                Decision::denied(self.capacity(policy), 0, retry_after, retry_after),
+                Behind::Late,
+            ),
+        }
+    }
+
     /// Decide policy number `index` by `policy` from now on (the same kind, another limit
     /// or rate).
     pub(crate) fn set_policy(&self, index: usize, policy: &Policy) {
@@ -151,5 +192,40 @@ impl Cells {
 
     pub(crate) fn remove(&self, key: &KeyRef) {
         self.map.remove(key);
+    }
+}
+
+#[cfg(all(test, not(ratemesh_loom)))]
+mod tests {
+    use super::*;
+
+    fn cells() -> Cells {
+        let policy = Policy::fixed_window(30, std::time::Duration::from_secs(1)).unwrap();
+        Cells::new(vec![(policy, MeshKind::FixedWindow)])
+    }
+
+    #[test]
+    fn a_node_behind_never_decides_a_key_it_holds_a_lease_for_by_its_share() {
+        let cells = cells();
+        let lease = Arc::new(LeaseCell::new());
+        lease.renew(1, Some(1 << 30));
+        cells.insert(KeyRef { policy: 0, key: 7 }, Arc::clone(&lease));
+        // The lease covers one request; the next is denied, not admitted by the share (10
+        // of 30 among 3 members), which would come on top of the other holders' leases.
+        let (d, how) = cells.decide_behind(0, 7, 1, 1 << 20, 3, 1000, 50);
+        assert!(d.is_allowed());
+        assert_eq!(how, Behind::Lease);
+        let (d, how) = cells.decide_behind(0, 7, 1, 1 << 20, 3, 1000, 50);
+        assert!(!d.is_allowed());
+        assert_eq!(how, Behind::Late);
+        assert_eq!(d.retry_after_ns, 50);
+        // A key with no lease here: the node's share decides it.
+        for _ in 0..10 {
+            let (d, how) = cells.decide_behind(0, 8, 1, 1 << 20, 3, 1000, 50);
+            assert!(d.is_allowed());
+            assert_eq!(how, Behind::Shed);
+        }
+        let (d, _) = cells.decide_behind(0, 8, 1, 1 << 20, 3, 1000, 50);
+        assert!(!d.is_allowed(), "beyond the share of 10");
     }
 }

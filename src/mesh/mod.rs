@@ -37,7 +37,7 @@ pub mod wire;
 
 pub use authority::MeshKind;
 pub use baseline::Admission;
-pub use cells::Cells;
+pub use cells::{Behind, Cells};
 pub use lease::{LeaseCell, Miss};
 pub use membership::weight as rendezvous_weight;
 pub use node::{

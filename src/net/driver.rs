@@ -112,13 +112,7 @@ impl Driver {
             if !intro.answer.is_closed() {
                 if now.saturating_sub(intro.at) > shared.max_wait_ns {
                     // Queued longer than a request may wait: the node is far behind.
-                    let d = shared.alone(
-                        &shared.stats.shed,
-                        intro.policy,
-                        intro.key,
-                        intro.cost,
-                        intro.at,
-                    );
+                    let d = shared.behind(intro.policy, intro.key, intro.cost, now);
                     let _ = intro.answer.send(d);
                 } else {
                     match inner.node.decide(intro.policy, intro.key, intro.cost, now) {

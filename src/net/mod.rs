@@ -23,8 +23,10 @@
 //! a bounded queue to the driver, which takes it to the node with the others queued (one
 //! lock of the node per batch, taken by the driver alone) and answers it, at once or once
 //! the key's owner answered. When the queue is full (the node cannot introduce keys as
-//! fast as they come), the request is decided by this node's share alone
-//! ([`Cells::overflow_decide`]) and counted ([`NetStats::shed`]). The driver runs the
+//! fast as they come), or a request waited in it longer than `max_wait`, a key the node
+//! holds no lease for is decided by this node's share alone ([`Cells::overflow_decide`],
+//! counted in [`NetStats::shed`]); a key it holds a lease for by that lease, or denied
+//! ([`NetStats::late`]). The driver runs the
 //! node's rounds before anything queued, so a backlog of requests or frames does not hold
 //! back the frames its peers hear it by.
 
@@ -49,7 +51,7 @@ use crate::backend::mesh::MeshDecision;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::mesh::node::{MeshError, Node, NodeConfig};
-use crate::mesh::{Cells, NodeId};
+use crate::mesh::{Behind, Cells, NodeId};
 pub use crate::net::accept::{Refusal, Refusals};
 use crate::net::dial::Failure;
 use crate::net::driver::Driver;
@@ -147,9 +149,14 @@ pub struct NetStats {
     /// Failed attempts to reach a peer (dial errors, and connections the peer closed
     /// before it sent anything).
     pub dial_failures: AtomicU64,
-    /// Requests decided by the node's share alone because the driver's queue was full, or
-    /// they waited in it longer than the node's `max_wait`.
+    /// Requests for keys the node holds no lease for, decided by its share alone because
+    /// the driver's queue was full, or they waited in it longer than the node's `max_wait`.
     pub shed: AtomicU64,
+    /// Requests for keys the node holds a lease for, denied because the driver's queue was
+    /// full, or they waited in it longer than the node's `max_wait`, and the lease could
+    /// not cover them (the mesh's other holders may have the rest of the limit: the node's
+    /// share would admit on top of it).
+    pub late: AtomicU64,
     /// Requests for new keys while the node holds `max_keys`, decided by its share alone
     /// (the node counts those it meets itself in its own stats).
     pub overflow: AtomicU64,
@@ -206,6 +213,27 @@ impl Shared {
         let members = self.members.load(Ordering::Relaxed);
         self.cells
             .overflow_decide(policy, key, cost, now, members, self.max_keys)
+    }
+
+    /// Decide a request the node cannot take in time (its queue is full, or the request
+    /// waited in it longer than `max_wait`): see [`Cells::decide_behind`]; counted in
+    /// `late` or `shed`.
+    fn behind(&self, policy: u32, key: u64, cost: u64, now: u64) -> Decision {
+        let members = self.members.load(Ordering::Relaxed);
+        let retry = self.max_wait_ns.max(1);
+        let (d, how) =
+            self.cells
+                .decide_behind(policy, key, cost, now, members, self.max_keys, retry);
+        match how {
+            Behind::Lease => {}
+            Behind::Late => {
+                self.stats.late.fetch_add(1, Ordering::Relaxed);
+            }
+            Behind::Shed => {
+                self.stats.shed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        d
     }
 }
 
@@ -494,12 +522,8 @@ impl MeshNet {
                 answer: rx,
                 fallback: Decision::denied(shared.cells.capacity(policy), 0, 0, 1_000_000_000),
             },
-            // The node cannot take keys as fast as they come (or it stopped): this node's
-            // share decides.
-            Err(_) => {
-                let d = shared.alone(&shared.stats.shed, policy, key, cost, now);
-                MeshDecision::Ready(Some(d))
-            }
+            // The node cannot take keys as fast as they come (or it stopped).
+            Err(_) => MeshDecision::Ready(Some(shared.behind(policy, key, cost, now))),
         }
     }
 
