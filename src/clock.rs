@@ -12,7 +12,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+mod system;
 
 /// Nanoseconds: an instant (since the clock's epoch) or a duration, depending on the name.
 pub type Nanos = u64;
@@ -62,28 +64,23 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 /// Read the TSC through `quanta` and report nanoseconds since the UNIX epoch.
 ///
 /// `quanta` costs about 15 ns per read here against about 47 ns for `std::time::Instant`
-/// (see `benches/local.rs`, group `clock`). The UNIX offset is taken once at construction;
-/// afterwards the clock is monotonic and ignores wall-clock steps.
-#[derive(Clone, Debug)]
+/// (see `benches/local.rs`, group `clock`). The UNIX offset is taken once, at the first
+/// clock the process makes; afterwards the clock is monotonic and ignores wall-clock steps.
+/// Its rate is checked against the operating system's monotonic clock about once a second
+/// and any drift slewed out, so it stays within microseconds of it (`quanta`'s own
+/// conversion drifts by up to about a millisecond a minute). Every `SystemClock` of a
+/// process reads the same time.
+#[derive(Clone, Copy, Debug)]
 pub struct SystemClock {
-    clock: quanta::Clock,
-    origin_raw: u64,
-    origin_unix_ns: Nanos,
+    anchor: &'static system::Anchor,
 }
 
 impl SystemClock {
-    /// Create a clock anchored at the current wall-clock time.
+    /// Create a clock anchored at the current wall-clock time (the process's first clock;
+    /// later ones share its anchor).
     pub fn new() -> Self {
-        let clock = quanta::Clock::new();
-        let origin_raw = clock.raw();
-        let origin_unix_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(duration_to_nanos)
-            .unwrap_or(0);
         SystemClock {
-            clock,
-            origin_raw,
-            origin_unix_ns,
+            anchor: system::anchor(),
         }
     }
 }
@@ -97,8 +94,7 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     #[inline]
     fn now_ns(&self) -> Nanos {
-        let elapsed = self.clock.delta_as_nanos(self.origin_raw, self.clock.raw());
-        self.origin_unix_ns.saturating_add(elapsed)
+        self.anchor.now()
     }
 }
 
@@ -291,6 +287,7 @@ fn tokio_sleep(duration: Duration) -> Result<tokio::time::Sleep, NoTimer> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{SystemTime, UNIX_EPOCH};
 
     #[test]
     fn system_clock_is_near_wall_clock_and_monotonic() {

@@ -292,6 +292,13 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
         );
         wait_healthy(&client, node).await;
         let text = metrics_of(&client, node).await;
+        eprintln!(
+            "node {}: {} shed, {} wait timeouts, {} overflow",
+            i + 1,
+            metric(&text, "ratemesh_mesh_shed_decisions_total"),
+            metric(&text, "ratemesh_mesh_wait_timeouts_total"),
+            metric(&text, "ratemesh_mesh_overflow_decisions_total"),
+        );
         assert!(
             metric(&text, "ratemesh_config_reloads_total{result=\"applied\"}") >= 1.0,
             "{text}"
@@ -350,12 +357,13 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
         // inside), with the first and last one's offset into the second, and the restarts.
         for (&window, _) in inside.iter().filter(|&(_, &n)| n > LIMIT) {
             for node in 0..3 {
-                let ms: Vec<u64> = answers
+                let mut ms: Vec<u64> = answers
                     .iter()
                     .filter(|a| a.node == node && a.status == 200)
                     .filter(|a| second(a.sent) == window && second(a.received) == window)
                     .map(|a| (a.received % 1_000_000_000) / 1_000_000)
                     .collect();
+                ms.sort_unstable();
                 eprintln!(
                     "window {window}: node {} admitted {} (answers at {:?} to {:?} ms)",
                     node + 1,
@@ -363,6 +371,7 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
                     ms.iter().min(),
                     ms.iter().max()
                 );
+                eprintln!("window {window}: node {} answers at {ms:?} ms", node + 1);
             }
             let restarts: Vec<i64> = restarted_at
                 .iter()
