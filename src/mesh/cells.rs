@@ -28,11 +28,11 @@ use crate::policy::Policy;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Behind {
     /// By the key's lease, which covered it.
-    Lease,
+    Lease(Decision),
     /// Denied: the node holds a lease for the key that could not cover it.
-    Late,
-    /// By the node's share: the node holds no lease for the key.
-    Shed,
+    Late(Decision),
+    /// Not decided: the node holds no lease for the key (its share may decide it).
+    Unheld,
 }
 
 /// The lease cells of one node, by key.
@@ -106,31 +106,29 @@ impl Cells {
 
     /// Decide a request the node cannot take in time (its queue to the node is full, or the
     /// request waited in it longer than the mesh's longest wait). A key this node holds a
-    /// lease for is decided by the lease, or denied with `retry_after` ([`Behind::Late`]):
-    /// the other holders may have the rest of the limit, and the node's share would admit
-    /// on top of what the key's authority granted. Any other key (its first request here)
-    /// is decided by the node's share ([`Behind::Shed`], see [`Cells::overflow_decide`]).
-    #[allow(clippy::too_many_arguments)]
+    /// lease for is decided by the lease, or denied with `retry_after`: the other holders
+    /// may have the rest of the limit, and the node's share would admit on top of what the
+    /// key's authority granted. Any other key (its first request here) is left to the
+    /// node's share ([`Behind::Unheld`], see [`Cells::overflow_decide`]).
     pub fn decide_behind(
         &self,
         policy: u32,
         key: u64,
         cost: u64,
         now: Nanos,
-        members: usize,
-        max_keys: usize,
         retry_after: Nanos,
-    ) -> (Decision, Behind) {
+    ) -> Behind {
         if !self.contains(policy, key) {
-            let d = self.overflow_decide(policy, key, cost, now, members, max_keys);
-            return (d, Behind::Shed);
+            return Behind::Unheld;
         }
         match self.decide(policy, key, cost, now) {
-            Some(d) => (d, Behind::Lease),
-            None => (
-                Decision::denied(self.capacity(policy), 0, retry_after, retry_after),
-                Behind::Late,
-            ),
+            Some(d) => Behind::Lease(d),
+            None => Behind::Late(Decision::denied(
+                self.capacity(policy),
+                0,
+                retry_after,
+                retry_after,
+            )),
         }
     }
 
@@ -210,22 +208,18 @@ mod tests {
         let lease = Arc::new(LeaseCell::new());
         lease.renew(1, Some(1 << 30));
         cells.insert(KeyRef { policy: 0, key: 7 }, Arc::clone(&lease));
-        // The lease covers one request; the next is denied, not admitted by the share (10
-        // of 30 among 3 members), which would come on top of the other holders' leases.
-        let (d, how) = cells.decide_behind(0, 7, 1, 1 << 20, 3, 1000, 50);
-        assert!(d.is_allowed());
-        assert_eq!(how, Behind::Lease);
-        let (d, how) = cells.decide_behind(0, 7, 1, 1 << 20, 3, 1000, 50);
-        assert!(!d.is_allowed());
-        assert_eq!(how, Behind::Late);
-        assert_eq!(d.retry_after_ns, 50);
-        // A key with no lease here: the node's share decides it.
-        for _ in 0..10 {
-            let (d, how) = cells.decide_behind(0, 8, 1, 1 << 20, 3, 1000, 50);
-            assert!(d.is_allowed());
-            assert_eq!(how, Behind::Shed);
-        }
-        let (d, _) = cells.decide_behind(0, 8, 1, 1 << 20, 3, 1000, 50);
-        assert!(!d.is_allowed(), "beyond the share of 10");
+        // The lease covers one request; the next is denied rather than left to the share
+        // (which would come on top of the other holders' leases).
+        let now = 1 << 20;
+        assert!(matches!(
+            cells.decide_behind(0, 7, 1, now, 50),
+            Behind::Lease(d) if d.is_allowed()
+        ));
+        assert!(matches!(
+            cells.decide_behind(0, 7, 1, now, 50),
+            Behind::Late(d) if !d.is_allowed() && d.retry_after_ns == 50
+        ));
+        // A key with no lease here is left to the node's share.
+        assert_eq!(cells.decide_behind(0, 8, 1, now, 50), Behind::Unheld);
     }
 }

@@ -219,21 +219,17 @@ impl Shared {
     /// waited in it longer than `max_wait`): see [`Cells::decide_behind`]; counted in
     /// `late` or `shed`.
     fn behind(&self, policy: u32, key: u64, cost: u64, now: u64) -> Decision {
-        let members = self.members.load(Ordering::Relaxed);
-        let retry = self.max_wait_ns.max(1);
-        let (d, how) =
-            self.cells
-                .decide_behind(policy, key, cost, now, members, self.max_keys, retry);
-        match how {
-            Behind::Lease => {}
-            Behind::Late => {
+        match self
+            .cells
+            .decide_behind(policy, key, cost, now, self.max_wait_ns.max(1))
+        {
+            Behind::Lease(d) => d,
+            Behind::Late(d) => {
                 self.stats.late.fetch_add(1, Ordering::Relaxed);
+                d
             }
-            Behind::Shed => {
-                self.stats.shed.fetch_add(1, Ordering::Relaxed);
-            }
+            Behind::Unheld => self.alone(&self.stats.shed, policy, key, cost, now),
         }
-        d
     }
 }
 
