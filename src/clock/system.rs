@@ -219,8 +219,7 @@ mod tests {
     #[test]
     fn the_clock_follows_the_monotonic_clock() {
         let anchor = anchor();
-        let mono = Instant::now();
-        let start = anchor.now();
+        let (mono, start) = paired(|| anchor.now());
         let mut last = start;
         // Through at least one correction (reads past `check_at` make it).
         while mono.elapsed() < std::time::Duration::from_millis(1_300) {
