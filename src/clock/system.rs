@@ -89,7 +89,7 @@ impl Anchor {
         });
         // quanta's own rate to begin with: nanoseconds per 2^32 ticks.
         let rate = clock.delta_as_nanos(0, 1 << RATE_SHIFT).max(1);
-        let anchor = Anchor {
+        Anchor {
             clock,
             origin_raw,
             origin_mono,
@@ -98,13 +98,9 @@ impl Anchor {
             at_raw: AtomicU64::new(origin_raw),
             at_ns: AtomicU64::new(origin_unix),
             rate: AtomicU64::new(rate),
-            check_at: AtomicU64::new(0),
+            check_at: AtomicU64::new(origin_raw.saturating_add(ticks_in(rate))),
             correcting: AtomicBool::new(false),
-        };
-        anchor
-            .check_at
-            .store(origin_raw.saturating_add(ticks_in(rate)), Ordering::Relaxed);
-        anchor
+        }
     }
 
     /// Return the current time (ns since the UNIX epoch).
