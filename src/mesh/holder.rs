@@ -180,23 +180,59 @@ impl Holding {
         self.denied_until = 0;
     }
 
-    /// Tell whether a round would change nothing here but the count of idle rounds: nothing
-    /// waits or is set aside, the lease cannot be spent (its cell is empty or closed), no
-    /// demand, nothing to report. A node may skip such a holding's rounds until
-    /// [`Holding::wake_round`], as long as nothing happens to it, and then
-    /// [`Holding::catch_up`].
-    pub(crate) fn at_rest(&self) -> bool {
+    /// Tell whether the rounds after round `round` would change nothing here but the count
+    /// of idle rounds and the decay of the demand, until [`Holding::wake_round`]: nothing
+    /// waits or is set aside, the lease cannot be spent (its cell is empty or closed),
+    /// nothing to report, and no demand, or a lone request's demand that decays to nothing
+    /// before a report of it is due (and asks for no refill). A node may skip such a
+    /// holding's rounds, as long as nothing happens to it, and then [`Holding::catch_up`].
+    pub(crate) fn at_rest(&self, round: u64) -> bool {
         let used = self.used();
         self.waiting.is_empty()
             && self.reserve == 0
             && self.offered == 0
-            && self.demand == 0
             && self.reported_demand == 0
             && (self.closed || self.cell.remaining() == 0)
             && used == self.used_at_tick
-            && (used == self.reported_used || self.spent_out())
+            && (used == self.reported_used || self.spent_out_at(0))
             && self.previous_used.is_none()
             && !(self.report_due && self.granted > 0)
+            && self.demand_fades_unreported(round)
+    }
+
+    /// Return the rounds with nothing offered after which the demand is 0.
+    pub(crate) fn fading_rounds(&self) -> u64 {
+        let mut demand = self.demand;
+        let mut rounds = 0;
+        while demand > 0 {
+            demand = fade(demand);
+            rounds += 1;
+        }
+        rounds
+    }
+
+    /// The demand is 0, or fades to 0 over the rounds after `round` with nothing offered
+    /// before any of those rounds reports it, or asks for a refill (see [`Holding::tick`]).
+    fn demand_fades_unreported(&self, round: u64) -> bool {
+        if self.demand == 0 {
+            return true;
+        }
+        if self.busy_gap <= u64::from(IDLE_ROUNDS) {
+            return false;
+        }
+        let report_at = self.reported_round.saturating_add(self.report_every());
+        let mut demand = self.demand;
+        let mut next = round + 1;
+        loop {
+            demand = fade(demand);
+            if demand == 0 {
+                return true;
+            }
+            if next >= report_at {
+                return false;
+            }
+            next += 1;
+        }
     }
 
     /// Return the first round at which a holding at rest after round `round` may be
@@ -228,11 +264,31 @@ impl Holding {
     /// The node runs its round number `rounds` (its count) for this holding: the rounds it
     /// skipped since the holding's last, all at rest, were idle rounds.
     pub(crate) fn catch_up(&mut self, rounds: u64) {
-        let skipped = rounds.saturating_sub(self.rounds).saturating_sub(1);
+        self.skip_rounds(rounds.saturating_sub(self.rounds).saturating_sub(1));
+        self.rounds = rounds;
+    }
+
+    /// The node ran its rounds up to its count `rounds`, and this holding was not looked at
+    /// since its last: count them (all at rest) before anything reads the demand.
+    pub(crate) fn catch_up_to(&mut self, rounds: u64) {
+        if rounds > self.rounds {
+            self.skip_rounds(rounds - self.rounds);
+            self.rounds = rounds;
+        }
+    }
+
+    /// `skipped` rounds at rest: idle, the demand fading as a round with nothing offered
+    /// fades it.
+    fn skip_rounds(&mut self, skipped: u64) {
         self.idle_rounds = self
             .idle_rounds
             .saturating_add(u32::try_from(skipped).unwrap_or(u32::MAX));
-        self.rounds = rounds;
+        for _ in 0..skipped {
+            if self.demand == 0 {
+                break;
+            }
+            self.demand = fade(self.demand);
+        }
     }
 
     /// Return the lease cell the request path uses.
@@ -260,7 +316,23 @@ impl Holding {
     /// demand here reports as before, so the authority's view of what it could recall
     /// stays fresh). A bucket's authority needs to hear of spending to refill.
     fn spent_out(&self) -> bool {
-        self.kind.is_window() && self.unspent() == 0 && self.waiting.is_empty() && self.demand == 0
+        self.spent_out_at(self.demand)
+    }
+
+    /// [`Holding::spent_out`] once the demand is `demand`.
+    fn spent_out_at(&self, demand: u32) -> bool {
+        self.kind.is_window() && self.unspent() == 0 && self.waiting.is_empty() && demand == 0
+    }
+
+    /// Rounds between two reports of a change of the count or the demand.
+    fn report_every(&self) -> u64 {
+        // A bucket's authority holds back what it leased until it hears it was spent:
+        // report spending at the next round (a window's leases count as spent anyway).
+        if self.kind.is_window() {
+            REPORT_ROUNDS
+        } else {
+            1
+        }
     }
 
     /// Return the lease's window and, for windows, its local expiry.
@@ -660,11 +732,11 @@ impl Holding {
         // A closed lease's final count was counted when it was spent: it is no new demand.
         self.used_at_tick = used;
         let sample = u32::try_from(offered.saturating_mul(16)).unwrap_or(u32::MAX);
-        // div_ceil: with nothing offered the average reaches 0 (a floor would stop at 7).
-        self.demand = self.demand - self.demand.div_ceil(8) + sample / 8;
-        if self.demand < 2 && offered == 0 {
-            self.demand = 0;
-        }
+        self.demand = if offered == 0 {
+            fade(self.demand)
+        } else {
+            self.demand - self.demand.div_ceil(8) + sample / 8
+        };
         if offered > 0 {
             self.busy_gap = self
                 .busy_round
@@ -695,14 +767,7 @@ impl Holding {
             && unspent * 2 < per_round * SHORT_LEASE_ROUNDS;
         let changed = (used != self.reported_used && !self.spent_out())
             || self.demand.abs_diff(self.reported_demand) > self.reported_demand / 2;
-        // A bucket's authority holds back what it leased until it hears it was spent: report
-        // spending at the next round (a window's leases count as spent anyway).
-        let every = if self.kind.is_window() {
-            REPORT_ROUNDS
-        } else {
-            1
-        };
-        if changed && round >= self.reported_round + every {
+        if changed && round >= self.reported_round + self.report_every() {
             tell = true;
         }
         if self.previous_used.is_some() && round >= self.reported_round + REPORT_ROUNDS {
@@ -750,6 +815,13 @@ impl Holding {
         self.report_due = true;
         self.want_sent_at = None;
     }
+}
+
+/// The demand (sixteenths of a token per round, averaged) after a round with nothing
+/// offered. `div_ceil`: it reaches 0 (a floor would stop at 7); below 2 it is 0.
+fn fade(demand: u32) -> u32 {
+    let faded = demand - demand.div_ceil(8);
+    if faded < 2 { 0 } else { faded }
 }
 
 #[cfg(test)]

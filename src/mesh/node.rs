@@ -249,6 +249,9 @@ pub struct Node {
     timers: BinaryHeap<Reverse<(Nanos, KeyRef)>>,
     /// The earliest instant queued in `timers` per key.
     armed: FixedMap<KeyRef, Nanos>,
+    /// The node's count of rounds whose look at the keys is done: the last round's during
+    /// its keys' looks, that round's afterwards.
+    rounds_done: u64,
     /// Keys changed since the last call: their timers are armed before it returns.
     touched: Vec<KeyRef>,
     /// Keys the next round looks at: changed since the last round, or with work left.
@@ -256,6 +259,9 @@ pub struct Node {
     /// Keys whose holding is at rest, by the round at which to look at them again (an
     /// entry may be stale: looking at a key early is harmless).
     wakes: BinaryHeap<Reverse<(u64, KeyRef)>>,
+    /// Holdings at rest whose demand still fades, by the round at which it reaches 0: a
+    /// round later than the next one (a late node) looks at them, as it would report it.
+    fading: Vec<(u64, KeyRef)>,
     /// Joining the cluster, and the decisions before.
     join: join::Join,
     /// The node's own policies, and its peers' while their configurations differ.
@@ -355,9 +361,11 @@ impl Node {
             running,
             timers: BinaryHeap::new(),
             armed: FixedMap::default(),
+            rounds_done: 0,
             touched: Vec::new(),
             candidates: Vec::new(),
             wakes: BinaryHeap::new(),
+            fading: Vec::new(),
             sync_waiting,
             answered_sync: FixedMap::default(),
             deaths_seen: BTreeMap::new(),
@@ -527,6 +535,8 @@ impl Node {
         let Some(h) = self.holdings.get_mut(&key) else {
             return;
         };
+        // Rounds it skipped at rest since it was last looked at count before it reports.
+        h.catch_up_to(self.rounds_done);
         let owner = self.membership.owner_and_successor(key.key).0;
         let resend = resend_after(&self.membership, &self.config, owner, now);
         let want = h.want(now, round, refill, resend);

@@ -61,7 +61,7 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
             (false, false)
         );
     }
-    assert!(h.at_rest());
+    assert!(h.at_rest(539));
     // Its window ends: a fixed window's final count is never used. The holding stays a
     // window longer (an owner taking over without a backup learns its grant from it).
     assert!(!h.expire_now(11 * S));
@@ -102,7 +102,7 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
         for round in 501..540 {
             h.tick(10 * S + (round - 500) * round_ns, round);
         }
-        assert!(h.at_rest());
+        assert!(h.at_rest(539));
         // Looked at again once it may be forgotten (a window after its lease's end, round
         // 600), each key up to 15 rounds later.
         let wake = h.wake_round(539, round_ns);
@@ -244,4 +244,57 @@ fn a_closed_lease_is_no_new_demand() {
         demands.push(h.demand);
     }
     assert_eq!(refills, 0, "{demands:?}");
+}
+
+#[test]
+fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
+    let fixed = Policy::fixed_window(1000, Duration::from_secs(1)).unwrap();
+    let round_ns = S / 50;
+    let at = |round: u64| 10 * S + (round - 500) * round_ns;
+    // A request of `cost` at round 500, its grant, and the round after.
+    let lone = |cost: u64| {
+        let mut h = Holding::new(KEY, fixed, MeshKind::FixedWindow, 1);
+        h.slow(at(500), 1, cost, 11 * S);
+        h.want(at(500), 500, false, 1);
+        assert!(
+            h.apply_grant(at(500) + 1, &grant(10, cost, 0), 11 * S)[0]
+                .1
+                .is_allowed()
+        );
+        h.catch_up(1);
+        let ticked = h.tick(at(501), 501);
+        (h, ticked)
+    };
+    let (mut each, ticked) = lone(1);
+    assert_eq!(ticked, (false, false));
+    let (mut skipped, _) = lone(1);
+    // Demand is left, but it fades out before a report of it is due: at rest.
+    assert!(skipped.demand > 0 && skipped.fading_rounds() > 1);
+    assert!(skipped.at_rest(501));
+    // Asked again one round later (a recall, say): it reports what round-by-round would.
+    each.catch_up(2);
+    assert_eq!(each.tick(at(502), 502), (false, false));
+    assert!(each.demand > 0);
+    skipped.catch_up_to(2);
+    let round_by_round = each.want(at(502) + 1, 502, false, 1);
+    assert_eq!(skipped.want(at(502) + 1, 502, false, 1), round_by_round);
+    // Caught up over more rounds than it fades: nothing left, as each round would leave.
+    let (mut each, _) = lone(1);
+    let (mut skipped, _) = lone(1);
+    for count in 2..12 {
+        each.catch_up(count);
+        assert_eq!(each.tick(at(500 + count), 500 + count), (false, false));
+    }
+    skipped.catch_up(12);
+    each.catch_up(12);
+    assert_eq!(skipped.demand, 0);
+    assert_eq!(
+        (skipped.demand, skipped.idle_rounds),
+        (each.demand, each.idle_rounds)
+    );
+    // A larger request's demand is still there when its report comes due: not at rest
+    // (its rounds report it).
+    let (big, _) = lone(40);
+    assert!(big.demand > 0);
+    assert!(!big.at_rest(501));
 }

@@ -6,10 +6,13 @@
 //! from the node. A round looks only at the keys that need it: those touched since the last
 //! round (a request, a frame, a timer), those with something left to do, and those whose
 //! time comes; a holding *at rest* ([`Holding::at_rest`](crate::mesh::holder::Holding::at_rest): nothing leased, waiting, wanted or
-//! to report) changes in a round only by one more idle round, so its rounds are skipped
-//! until [`Holding::wake_round`](crate::mesh::holder::Holding::wake_round) and counted when it is next looked at
-//! ([`Holding::catch_up`](crate::mesh::holder::Holding::catch_up)). Looking at a key in any round is what every round once did, so
-//! skipping changes no decision.
+//! to report, and no demand, or a lone request's demand that fades out before a report of
+//! it is due) changes in a round only by one more idle round and the fading of its demand,
+//! so its rounds are skipped until [`Holding::wake_round`](crate::mesh::holder::Holding::wake_round) and counted when it is next looked at
+//! ([`Holding::catch_up`](crate::mesh::holder::Holding::catch_up)), or before it next reports ([`Holding::catch_up_to`](crate::mesh::holder::Holding::catch_up_to)). A
+//! round later than the next (a node that ran late) looks at the holdings whose demand
+//! still fades, as their own rounds would have reported it. Looking at a key in any round
+//! is what every round once did, so skipping changes no decision.
 
 use std::cmp::Reverse;
 
@@ -28,6 +31,7 @@ impl Node {
     pub fn handle_timeout(&mut self, now: Nanos) {
         let g = self.config.gossip_interval_ns;
         let new_round = now >= self.next_tick;
+        let previous_round = self.round;
         if new_round {
             // A round later than an interval: this node itself did not run meanwhile (a
             // starved thread, a long pause); its peers' silence over that time is its own.
@@ -39,6 +43,7 @@ impl Node {
             self.round = now / g;
             self.next_tick = (self.round + 1) * g;
             self.stats.rounds += 1;
+            self.rounds_done = self.stats.rounds - 1;
             self.outbox.new_round(self.config.round_budget_bytes());
             let changes = self.membership.check(now);
             self.apply_changes(now, &changes);
@@ -77,11 +82,17 @@ impl Node {
             self.wakes.pop();
             due.push(key);
         }
+        if round > previous_round + 1 {
+            due.extend(self.fading.drain(..).map(|(_, key)| key));
+        } else {
+            self.fading.retain(|&(until, _)| until > round);
+        }
         due.sort_unstable();
         due.dedup();
         for &key in &due {
             self.key_timeout(key, now, Some(round));
         }
+        self.rounds_done = self.stats.rounds;
         if round.is_multiple_of(IDLE_SWEEP_ROUNDS) {
             self.drop_idle_authorities(now);
         }
@@ -97,7 +108,11 @@ impl Node {
             let holding = self.holdings.get(&key);
             let busy_authority = self.authorities.get(&key).is_some_and(|a| a.has_waiters());
             match holding {
-                Some(h) if h.at_rest() && !busy_authority => {
+                Some(h) if h.at_rest(round) && !busy_authority => {
+                    let fading = h.fading_rounds();
+                    if fading > 0 {
+                        self.fading.push((round + fading, key));
+                    }
                     self.wakes.push(Reverse((h.wake_round(round, g), key)));
                 }
                 Some(_) => self.candidates.push(key),
