@@ -52,6 +52,13 @@ pub(crate) struct Outbox {
     routine_budget: usize,
     /// Items held back by the budget so far.
     held_back: u64,
+    /// Scratch of a flush, kept for the next: every peer's items in turn with their length
+    /// and whether they go now, where each peer's begin, the routine items' places, and the
+    /// frames (item count, length bound) of one peer.
+    planned: Vec<Planned>,
+    peers: Vec<(NodeId, usize)>,
+    routine: Vec<usize>,
+    frames: Vec<(usize, usize)>,
 }
 
 impl Default for Outbox {
@@ -65,9 +72,16 @@ impl Default for Outbox {
             budget: usize::MAX,
             routine_budget: usize::MAX,
             held_back: 0,
+            planned: Vec::new(),
+            peers: Vec::new(),
+            routine: Vec::new(),
+            frames: Vec::new(),
         }
     }
 }
+
+/// The most entries a flush's scratch keeps for the next flush.
+const MAX_KEPT_SCRATCH: usize = 1024;
 
 /// The most items held back for one peer; beyond them the oldest are dropped, as a lost
 /// datagram would be (every item is cumulative and sent again while it matters).
@@ -169,17 +183,17 @@ impl Outbox {
         mut header: impl FnMut(NodeId) -> Header,
         out: &mut Vec<Transmit>,
     ) {
+        let mut frames = std::mem::take(&mut self.frames);
         for (to, items) in std::mem::take(&mut self.reliable) {
-            let items = items.into_iter().map(|item| (item_len(&item), item));
-            for (frame, len) in pack(header(to), items, MAX_FRAME_BYTES - 1) {
-                if let Ok(bytes) = wire::encode_sized(&frame, len) {
-                    out.push(Transmit {
-                        to,
-                        bytes,
-                        reliable: true,
-                    });
-                }
-            }
+            let h = header(to);
+            split(
+                &h,
+                items.iter().map(item_len),
+                MAX_FRAME_BYTES - 1,
+                &mut frames,
+            );
+            emit(to, &h, items.iter(), &frames, None, out);
+            frames.clear();
         }
         let beats = std::mem::take(&mut self.beats);
         let mut queues = std::mem::take(&mut self.datagram);
@@ -197,12 +211,13 @@ impl Outbox {
             queues.entry(to).or_default();
         }
         // The budget goes to the urgent items of every peer before any routine one; the
-        // items sent keep the order they were queued in.
-        let mut plans: Vec<(NodeId, Vec<Planned>)> = Vec::with_capacity(queues.len());
-        let mut routine: Vec<(usize, usize)> = Vec::new();
+        // items sent keep the order they were queued in. `planned` lists every peer's items
+        // in turn, `peers` where each peer's begin (scratch kept from flush to flush).
+        let mut planned = std::mem::take(&mut self.planned);
+        let mut peers = std::mem::take(&mut self.peers);
+        let mut routine = std::mem::take(&mut self.routine);
         for (to, items) in queues {
-            let index = plans.len();
-            let mut marked = Vec::with_capacity(items.len());
+            peers.push((to, planned.len()));
             for item in items {
                 let len = item_len(&item);
                 let send = match urgency(&item) {
@@ -215,16 +230,15 @@ impl Outbox {
                         fits
                     }
                     _ => {
-                        routine.push((index, marked.len()));
+                        routine.push(planned.len());
                         false
                     }
                 };
-                marked.push((item, len, send));
+                planned.push((item, len, send));
             }
-            plans.push((to, marked));
         }
-        for (index, at) in routine {
-            let entry = &mut plans[index].1[at];
+        for &at in &routine {
+            let entry = &mut planned[at];
             let len = entry.1;
             if len <= self.budget.min(self.routine_budget) {
                 self.budget -= len;
@@ -232,44 +246,76 @@ impl Outbox {
                 entry.2 = true;
             }
         }
-        for (to, marked) in plans {
-            let mut send = Vec::with_capacity(marked.len());
-            let mut held = Vec::new();
-            for (item, len, go) in marked {
-                if go {
-                    send.push((len, item));
-                } else {
-                    held.push(item);
-                }
-            }
-            if !held.is_empty() {
-                self.held_back += held.len() as u64;
-                let queue = self.deferred.entry(to).or_default();
-                // A newer item replaces one held earlier for the same key.
-                let newer: BTreeSet<Supersedes> = held.iter().filter_map(supersedes).collect();
-                if !queue.is_empty() && !newer.is_empty() {
-                    queue.retain(|item| supersedes(item).is_none_or(|k| !newer.contains(&k)));
-                }
-                queue.append(&mut held);
-                let excess = queue.len().saturating_sub(MAX_DEFERRED_PER_PEER);
-                queue.drain(..excess);
-            }
-            if send.is_empty() && !beats.contains(&to) {
+        routine.clear();
+        for (index, &(to, begin)) in peers.iter().enumerate() {
+            let end = peers
+                .get(index + 1)
+                .map_or(planned.len(), |&(_, next)| next);
+            let mine = &planned[begin..end];
+            let sent = || mine.iter().filter(|(_, _, go)| *go);
+            if sent().next().is_none() && !beats.contains(&to) {
                 continue;
             }
             let h = header(to);
-            for (frame, len) in pack(h, send.into_iter(), max_datagram_bytes.saturating_sub(1)) {
-                if let Ok(bytes) = wire::encode_sized(&frame, len) {
-                    // An item too large for a datagram (a big backup) goes on a stream.
-                    let reliable = bytes.len() > max_datagram_bytes;
-                    out.push(Transmit {
-                        to,
-                        bytes,
-                        reliable,
-                    });
-                }
+            split(
+                &h,
+                sent().map(|(_, len, _)| *len),
+                max_datagram_bytes.saturating_sub(1),
+                &mut frames,
+            );
+            let items = sent().map(|(item, _, _)| item);
+            emit(to, &h, items, &frames, Some(max_datagram_bytes), out);
+            frames.clear();
+        }
+        if frames.capacity() <= MAX_KEPT_SCRATCH {
+            self.frames = frames;
+        }
+        // What the budget held back waits for the next round.
+        let mut held = Vec::new();
+        let mut next = peers.iter().skip(1).map(|&(_, begin)| begin);
+        let mut bound = next.next().unwrap_or(usize::MAX);
+        let mut peer = peers.iter().map(|&(to, _)| to);
+        let mut to = peer.next();
+        for (at, (item, _, go)) in planned.drain(..).enumerate() {
+            while at >= bound {
+                self.hold(to, &mut held);
+                bound = next.next().unwrap_or(usize::MAX);
+                to = peer.next();
+            }
+            if !go {
+                held.push(item);
             }
         }
+        self.hold(to, &mut held);
+        peers.clear();
+        // A flush after a burst may have grown the scratch: that much is not kept.
+        if planned.capacity() <= MAX_KEPT_SCRATCH {
+            self.planned = planned;
+        }
+        if routine.capacity() <= MAX_KEPT_SCRATCH {
+            self.routine = routine;
+        }
+        self.peers = peers;
+    }
+
+    /// Keep the items in `held` (taken from it) for `to`'s next round.
+    fn hold(&mut self, to: Option<NodeId>, held: &mut Vec<Item>) {
+        let Some(to) = to else {
+            return;
+        };
+        if held.is_empty() {
+            return;
+        }
+        self.held_back += held.len() as u64;
+        let queue = self.deferred.entry(to).or_default();
+        // A newer item replaces one held earlier for the same key.
+        let newer: BTreeSet<Supersedes> = held.iter().filter_map(supersedes).collect();
+        if !queue.is_empty() && !newer.is_empty() {
+            queue.retain(|item| supersedes(item).is_none_or(|k| !newer.contains(&k)));
+        }
+        queue.append(held);
+        let excess = queue.len().saturating_sub(MAX_DEFERRED_PER_PEER);
+        queue.drain(..excess);
     }
 
     /// Owe `to` a frame at the next flush (a heartbeat): an empty one unless something
@@ -287,43 +333,59 @@ fn item_len(item: &Item) -> usize {
     wire::encoded_len(item).saturating_add(2)
 }
 
-/// Split `items` (each with its [`item_len`]) into frames whose bodies stay within `budget`
-/// bytes (an item larger than the budget gets a frame of its own); each frame comes with
-/// an upper bound of its encoded length (the version byte included).
-fn pack(
-    header: Header,
-    items: impl Iterator<Item = (usize, Item)>,
+/// Encode `items` after `header` as the frames `frames` lists (item count, length bound),
+/// for `to`: on a stream, or as datagrams if `max_datagram_bytes` is given (a frame larger
+/// than that, a big backup, still goes on a stream).
+fn emit<'a>(
+    to: NodeId,
+    header: &Header,
+    mut items: impl Iterator<Item = &'a Item>,
+    frames: &[(usize, usize)],
+    max_datagram_bytes: Option<usize>,
+    out: &mut Vec<Transmit>,
+) {
+    for &(count, len) in frames {
+        let mut chunk = items.by_ref().take(count);
+        let encoded = wire::encode_frame(header, count, chunk.by_ref(), len);
+        // A frame that failed to encode leaves the next its own items.
+        chunk.for_each(drop);
+        if let Ok(bytes) = encoded {
+            let reliable = max_datagram_bytes.is_none_or(|max| bytes.len() > max);
+            out.push(Transmit {
+                to,
+                bytes,
+                reliable,
+            });
+        }
+    }
+}
+
+/// Split items of the lengths `lens` (each an [`item_len`]) into frames after `header` whose
+/// bodies stay within `budget` bytes (an item larger than the budget gets a frame of its
+/// own): push each frame's item count and an upper bound of its encoded length (the version
+/// byte included) to `frames`.
+fn split(
+    header: &Header,
+    lens: impl Iterator<Item = usize>,
     budget: usize,
-) -> Vec<(Frame, usize)> {
+    frames: &mut Vec<(usize, usize)>,
+) {
     // The header and the empty item list's length.
-    let base = wire::encoded_len(&header) + 1;
-    let mut frames = Vec::new();
-    let mut current: Vec<Item> = Vec::new();
+    let base = wire::encoded_len(header) + 1;
+    let mut count = 0;
     let mut size = base;
-    for (len, item) in items {
-        if !current.is_empty() && (size + len > budget || current.len() >= MAX_ITEMS) {
-            frames.push((
-                Frame {
-                    header: header.clone(),
-                    items: std::mem::take(&mut current),
-                },
-                size + 1,
-            ));
+    for len in lens {
+        if count > 0 && (size + len > budget || count >= MAX_ITEMS) {
+            frames.push((count, size + 1));
             size = base;
+            count = 0;
         }
         size += len;
-        current.push(item);
+        count += 1;
     }
-    if !current.is_empty() || frames.is_empty() {
-        frames.push((
-            Frame {
-                header,
-                items: current,
-            },
-            size + 1,
-        ));
+    if count > 0 || frames.is_empty() {
+        frames.push((count, size + 1));
     }
-    frames
 }
 
 /// Why a frame from a peer was refused. Nothing it carried was applied.
@@ -609,5 +671,44 @@ mod tests {
         assert_eq!(items, vec![(2, Item::SyncDone)]);
         assert!(out.iter().any(|t| t.to == 3));
         assert_eq!(outbox.held_back(), 1);
+    }
+
+    #[test]
+    fn frames_are_encoded_as_the_frame_holding_their_items_would_be() {
+        let mut outbox = Outbox::default();
+        let len = |item: &Item| wire::encoded_len(item) + 2;
+        let (mut urgent, mut routine) = (0, 0);
+        for k in 0..300 {
+            let (g, w) = (grant(u64::MAX - k), want(k, k % 2, 5));
+            urgent += len(&g);
+            if k % 2 == 1 {
+                urgent += len(&w);
+            } else {
+                routine += len(&w);
+            }
+            outbox.push(2 + k % 3, g);
+            outbox.push(2 + k % 3, w);
+        }
+        // Room for every urgent item and half of the reports (none carried over).
+        outbox.new_round(0);
+        outbox.new_round(urgent + routine / 2);
+        outbox.push_reliable(7, Item::SyncDone);
+        outbox.heartbeat(9);
+        let mut out = Vec::new();
+        outbox.flush(1150, header, &mut out);
+        let policies =
+            [crate::Policy::fixed_window(1000, std::time::Duration::from_secs(1)).unwrap()];
+        // Several datagrams for each of three peers, one frame on a stream, a heartbeat.
+        assert!(out.len() > 6, "{}", out.len());
+        for t in &out {
+            let frame = decode(&t.bytes, &policies).unwrap();
+            assert_eq!(wire::encode(&frame).unwrap(), t.bytes);
+        }
+        assert!(out.iter().any(|t| t.to == 7 && t.reliable));
+        assert!(out.iter().any(|t| t.to == 9));
+        // The budget held reports back for every peer.
+        assert!(outbox.held_back() > 0);
+        let sent = sent(&out).len() as u64;
+        assert_eq!(sent + outbox.held_back(), 601);
     }
 }

@@ -90,6 +90,41 @@ pub(crate) fn encode_sized<T: Encode>(message: &T, capacity: usize) -> Result<Ve
     Ok(frame)
 }
 
+/// Encode a frame of `header` and `count` items, byte for byte what [`encode`] makes of a
+/// frame holding them (its item list is a length, then the items), into a buffer of
+/// `capacity` bytes to begin with.
+pub(crate) fn encode_frame<'a, H: Encode, I: Encode + 'a>(
+    header: &H,
+    count: usize,
+    items: impl Iterator<Item = &'a I>,
+    capacity: usize,
+) -> Result<Vec<u8>, WireError> {
+    let encode_error = |e: bincode::error::EncodeError| WireError::Encode {
+        reason: e.to_string(),
+    };
+    let mut frame = Vec::with_capacity(capacity.min(MAX_FRAME_BYTES));
+    frame.push(WIRE_VERSION);
+    bincode::encode_into_std_write(header, &mut frame, LIMITED).map_err(encode_error)?;
+    bincode::encode_into_std_write(count as u64, &mut frame, LIMITED).map_err(encode_error)?;
+    let mut written = 0;
+    for item in items {
+        bincode::encode_into_std_write(item, &mut frame, LIMITED).map_err(encode_error)?;
+        written += 1;
+    }
+    if written != count {
+        return Err(WireError::Encode {
+            reason: format!("{written} items for a frame of {count}"),
+        });
+    }
+    if frame.len() > MAX_FRAME_BYTES {
+        return Err(WireError::TooLarge {
+            len: frame.len(),
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    Ok(frame)
+}
+
 /// Decode a frame received from a peer.
 pub fn decode<T: Decode<()>>(frame: &[u8]) -> Result<T, WireError> {
     let (&version, body) = frame.split_first().ok_or(WireError::Empty)?;
