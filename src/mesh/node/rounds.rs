@@ -90,7 +90,11 @@ impl Node {
         due.sort_unstable();
         due.dedup();
         for &key in &due {
+            let before = self.touched.len();
             self.key_timeout(key, now, Some(round));
+            // While its entries are at hand: a key's round touches no other key.
+            debug_assert!(self.touched[before..].iter().all(|&k| k == key));
+            self.schedule(key, round);
         }
         self.rounds_done = self.stats.rounds;
         if round.is_multiple_of(IDLE_SWEEP_ROUNDS) {
@@ -103,25 +107,29 @@ impl Node {
                 self.candidates.push(key);
             }
         }
-        for &key in &due {
-            self.arm(key);
-            let holding = self.holdings.get(&key);
-            let busy_authority = self.authorities.get(&key).is_some_and(|a| a.has_waiters());
-            match holding {
-                Some(h) if h.at_rest(round) && !busy_authority => {
-                    let fading = h.fading_rounds();
-                    if fading > 0 {
-                        self.fading.push((round + fading, key));
-                    }
-                    self.wakes.push(Reverse((h.wake_round(round, g), key)));
-                }
-                Some(_) => self.candidates.push(key),
-                None if busy_authority => self.candidates.push(key),
-                None => {}
-            }
-        }
         self.round_work(now);
         self.flush(now);
+    }
+
+    /// After `key`'s round: queue its next instant, and say when a round looks at it next
+    /// (the next round, or its wake round if its holding is at rest).
+    fn schedule(&mut self, key: KeyRef, round: u64) {
+        self.arm(key);
+        let holding = self.holdings.get(&key);
+        let busy_authority = self.authorities.get(&key).is_some_and(|a| a.has_waiters());
+        match holding {
+            Some(h) if h.at_rest(round) && !busy_authority => {
+                let fading = h.fading_rounds();
+                if fading > 0 {
+                    self.fading.push((round + fading, key));
+                }
+                let g = self.config.gossip_interval_ns;
+                self.wakes.push(Reverse((h.wake_round(round, g), key)));
+            }
+            Some(_) => self.candidates.push(key),
+            None if busy_authority => self.candidates.push(key),
+            None => {}
+        }
     }
 
     /// An authority no key's round looked at is dropped once it holds nothing worth keeping
