@@ -232,6 +232,9 @@ impl Node {
         if self.wakes.capacity() > 1024 && self.wakes.len() < self.wakes.capacity() / 4 {
             self.wakes.shrink_to(self.wakes.len() * 2);
         }
+        if self.fading.capacity() > 1024 && self.fading.len() < self.fading.capacity() / 4 {
+            self.fading.shrink_to(self.fading.len() * 2);
+        }
         self.cells.shrink();
     }
 
