@@ -220,19 +220,10 @@ impl Holding {
         if self.busy_gap <= u64::from(IDLE_ROUNDS) {
             return false;
         }
-        let report_at = self.reported_round.saturating_add(self.report_every());
-        let mut demand = self.demand;
-        let mut next = round + 1;
-        loop {
-            demand = fade(demand);
-            if demand == 0 {
-                return true;
-            }
-            if next >= report_at {
-                return false;
-            }
-            next += 1;
-        }
+        // The rounds after `round` but the last of them leave some demand: a report of it
+        // would come due in the last of those.
+        let fading = self.fading_rounds();
+        fading == 1 || round + fading - 1 < self.reported_round.saturating_add(self.report_every())
     }
 
     /// Return the first round at which a holding at rest after round `round` may be

@@ -68,47 +68,27 @@ pub enum WireError {
 
 /// Encode `message` as a frame: the version byte, then the body.
 pub fn encode<T: Encode>(message: &T) -> Result<Vec<u8>, WireError> {
-    encode_sized(message, encoded_len(message).saturating_add(1))
-}
-
-/// Encode `message` as a frame into a buffer of `capacity` bytes to begin with (the frame's
-/// length when the caller knows it: one pass over the message, one allocation).
-pub(crate) fn encode_sized<T: Encode>(message: &T, capacity: usize) -> Result<Vec<u8>, WireError> {
-    let mut frame = Vec::with_capacity(capacity.min(MAX_FRAME_BYTES));
-    frame.push(WIRE_VERSION);
-    bincode::encode_into_std_write(message, &mut frame, LIMITED).map_err(|e| {
-        WireError::Encode {
-            reason: e.to_string(),
-        }
-    })?;
-    if frame.len() > MAX_FRAME_BYTES {
-        return Err(WireError::TooLarge {
-            len: frame.len(),
-            max: MAX_FRAME_BYTES,
-        });
-    }
-    Ok(frame)
+    let mut frame = begin(encoded_len(message).saturating_add(1));
+    write(message, &mut frame)?;
+    checked(frame)
 }
 
 /// Encode a frame of `header` and `count` items, byte for byte what [`encode`] makes of a
 /// frame holding them (its item list is a length, then the items), into a buffer of
-/// `capacity` bytes to begin with.
+/// `capacity` bytes to begin with (the frame's length when the caller knows it: one
+/// allocation).
 pub(crate) fn encode_frame<'a, H: Encode, I: Encode + 'a>(
     header: &H,
     count: usize,
     items: impl Iterator<Item = &'a I>,
     capacity: usize,
 ) -> Result<Vec<u8>, WireError> {
-    let encode_error = |e: bincode::error::EncodeError| WireError::Encode {
-        reason: e.to_string(),
-    };
-    let mut frame = Vec::with_capacity(capacity.min(MAX_FRAME_BYTES));
-    frame.push(WIRE_VERSION);
-    bincode::encode_into_std_write(header, &mut frame, LIMITED).map_err(encode_error)?;
-    bincode::encode_into_std_write(count as u64, &mut frame, LIMITED).map_err(encode_error)?;
+    let mut frame = begin(capacity);
+    write(header, &mut frame)?;
+    write(&(count as u64), &mut frame)?;
     let mut written = 0;
     for item in items {
-        bincode::encode_into_std_write(item, &mut frame, LIMITED).map_err(encode_error)?;
+        write(item, &mut frame)?;
         written += 1;
     }
     if written != count {
@@ -116,6 +96,27 @@ pub(crate) fn encode_frame<'a, H: Encode, I: Encode + 'a>(
             reason: format!("{written} items for a frame of {count}"),
         });
     }
+    checked(frame)
+}
+
+/// A frame's buffer with its version byte.
+fn begin(capacity: usize) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(capacity.min(MAX_FRAME_BYTES));
+    frame.push(WIRE_VERSION);
+    frame
+}
+
+/// Append `value`'s encoding to `frame`.
+fn write<T: Encode>(value: &T, frame: &mut Vec<u8>) -> Result<(), WireError> {
+    bincode::encode_into_std_write(value, frame, LIMITED)
+        .map(drop)
+        .map_err(|e| WireError::Encode {
+            reason: e.to_string(),
+        })
+}
+
+/// `frame`, unless it is larger than any frame a peer accepts.
+fn checked(frame: Vec<u8>) -> Result<Vec<u8>, WireError> {
     if frame.len() > MAX_FRAME_BYTES {
         return Err(WireError::TooLarge {
             len: frame.len(),
