@@ -44,6 +44,6 @@ pub use node::{
     Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event, LeaseState, MeshError, Node, NodeConfig,
     NodeStats, WhileJoining,
 };
-pub use outbox::{FrameError, Transmit, decode as decode_frame};
+pub use outbox::{FrameError, FrameValue, Transmit, decode as decode_frame};
 
 pub use crate::ids::{KeyHasher, NodeId};

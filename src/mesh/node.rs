@@ -38,8 +38,8 @@ use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::keymap::FixedMap;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::membership::Membership;
-use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
-use crate::mesh::outbox::{self, FrameError, Outbox, Transmit};
+use crate::mesh::message::{AuthorityState, Frame, Grant, Item, KeyRef};
+use crate::mesh::outbox::{self, FrameError, FrameValue, Out, Outbox, Transmit};
 use crate::mesh::timing::Offset;
 use crate::policy::Policy;
 
@@ -218,6 +218,8 @@ pub struct Node {
     cells: Arc<Cells>,
     outbox: Outbox,
     transmits: VecDeque<Transmit>,
+    /// Frames as values ([`Node::frames_as_values`]): `Some` once asked for.
+    values: Option<VecDeque<FrameValue>>,
     events: VecDeque<Event>,
     stats: NodeStats,
     round: u64,
@@ -350,6 +352,7 @@ impl Node {
             cells,
             outbox: Outbox::default(),
             transmits: VecDeque::new(),
+            values: None,
             events: VecDeque::new(),
             stats: NodeStats::default(),
             round: now / g,
@@ -609,17 +612,48 @@ impl Node {
         from: NodeId,
         bytes: &[u8],
     ) -> Result<(), FrameError> {
-        let result = self.apply_frame(now, from, bytes);
+        let result = outbox::decode(bytes, &self.config.policies)
+            .and_then(|frame| self.apply_frame(now, from, frame));
+        self.count_frame(now, &result);
+        result
+    }
+
+    /// Send frames as values from now on ([`Node::poll_frame_value`] instead of
+    /// [`Node::poll_transmit`]), for a transport inside the process that hands them to
+    /// [`Node::handle_frame_value`] (the simulator): the same frames, not encoded and
+    /// decoded, with the length each would encode to.
+    pub fn frames_as_values(&mut self) {
+        self.values.get_or_insert_with(VecDeque::new);
+    }
+
+    /// Return the next frame to send as a value (see [`Node::frames_as_values`]).
+    pub fn poll_frame_value(&mut self) -> Option<FrameValue> {
+        self.values.as_mut()?.pop_front()
+    }
+
+    /// Handle `frame` from peer `from`, received as a value: checked as
+    /// [`Node::handle_frame`] checks the frames it decodes, then applied.
+    pub fn handle_frame_value(
+        &mut self,
+        now: Nanos,
+        from: NodeId,
+        frame: Frame,
+    ) -> Result<(), FrameError> {
+        let result = outbox::check(frame, &self.config.policies)
+            .and_then(|f| self.apply_frame(now, from, f));
+        self.count_frame(now, &result);
+        result
+    }
+
+    fn count_frame(&mut self, now: Nanos, result: &Result<(), FrameError>) {
         match result {
             Ok(()) => self.stats.frames_received += 1,
             Err(_) => self.stats.frames_dropped += 1,
         }
         self.flush(now);
-        result
     }
 
-    fn apply_frame(&mut self, now: Nanos, from: NodeId, bytes: &[u8]) -> Result<(), FrameError> {
-        let frame = outbox::decode(bytes, &self.config.policies)?;
+    fn apply_frame(&mut self, now: Nanos, from: NodeId, frame: Frame) -> Result<(), FrameError> {
         if from == self.config.id || self.membership.peer(from).is_none() {
             return Err(FrameError::UnknownPeer(from));
         }
@@ -749,18 +783,29 @@ impl Node {
         if self.outbox.is_empty() {
             return;
         }
-        let mut out = Vec::new();
+        let (mut out, mut values) = (Vec::new(), Vec::new());
         let membership = &mut self.membership;
         self.outbox.flush(
             self.config.max_datagram_bytes,
             |to| membership.header(now, to),
-            &mut out,
+            if self.values.is_some() {
+                Out::Values(&mut values)
+            } else {
+                Out::Bytes(&mut out)
+            },
         );
         self.stats.gossip_held_back = self.outbox.held_back();
         for t in out {
             self.stats.frames_sent += 1;
             self.stats.bytes_sent += t.bytes.len() as u64;
             self.transmits.push_back(t);
+        }
+        if let Some(queue) = &mut self.values {
+            for v in values {
+                self.stats.frames_sent += 1;
+                self.stats.bytes_sent += v.len as u64;
+                queue.push_back(v);
+            }
         }
     }
 }

@@ -26,6 +26,28 @@ pub struct Transmit {
     pub reliable: bool,
 }
 
+/// A frame for one peer as a value, for a transport inside the process (the simulator):
+/// what [`Transmit`] would carry, not encoded ([`crate::mesh::Node::frames_as_values`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameValue {
+    /// The peer.
+    pub to: NodeId,
+    /// The frame.
+    pub frame: Frame,
+    /// The bytes it encodes to (what [`Transmit::bytes`] would hold).
+    pub len: usize,
+    /// Send on a stream (state transfers) rather than as a datagram.
+    pub reliable: bool,
+}
+
+/// Where a flush puts its frames: encoded, or as values with their encoded length.
+pub(crate) enum Out<'a> {
+    /// Encoded frames.
+    Bytes(&'a mut Vec<Transmit>),
+    /// Frames as values.
+    Values(&'a mut Vec<FrameValue>),
+}
+
 /// Items waiting for the next flush, per peer.
 ///
 /// Datagram items are sent within a byte budget per round ([`Outbox::new_round`]), most
@@ -37,7 +59,7 @@ pub struct Transmit {
 /// peer owed a heartbeat ([`Outbox::heartbeat`]) gets a frame whatever the budget.
 #[derive(Debug)]
 pub(crate) struct Outbox {
-    datagram: BTreeMap<NodeId, Vec<Item>>,
+    datagram: Queues,
     reliable: BTreeMap<NodeId, Vec<Item>>,
     /// Peers owed a frame at the next flush (heartbeats).
     beats: BTreeSet<NodeId>,
@@ -64,7 +86,7 @@ pub(crate) struct Outbox {
 impl Default for Outbox {
     fn default() -> Self {
         Outbox {
-            datagram: BTreeMap::new(),
+            datagram: Queues::default(),
             reliable: BTreeMap::new(),
             beats: BTreeSet::new(),
             deferred: BTreeMap::new(),
@@ -82,6 +104,38 @@ impl Default for Outbox {
 
 /// The most entries a flush's scratch keeps for the next flush.
 const MAX_KEPT_SCRATCH: usize = 1024;
+
+/// Items queued per peer, in the order of the peers' ids (a flush sends to them in that
+/// order), and the lists of earlier flushes kept empty for reuse.
+#[derive(Debug, Default)]
+struct Queues {
+    /// Each peer with something queued (or owed a frame), by id.
+    by_peer: Vec<(NodeId, Vec<Item>)>,
+    /// Emptied lists, their room kept.
+    spare: Vec<Vec<Item>>,
+}
+
+/// The most emptied per-peer lists the outbox keeps.
+const MAX_SPARE_QUEUES: usize = 64;
+
+impl Queues {
+    /// `to`'s list, made (empty) if it has none.
+    fn entry(&mut self, to: NodeId) -> &mut Vec<Item> {
+        let at = match self.by_peer.binary_search_by_key(&to, |&(peer, _)| peer) {
+            Ok(at) => at,
+            Err(at) => {
+                let list = self.spare.pop().unwrap_or_default();
+                self.by_peer.insert(at, (to, list));
+                at
+            }
+        };
+        &mut self.by_peer[at].1
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_peer.is_empty()
+    }
+}
 
 /// The most items held back for one peer; beyond them the oldest are dropped, as a lost
 /// datagram would be (every item is cumulative and sent again while it matters).
@@ -126,13 +180,13 @@ pub(crate) const MAX_ITEMS: usize = 4096;
 impl Outbox {
     /// Queue `item` for `to` on a datagram.
     pub(crate) fn push(&mut self, to: NodeId, item: Item) {
-        self.datagram.entry(to).or_default().push(item);
+        self.datagram.entry(to).push(item);
     }
 
     /// Queue a backup for `to`, replacing one of the same key among the last few queued
     /// (a newer state supersedes an older one).
     pub(crate) fn push_backup(&mut self, to: NodeId, state: AuthorityState) {
-        let queue = self.datagram.entry(to).or_default();
+        let queue = self.datagram.entry(to);
         let recent = queue.len().saturating_sub(8);
         for item in &mut queue[recent..] {
             if let Item::Backup(old) = item
@@ -181,7 +235,7 @@ impl Outbox {
         &mut self,
         max_datagram_bytes: usize,
         mut header: impl FnMut(NodeId) -> Header,
-        out: &mut Vec<Transmit>,
+        mut out: Out<'_>,
     ) {
         let mut frames = std::mem::take(&mut self.frames);
         for (to, items) in std::mem::take(&mut self.reliable) {
@@ -192,13 +246,14 @@ impl Outbox {
                 MAX_FRAME_BYTES - 1,
                 &mut frames,
             );
-            emit(to, &h, items.iter(), &frames, None, out);
+            let sized = items.iter().map(|item| (item, item_len(item)));
+            emit(to, &h, sized, &frames, None, &mut out);
             frames.clear();
         }
         let beats = std::mem::take(&mut self.beats);
         let mut queues = std::mem::take(&mut self.datagram);
         for (to, old) in std::mem::take(&mut self.carried) {
-            let queue = queues.entry(to).or_default();
+            let queue = queues.entry(to);
             let newer: BTreeSet<Supersedes> = queue.iter().filter_map(supersedes).collect();
             let mut merged: Vec<Item> = old
                 .into_iter()
@@ -208,7 +263,7 @@ impl Outbox {
             *queue = merged;
         }
         for &to in &beats {
-            queues.entry(to).or_default();
+            queues.entry(to);
         }
         // The budget goes to the urgent items of every peer before any routine one; the
         // items sent keep the order they were queued in. `planned` lists every peer's items
@@ -216,9 +271,10 @@ impl Outbox {
         let mut planned = std::mem::take(&mut self.planned);
         let mut peers = std::mem::take(&mut self.peers);
         let mut routine = std::mem::take(&mut self.routine);
-        for (to, items) in queues {
+        let Queues { by_peer, spare } = &mut queues;
+        for (to, mut items) in by_peer.drain(..) {
             peers.push((to, planned.len()));
-            for item in items {
+            for item in items.drain(..) {
                 let len = item_len(&item);
                 let send = match urgency(&item) {
                     0 => true,
@@ -236,7 +292,12 @@ impl Outbox {
                 };
                 planned.push((item, len, send));
             }
+            if spare.len() < MAX_SPARE_QUEUES && items.capacity() <= MAX_KEPT_SCRATCH {
+                spare.push(items);
+            }
         }
+        // The peers' lists, emptied, serve the next flush.
+        self.datagram = queues;
         for &at in &routine {
             let entry = &mut planned[at];
             let len = entry.1;
@@ -263,8 +324,8 @@ impl Outbox {
                 max_datagram_bytes.saturating_sub(1),
                 &mut frames,
             );
-            let items = sent().map(|(item, _, _)| item);
-            emit(to, &h, items, &frames, Some(max_datagram_bytes), out);
+            let items = sent().map(|(item, len, _)| (item, *len));
+            emit(to, &h, items, &frames, Some(max_datagram_bytes), &mut out);
             frames.clear();
         }
         if frames.capacity() <= MAX_KEPT_SCRATCH {
@@ -328,34 +389,69 @@ impl Outbox {
 /// An item to send now or hold back: the item, its [`item_len`], and whether it goes now.
 type Planned = (Item, usize, bool);
 
-/// The bytes `item` takes in a frame, plus at most a few for the count prefix.
+/// What [`item_len`] adds to an item's own bytes: room for the frame's count prefix.
+const ITEM_SLACK: usize = 2;
+
+/// The bytes `item` takes in a frame, plus [`ITEM_SLACK`] for the count prefix.
 fn item_len(item: &Item) -> usize {
-    wire::encoded_len(item).saturating_add(2)
+    wire::encoded_len(item).saturating_add(ITEM_SLACK)
 }
 
-/// Encode `items` after `header` as the frames `frames` lists (item count, length bound),
-/// for `to`: on a stream, or as datagrams if `max_datagram_bytes` is given (a frame larger
-/// than that, a big backup, still goes on a stream).
+/// Encode `items` (each with its [`item_len`]) after `header` as the frames `frames` lists
+/// (item count, length bound), for `to`: on a stream, or as datagrams if
+/// `max_datagram_bytes` is given (a frame larger than that, a big backup, still goes on a
+/// stream). As values, each frame gets the length it would encode to, and is dropped where
+/// its encoding would be refused (larger than any frame a peer accepts).
 fn emit<'a>(
     to: NodeId,
     header: &Header,
-    mut items: impl Iterator<Item = &'a Item>,
+    mut items: impl Iterator<Item = (&'a Item, usize)>,
     frames: &[(usize, usize)],
     max_datagram_bytes: Option<usize>,
-    out: &mut Vec<Transmit>,
+    out: &mut Out<'_>,
 ) {
+    let reliable = |len: usize| max_datagram_bytes.is_none_or(|max| len > max);
+    let header_len = match out {
+        Out::Bytes(_) => 0,
+        Out::Values(_) => wire::encoded_len(header),
+    };
     for &(count, len) in frames {
         let mut chunk = items.by_ref().take(count);
-        let encoded = wire::encode_frame(header, count, chunk.by_ref(), len);
-        // A frame that failed to encode leaves the next its own items.
-        chunk.for_each(drop);
-        if let Ok(bytes) = encoded {
-            let reliable = max_datagram_bytes.is_none_or(|max| bytes.len() > max);
-            out.push(Transmit {
-                to,
-                bytes,
-                reliable,
-            });
+        match out {
+            Out::Bytes(out) => {
+                let encoded =
+                    wire::encode_frame(header, count, chunk.by_ref().map(|(i, _)| i), len);
+                // A frame that failed to encode leaves the next its own items.
+                chunk.for_each(drop);
+                if let Ok(bytes) = encoded {
+                    out.push(Transmit {
+                        to,
+                        reliable: reliable(bytes.len()),
+                        bytes,
+                    });
+                }
+            }
+            Out::Values(out) => {
+                // The version byte, the header, the item count, the items.
+                let mut len = 1 + header_len + wire::encoded_len(&(count as u64));
+                let items: Vec<Item> = chunk
+                    .map(|(item, item_len)| {
+                        len = len.saturating_add(item_len - ITEM_SLACK);
+                        item.clone()
+                    })
+                    .collect();
+                if items.len() == count && len <= MAX_FRAME_BYTES {
+                    out.push(FrameValue {
+                        to,
+                        frame: Frame {
+                            header: header.clone(),
+                            items,
+                        },
+                        len,
+                        reliable: reliable(len),
+                    });
+                }
+            }
         }
     }
 }
@@ -413,7 +509,12 @@ fn invalid(what: &'static str, why: &'static str) -> FrameError {
 
 /// Decode and check a frame against the cluster's `policies`.
 pub fn decode(bytes: &[u8], policies: &[Policy]) -> Result<Frame, FrameError> {
-    let frame: Frame = wire::decode(bytes)?;
+    check(wire::decode(bytes)?, policies)
+}
+
+/// Check a frame received as a value (see [`FrameValue`]) against the cluster's
+/// `policies`, as [`decode`] checks the frames it decodes.
+pub(crate) fn check(frame: Frame, policies: &[Policy]) -> Result<Frame, FrameError> {
     if frame.header.incarnation == 0 {
         return Err(invalid("header.incarnation", "is 0"));
     }
@@ -558,7 +659,7 @@ mod tests {
                 sent_at: u64::MAX >> 1,
                 ..Header::default()
             },
-            &mut out,
+            Out::Bytes(&mut out),
         );
         assert!(out.len() > 10);
         assert!(out.iter().all(|t| t.bytes.len() <= 1150 && !t.reliable));
@@ -626,7 +727,7 @@ mod tests {
         outbox.push(3, want(11, 2, 5));
         outbox.heartbeat(4);
         let mut out = Vec::new();
-        outbox.flush(1150, header, &mut out);
+        outbox.flush(1150, header, Out::Bytes(&mut out));
         let items = sent(&out);
         let keys: Vec<u64> = items
             .iter()
@@ -646,7 +747,7 @@ mod tests {
         outbox.new_round(usize::MAX);
         outbox.push(2, want(1, 0, 9));
         let mut out = Vec::new();
-        outbox.flush(1150, header, &mut out);
+        outbox.flush(1150, header, Out::Bytes(&mut out));
         let mut reports: Vec<(u64, u64)> = sent(&out)
             .into_iter()
             .map(|(_, i)| match i {
@@ -666,7 +767,7 @@ mod tests {
         outbox.push(2, Item::SyncDone);
         outbox.heartbeat(3);
         let mut out = Vec::new();
-        outbox.flush(1150, header, &mut out);
+        outbox.flush(1150, header, Out::Bytes(&mut out));
         let items = sent(&out);
         assert_eq!(items, vec![(2, Item::SyncDone)]);
         assert!(out.iter().any(|t| t.to == 3));
@@ -675,27 +776,31 @@ mod tests {
 
     #[test]
     fn frames_are_encoded_as_the_frame_holding_their_items_would_be() {
-        let mut outbox = Outbox::default();
         let len = |item: &Item| wire::encoded_len(item) + 2;
-        let (mut urgent, mut routine) = (0, 0);
-        for k in 0..300 {
-            let (g, w) = (grant(u64::MAX - k), want(k, k % 2, 5));
-            urgent += len(&g);
-            if k % 2 == 1 {
-                urgent += len(&w);
-            } else {
-                routine += len(&w);
+        let filled = || {
+            let mut outbox = Outbox::default();
+            let (mut urgent, mut routine) = (0, 0);
+            for k in 0..300 {
+                let (g, w) = (grant(u64::MAX - k), want(k, k % 2, 5));
+                urgent += len(&g);
+                if k % 2 == 1 {
+                    urgent += len(&w);
+                } else {
+                    routine += len(&w);
+                }
+                outbox.push(2 + k % 3, g);
+                outbox.push(2 + k % 3, w);
             }
-            outbox.push(2 + k % 3, g);
-            outbox.push(2 + k % 3, w);
-        }
-        // Room for every urgent item and half of the reports (none carried over).
-        outbox.new_round(0);
-        outbox.new_round(urgent + routine / 2);
-        outbox.push_reliable(7, Item::SyncDone);
-        outbox.heartbeat(9);
+            // Room for every urgent item and half of the reports (none carried over).
+            outbox.new_round(0);
+            outbox.new_round(urgent + routine / 2);
+            outbox.push_reliable(7, Item::SyncDone);
+            outbox.heartbeat(9);
+            outbox
+        };
+        let mut outbox = filled();
         let mut out = Vec::new();
-        outbox.flush(1150, header, &mut out);
+        outbox.flush(1150, header, Out::Bytes(&mut out));
         let policies =
             [crate::Policy::fixed_window(1000, std::time::Duration::from_secs(1)).unwrap()];
         // Several datagrams for each of three peers, one frame on a stream, a heartbeat.
@@ -710,5 +815,13 @@ mod tests {
         assert!(outbox.held_back() > 0);
         let sent = sent(&out).len() as u64;
         assert_eq!(sent + outbox.held_back(), 601);
+        // As values: the same frames, in the same order, each with its encoded length.
+        let mut values = Vec::new();
+        filled().flush(1150, header, Out::Values(&mut values));
+        assert_eq!(values.len(), out.len());
+        for (v, t) in values.iter().zip(&out) {
+            assert_eq!((v.to, v.reliable, v.len), (t.to, t.reliable, t.bytes.len()));
+            assert_eq!(v.frame, decode(&t.bytes, &policies).unwrap());
+        }
     }
 }

@@ -1,6 +1,9 @@
 //! A deterministic simulator of a ratemesh cluster: N [`Node`]s in virtual time, driven by a
 //! seeded RNG, over links with latency, jitter (reordering), loss and duplication, with
-//! partitions and heals, per-node clock skew, crashes and restarts.
+//! partitions and heals, per-node clock skew, crashes and restarts. The nodes hand each
+//! other their frames as values ([`Node::frames_as_values`]) with the length each would
+//! encode to, which is what the gossip bytes count; [`SimConfig::encode_frames`] runs the
+//! same through the wire encoding instead (the same run, slower).
 //!
 //! It feeds the merged request stream, in true time order, to an oracle (one central limiter
 //! of the same policy) and reports the measures of `docs/overshoot.md`: overshoot (exact
@@ -20,6 +23,7 @@ use crate::algorithm::KeyMachine;
 use crate::clock::Nanos;
 use crate::mesh::Admission;
 use crate::mesh::membership::weight;
+use crate::mesh::message::Frame;
 use crate::mesh::node::{Admit, Event as NodeEvent, Node, NodeConfig};
 use crate::policy::Policy;
 pub use traffic::{Arrival, Traffic, generate as arrivals};
@@ -109,6 +113,10 @@ pub struct SimConfig {
     /// Tokens a node admits for a key it holds nothing of before the owner answers
     /// ([`NodeConfig::first_credit`]).
     pub first_credit: u64,
+    /// Pass frames between the nodes encoded and decoded, as a real transport does,
+    /// rather than as values with the length they would encode to
+    /// ([`Node::frames_as_values`]): the same run, slower.
+    pub encode_frames: bool,
 }
 
 impl SimConfig {
@@ -137,6 +145,7 @@ impl SimConfig {
             max_wait_ns: 100_000_000,
             gossip_budget_bytes_per_s: crate::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
             first_credit: 0,
+            encode_frames: false,
         }
     }
 
@@ -284,12 +293,19 @@ enum Event {
         from: usize,
         to: usize,
         incarnation: u64,
-        bytes: Vec<u8>,
+        frame: Payload,
     },
     Crash(usize),
     Restart(usize),
     Heal,
     Split,
+}
+
+/// A frame on a link: encoded, or as a value.
+#[derive(Debug, Clone)]
+enum Payload {
+    Bytes(Vec<u8>),
+    Value(Frame),
 }
 
 pub(crate) struct SimNode {
@@ -361,8 +377,11 @@ impl World<'_> {
         let local = self.nodes[i].local(now);
         self.nodes[i].incarnation += 1;
         let incarnation = local.max(1) + self.nodes[i].incarnation;
-        let node = Node::new(self.config.node_config(i, incarnation), local)
+        let mut node = Node::new(self.config.node_config(i, incarnation), local)
             .expect("valid simulated config");
+        if !self.config.encode_frames {
+            node.frames_as_values();
+        }
         self.nodes[i].node = Some(node);
         self.schedule(i, now);
     }
@@ -385,45 +404,69 @@ impl World<'_> {
 
     /// Move node `i`'s outgoing frames onto the links.
     fn flush(&mut self, i: usize, now: Nanos) {
-        while let Some(t) = self.nodes[i].node.as_mut().and_then(Node::poll_transmit) {
-            let to = t.to as usize;
-            self.bytes_sent += t.bytes.len() as u64;
-            if to >= self.nodes.len() || self.cut(i, to) {
-                continue;
-            }
-            let copies = if t.reliable {
-                1
-            } else if self.rng.f64() < self.config.loss {
-                0
-            } else if self.rng.f64() < self.config.duplication {
-                2
-            } else {
-                1
+        loop {
+            let Some(node) = self.nodes[i].node.as_mut() else {
+                return;
             };
-            let mut bytes = Some(t.bytes);
-            for copy in 0..copies {
-                let jitter = if self.config.jitter_ns > 0 {
-                    self.rng.u64(0..=self.config.jitter_ns)
-                } else {
-                    0
-                };
-                let at = now + self.config.latency_ns + jitter;
-                let incarnation = self.nodes[to].incarnation;
-                let bytes = if copy + 1 == copies {
-                    bytes.take().unwrap_or_default()
-                } else {
-                    bytes.clone().unwrap_or_default()
-                };
-                self.push(
-                    at,
-                    Event::Deliver {
-                        from: i,
-                        to,
-                        incarnation,
-                        bytes,
-                    },
-                );
-            }
+            let (to, len, reliable, frame) = if let Some(t) = node.poll_transmit() {
+                (t.to, t.bytes.len(), t.reliable, Payload::Bytes(t.bytes))
+            } else if let Some(v) = node.poll_frame_value() {
+                (v.to, v.len, v.reliable, Payload::Value(v.frame))
+            } else {
+                return;
+            };
+            self.send(i, now, to as usize, len, reliable, frame);
+        }
+    }
+
+    /// Put a frame of `len` bytes from node `i` for node `to` on the link (a datagram may be
+    /// lost or duplicated).
+    fn send(
+        &mut self,
+        i: usize,
+        now: Nanos,
+        to: usize,
+        len: usize,
+        reliable: bool,
+        frame: Payload,
+    ) {
+        self.bytes_sent += len as u64;
+        if to >= self.nodes.len() || self.cut(i, to) {
+            return;
+        }
+        let copies = if reliable {
+            1
+        } else if self.rng.f64() < self.config.loss {
+            0
+        } else if self.rng.f64() < self.config.duplication {
+            2
+        } else {
+            1
+        };
+        let mut frame = Some(frame);
+        for copy in 0..copies {
+            let jitter = if self.config.jitter_ns > 0 {
+                self.rng.u64(0..=self.config.jitter_ns)
+            } else {
+                0
+            };
+            let at = now + self.config.latency_ns + jitter;
+            let incarnation = self.nodes[to].incarnation;
+            let frame = if copy + 1 == copies {
+                frame.take()
+            } else {
+                frame.clone()
+            };
+            let Some(frame) = frame else { return };
+            self.push(
+                at,
+                Event::Deliver {
+                    from: i,
+                    to,
+                    incarnation,
+                    frame,
+                },
+            );
         }
     }
 }
@@ -600,7 +643,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 from,
                 to,
                 incarnation,
-                bytes,
+                frame,
             } => {
                 if world.nodes[to].incarnation != incarnation || world.cut(from, to) {
                     continue;
@@ -609,7 +652,11 @@ pub fn run(config: &SimConfig) -> SimReport {
                 let Some(node) = world.nodes[to].node.as_mut() else {
                     continue;
                 };
-                if node.handle_frame(local, from as u64, &bytes).is_err() {
+                let handled = match frame {
+                    Payload::Bytes(bytes) => node.handle_frame(local, from as u64, &bytes),
+                    Payload::Value(frame) => node.handle_frame_value(local, from as u64, frame),
+                };
+                if handled.is_err() {
                     world.frames_dropped += 1;
                 }
                 record.ran(to);
