@@ -138,6 +138,8 @@ pub(crate) struct Authority {
     seqs: FixedMap<NodeId, u32>,
     /// How long a request may wait for room the policy frees by itself (0: denied at once).
     hold_ns: Nanos,
+    /// Changed since its successor was last sent a backup (the node's rounds send one).
+    dirty: bool,
 }
 
 impl Authority {
@@ -166,6 +168,7 @@ impl Authority {
             smallest: FixedMap::default(),
             seqs: FixedMap::default(),
             hold_ns: 0,
+            dirty: false,
         }
     }
 
@@ -231,6 +234,7 @@ impl Authority {
             smallest: FixedMap::default(),
             seqs: FixedMap::default(),
             hold_ns: 0,
+            dirty: false,
         };
         a.holders.sort_by_key(|h| h.node);
         a.holders.dedup_by_key(|h| h.node);
@@ -258,6 +262,17 @@ impl Authority {
     /// hold, after the requests waiting ahead; beyond it, the request is denied at once.
     /// Near the limit this serves requests in the order the owner hears them instead of
     /// denying one a moment before room appears for it.
+    /// Note a change its successor's backup does not show yet; tell whether it is the
+    /// first since the last backup.
+    pub(crate) fn mark_dirty(&mut self) -> bool {
+        !std::mem::replace(&mut self.dirty, true)
+    }
+
+    /// Tell whether it changed since the last backup, and count it backed up from now.
+    pub(crate) fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+
     pub(crate) fn with_hold(mut self, hold_ns: Nanos) -> Self {
         self.hold_ns = hold_ns;
         self

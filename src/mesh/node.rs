@@ -229,8 +229,8 @@ pub struct Node {
     next_holding: u64,
     /// How deep the current call re-asks through this node's own authority.
     local_depth: u8,
-    /// Authorities changed since their last backup.
-    dirty: BTreeSet<KeyRef>,
+    /// Authorities changed since their last backup (each flagged too: see `mark_dirty`).
+    dirty: Vec<KeyRef>,
     /// Peers whose answer to this node's start the node waits for.
     sync_waiting: BTreeSet<NodeId>,
     /// The incarnation of each peer whose start this node answered.
@@ -360,7 +360,7 @@ impl Node {
             next_id: 1,
             next_holding: 1,
             local_depth: 0,
-            dirty: BTreeSet::new(),
+            dirty: Vec::new(),
             running,
             timers: BinaryHeap::new(),
             armed: FixedMap::default(),
@@ -396,6 +396,16 @@ impl Node {
     }
 
     /// Queue the next instant `key` needs the node.
+    /// Note that `key`'s authority changed since its last backup (listed once until the
+    /// round sends it).
+    fn mark_dirty(&mut self, key: KeyRef) {
+        if let Some(a) = self.authorities.get_mut(&key)
+            && a.mark_dirty()
+        {
+            self.dirty.push(key);
+        }
+    }
+
     fn arm(&mut self, key: KeyRef) {
         let holding = self.holdings.get(&key).and_then(Holding::next_deadline);
         let authority = self.authorities.get(&key).and_then(Authority::next_timeout);

@@ -8,6 +8,8 @@
 //! smallest round trip among the last few wins; its error grows with its age to cover the
 //! clocks' drift.
 
+use std::cell::Cell;
+
 use crate::clock::Nanos;
 
 /// Samples kept per peer.
@@ -33,6 +35,9 @@ struct Sample {
 pub(crate) struct PeerClock {
     samples: [Option<Sample>; SAMPLES],
     next: usize,
+    /// The last estimate asked for and the instant it was for (a node asks several times
+    /// at one instant: for each item of a frame, each key of a round).
+    last: Cell<Option<(Nanos, Option<Offset>)>>,
 }
 
 /// A peer's clock offset as known now.
@@ -94,10 +99,22 @@ impl PeerClock {
             at: now,
         });
         self.next = (self.next + 1) % SAMPLES;
+        self.last.set(None);
     }
 
     /// Return the best estimate at `now`, or `None` before the first sample.
     pub(crate) fn offset(&self, now: Nanos) -> Option<Offset> {
+        if let Some((at, offset)) = self.last.get()
+            && at == now
+        {
+            return offset;
+        }
+        let offset = self.estimate(now);
+        self.last.set(Some((now, offset)));
+        offset
+    }
+
+    fn estimate(&self, now: Nanos) -> Option<Offset> {
         self.samples
             .iter()
             .flatten()

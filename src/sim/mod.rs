@@ -17,11 +17,12 @@ pub(crate) mod measure;
 pub(crate) mod traffic;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use crate::algorithm::KeyMachine;
 use crate::clock::Nanos;
 use crate::mesh::Admission;
+use crate::mesh::keymap::FixedMap;
 use crate::mesh::membership::weight;
 use crate::mesh::message::Frame;
 use crate::mesh::node::{Admit, Event as NodeEvent, Node, NodeConfig};
@@ -313,7 +314,7 @@ pub(crate) struct SimNode {
     pub(crate) offset_ns: i64,
     incarnation: u64,
     /// Requests waiting on this node: id → (arrival index, arrival time).
-    waiting: HashMap<u64, (usize, Nanos)>,
+    waiting: FixedMap<u64, (usize, Nanos)>,
 }
 
 impl SimNode {
@@ -508,7 +509,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 0
             },
             incarnation: 0,
-            waiting: HashMap::new(),
+            waiting: FixedMap::default(),
         })
         .collect();
     let arrivals = traffic::generate(config, &mut rng);

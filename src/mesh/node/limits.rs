@@ -227,7 +227,9 @@ impl Node {
             for (key, a) in self.authorities.iter_mut() {
                 if key.policy == index {
                     a.set_policy(enforced);
-                    self.dirty.insert(*key);
+                    if a.mark_dirty() {
+                        self.dirty.push(*key);
+                    }
                 }
             }
             for (key, h) in self.holdings.iter_mut() {

@@ -52,7 +52,7 @@ impl Node {
         };
         self.authorities
             .insert(key, authority.with_hold(self.config.hold_ns()));
-        self.dirty.insert(key);
+        self.mark_dirty(key);
         self.note_frame(key, None);
         true
     }
@@ -183,7 +183,9 @@ impl Node {
             None
         };
         let recall = a.recall_targets(now, RECALL_GAP_NS);
-        self.dirty.insert(key);
+        if a.mark_dirty() {
+            self.dirty.push(key);
+        }
         self.note_frame(key, before);
         if let Some(answer) = answer {
             self.answer(now, key, from, answer);

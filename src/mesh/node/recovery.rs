@@ -15,7 +15,6 @@ impl Node {
         if let Some(a) = self.authorities.remove(&key) {
             self.stats.handoffs_sent += 1;
             self.outbox.push_reliable(to, Item::Handoff(a.state()));
-            self.dirty.remove(&key);
         }
     }
 
@@ -50,7 +49,7 @@ impl Node {
                 self.authorities.insert(key, incoming);
             }
         }
-        self.dirty.insert(key);
+        self.mark_dirty(key);
         self.note_frame(key, before);
         // Pass it on if this node is not the owner (any more).
         let owner = self.membership.owner_and_successor(key.key).0;
@@ -204,7 +203,7 @@ impl Node {
             if owner != self.config.id {
                 self.hand_off(key, owner);
             } else {
-                self.dirty.insert(key);
+                self.mark_dirty(key);
             }
         }
         let keys: Vec<KeyRef> = self.holdings.keys().copied().collect();

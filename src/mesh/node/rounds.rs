@@ -142,7 +142,6 @@ impl Node {
             .collect();
         for key in idle {
             self.authorities.remove(&key);
-            self.dirty.remove(&key);
         }
     }
 
@@ -187,7 +186,6 @@ impl Node {
                 && a.is_idle(now)
             {
                 self.authorities.remove(&key);
-                self.dirty.remove(&key);
             }
         }
     }
@@ -235,19 +233,29 @@ impl Node {
         if self.fading.capacity() > 1024 && self.fading.len() < self.fading.capacity() / 4 {
             self.fading.shrink_to(self.fading.len() * 2);
         }
+        if self.dirty.capacity() > 1024 {
+            self.dirty.shrink_to(1024);
+        }
         self.cells.shrink();
     }
 
     fn round_work(&mut self, now: Nanos) {
         // Backups of the authorities that changed, to their successors.
-        for key in std::mem::take(&mut self.dirty) {
-            if let Some(a) = self.authorities.get(&key)
+        // In key order; a key listed twice (its authority dropped and made again) once.
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &key in &dirty {
+            if let Some(a) = self.authorities.get_mut(&key)
+                && a.take_dirty()
                 && let (_, Some(successor)) = self.membership.owner_and_successor(key.key)
             {
                 self.stats.backups_sent += 1;
                 self.outbox.push(successor, Item::Backup(a.state()));
             }
         }
+        dirty.clear();
+        self.dirty = dirty;
         // Backups of a live owner that stopped sending them, or of keys nobody would give
         // this node any more, are dropped.
         let round = self.round;
