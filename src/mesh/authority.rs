@@ -28,7 +28,6 @@ use std::collections::VecDeque;
 
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
-use crate::mesh::keymap::FixedMap;
 use crate::mesh::message::{AuthorityState, HolderRecord, KeyRef, Want};
 use crate::mesh::timing::Offset;
 use crate::policy::{Algorithm, Policy};
@@ -107,6 +106,16 @@ struct Waiter {
     wake: Nanos,
 }
 
+/// What an authority keeps of one holder's wants besides its record.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    node: NodeId,
+    /// The newest want seen (its `seq`).
+    seq: u32,
+    /// The cheapest request it last reported waiting (0: none reported).
+    smallest: u64,
+}
+
 /// The authority of one key, on the node that keeps it.
 #[derive(Debug, Clone)]
 pub(crate) struct Authority {
@@ -132,10 +141,8 @@ pub(crate) struct Authority {
     holders: Vec<HolderRecord>,
     waiting: VecDeque<Waiter>,
     recalled_at: Nanos,
-    /// Each holder's cheapest waiting request, as it last reported.
-    smallest: FixedMap<NodeId, u64>,
-    /// Each holder's newest want seen.
-    seqs: FixedMap<NodeId, u32>,
+    /// What each holder's wants said beyond its record (a few holders: a list).
+    asked: Vec<Asked>,
     /// How long a request may wait for room the policy frees by itself (0: denied at once).
     hold_ns: Nanos,
     /// Changed since its successor was last sent a backup (the node's rounds send one).
@@ -165,8 +172,7 @@ impl Authority {
             holders: Vec::new(),
             waiting: VecDeque::new(),
             recalled_at: 0,
-            smallest: FixedMap::default(),
-            seqs: FixedMap::default(),
+            asked: Vec::new(),
             hold_ns: 0,
             dirty: false,
         }
@@ -231,8 +237,7 @@ impl Authority {
             holders: state.holders.clone(),
             waiting: VecDeque::new(),
             recalled_at: 0,
-            smallest: FixedMap::default(),
-            seqs: FixedMap::default(),
+            asked: Vec::new(),
             hold_ns: 0,
             dirty: false,
         };
@@ -378,9 +383,34 @@ impl Authority {
         (self.window, self.start, self.end)
     }
 
+    /// What `node`'s wants said, if it sent any.
+    fn asked(&self, node: NodeId) -> Option<&Asked> {
+        self.asked.iter().find(|a| a.node == node)
+    }
+
+    fn asked_mut(&mut self, node: NodeId) -> &mut Asked {
+        let at = match self.asked.iter().position(|a| a.node == node) {
+            Some(at) => at,
+            None => {
+                self.asked.push(Asked {
+                    node,
+                    seq: 0,
+                    smallest: 0,
+                });
+                self.asked.len() - 1
+            }
+        };
+        &mut self.asked[at]
+    }
+
+    /// Return the cheapest waiting request `node` last reported (none: `None`).
+    pub(crate) fn smallest_of(&self, node: NodeId) -> Option<u64> {
+        self.asked(node).map(|a| a.smallest).filter(|&s| s > 0)
+    }
+
     /// Return the newest want of `node` this authority saw.
     pub(crate) fn seq_of(&self, node: NodeId) -> u32 {
-        self.seqs.get(&node).copied().unwrap_or(0)
+        self.asked(node).map_or(0, |a| a.seq)
     }
 
     /// Return which of `node`'s holdings its record counts for.
@@ -693,13 +723,13 @@ impl Authority {
                 && self.holders[i].holding < want.holding
             {
                 self.forget_holder_at(i);
-                self.seqs.remove(&node);
+                self.asked_mut(node).seq = 0;
             }
+            let asked = self.asked_mut(node);
             if want.smallest > 0 {
-                self.smallest.insert(node, want.smallest);
+                asked.smallest = want.smallest;
             }
-            let seq = self.seqs.entry(node).or_insert(0);
-            *seq = (*seq).max(want.seq);
+            asked.seq = asked.seq.max(want.seq);
             let known = self
                 .holders
                 .iter()

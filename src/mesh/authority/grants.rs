@@ -73,12 +73,7 @@ impl Authority {
         if available == 0 && !denied {
             return Answer::Wait;
         }
-        let smallest = self
-            .smallest
-            .get(&node)
-            .copied()
-            .unwrap_or(need)
-            .clamp(1, need);
+        let smallest = self.smallest_of(node).unwrap_or(need).clamp(1, need);
         // What is free goes to the holder unless it serves none of its requests (even the
         // cheapest needs more, and nothing more is coming): it then stays free for the
         // others rather than sit unused in this holder's lease.
