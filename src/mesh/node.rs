@@ -395,7 +395,6 @@ impl Node {
         }
     }
 
-    /// Queue the next instant `key` needs the node.
     /// Note that `key`'s authority changed since its last backup (listed once until the
     /// round sends it).
     fn mark_dirty(&mut self, key: KeyRef) {
@@ -406,6 +405,7 @@ impl Node {
         }
     }
 
+    /// Queue the next instant `key` needs the node.
     fn arm(&mut self, key: KeyRef) {
         let holding = self.holdings.get(&key).and_then(Holding::next_deadline);
         let authority = self.authorities.get(&key).and_then(Authority::next_timeout);

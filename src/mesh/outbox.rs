@@ -115,8 +115,10 @@ struct Queues {
     spare: Vec<Vec<Item>>,
 }
 
-/// The most emptied per-peer lists the outbox keeps.
+/// The most emptied per-peer lists the outbox keeps, and the most items' room each keeps
+/// (a flush usually has a few items per peer; a burst's longer lists are not kept).
 const MAX_SPARE_QUEUES: usize = 64;
+const MAX_SPARE_QUEUE_ITEMS: usize = 64;
 
 impl Queues {
     /// `to`'s list, made (empty) if it has none.
@@ -292,7 +294,7 @@ impl Outbox {
                 };
                 planned.push((item, len, send));
             }
-            if spare.len() < MAX_SPARE_QUEUES && items.capacity() <= MAX_KEPT_SCRATCH {
+            if spare.len() < MAX_SPARE_QUEUES && items.capacity() <= MAX_SPARE_QUEUE_ITEMS {
                 spare.push(items);
             }
         }
