@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
+use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{AuthorityState, HolderRecord, KeyRef, Want};
 use crate::mesh::timing::Offset;
 use crate::policy::{Algorithm, Policy};
@@ -147,6 +148,10 @@ pub(crate) struct Authority {
     hold_ns: Nanos,
     /// Changed since its successor was last sent a backup (the node's rounds send one).
     dirty: bool,
+    /// The key's owner and successor, as last ranked.
+    rank: RankMemo,
+    /// The earliest instant the node's timers hold for the key, when it has no holding.
+    queued: Option<Nanos>,
 }
 
 impl Authority {
@@ -175,6 +180,8 @@ impl Authority {
             asked: Vec::new(),
             hold_ns: 0,
             dirty: false,
+            rank: RankMemo::default(),
+            queued: None,
         }
     }
 
@@ -240,6 +247,8 @@ impl Authority {
             asked: Vec::new(),
             hold_ns: 0,
             dirty: false,
+            rank: RankMemo::default(),
+            queued: None,
         };
         a.holders.sort_by_key(|h| h.node);
         a.holders.dedup_by_key(|h| h.node);
@@ -276,6 +285,16 @@ impl Authority {
     /// Tell whether it changed since the last backup, and count it backed up from now.
     pub(crate) fn take_dirty(&mut self) -> bool {
         std::mem::take(&mut self.dirty)
+    }
+
+    /// The key's ranking as this node last made it ([`RankMemo`]).
+    pub(crate) fn rank(&self) -> &RankMemo {
+        &self.rank
+    }
+
+    /// The earliest instant the node's timers hold for the key, when it has no holding.
+    pub(crate) fn queued_mut(&mut self) -> &mut Option<Nanos> {
+        &mut self.queued
     }
 
     pub(crate) fn with_hold(mut self, hold_ns: Nanos) -> Self {

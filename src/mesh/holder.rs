@@ -23,6 +23,7 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::mesh::authority::{MeshKind, SHORT_LEASE_ROUNDS};
 use crate::mesh::lease::{LeaseCell, Miss};
+use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{Grant, KeyRef, Want};
 use crate::policy::Policy;
 
@@ -122,6 +123,10 @@ pub(crate) struct Holding {
     /// Kept at least until then (a holding that admitted a request on credit): the node
     /// takes a key's credit again only once it forgot the key.
     keep_until: Nanos,
+    /// The key's owner and successor, as last ranked.
+    rank: RankMemo,
+    /// The earliest instant the node's timers hold for the key.
+    queued: Option<Nanos>,
 }
 
 impl Holding {
@@ -169,7 +174,19 @@ impl Holding {
             report_due: false,
             rounds: 0,
             keep_until: 0,
+            rank: RankMemo::default(),
+            queued: None,
         }
+    }
+
+    /// The earliest instant the node's timers hold for the key (kept here for the node).
+    pub(crate) fn queued_mut(&mut self) -> &mut Option<Nanos> {
+        &mut self.queued
+    }
+
+    /// The key's ranking as this node last made it ([`RankMemo`]).
+    pub(crate) fn rank(&self) -> &RankMemo {
+        &self.rank
     }
 
     /// Decide with `policy` from now on (a live change of its limit or rate); the lease

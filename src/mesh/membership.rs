@@ -32,6 +32,7 @@ use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::message::{Header, MAX_DEAD_LISTED, Member, MemberState};
 use crate::mesh::timing::{Offset, PeerClock};
+pub(crate) use ranking::RankMemo;
 pub(crate) use ranking::mix;
 pub use ranking::weight;
 use ranking::{RANK_CACHE, Ranking, premix};
@@ -211,16 +212,7 @@ impl Membership {
             heard_until: Cell::new((u64::MAX, 0, 0)),
             dormant: Vec::new(),
             live_version: 0,
-            rank_cache: (0..RANK_CACHE)
-                .map(|_| {
-                    Cell::new(Ranking {
-                        key: 0,
-                        live_version: u64::MAX,
-                        top: [(0, me); 3],
-                        found: 0,
-                    })
-                })
-                .collect(),
+            rank_cache: (0..RANK_CACHE).map(|_| Cell::new(Ranking::NONE)).collect(),
         };
         m.reindex();
         m

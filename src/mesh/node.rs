@@ -37,7 +37,7 @@ use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::keymap::FixedMap;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
-use crate::mesh::membership::Membership;
+use crate::mesh::membership::{Membership, RankMemo};
 use crate::mesh::message::{AuthorityState, Frame, Grant, Item, KeyRef};
 use crate::mesh::outbox::{self, FrameError, FrameValue, Out, Outbox, Transmit};
 use crate::mesh::timing::Offset;
@@ -150,6 +150,16 @@ pub struct NodeStats {
     pub credited: u64,
 }
 
+/// A backup this node keeps of a peer's authority (as the key's successor).
+#[derive(Debug)]
+struct Backup {
+    /// The peer that sent it (the key's owner).
+    from: NodeId,
+    state: AuthorityState,
+    /// The key's owner and successor, as last ranked.
+    rank: RankMemo,
+}
+
 /// One mesh node: the sans-IO state machine a transport drives.
 ///
 /// The transport owns the clock and the sockets: it calls [`Node::handle_frame`] with each
@@ -213,7 +223,7 @@ pub struct Node {
     membership: Membership,
     holdings: FixedMap<KeyRef, Holding>,
     authorities: FixedMap<KeyRef, Authority>,
-    backups: FixedMap<KeyRef, (NodeId, AuthorityState)>,
+    backups: FixedMap<KeyRef, Backup>,
     baseline: Option<Baseline>,
     cells: Arc<Cells>,
     outbox: Outbox,
@@ -248,9 +258,9 @@ pub struct Node {
     membership_version: u64,
     /// When each key needs the node next (a waiting request's deadline or resend, a lease's
     /// end, an authority's waiter), earliest first; an entry may be stale (then harmless).
+    /// The earliest instant queued for a key is kept with its holding, or with its
+    /// authority if it has no holding ([`Node::arm`]).
     timers: BinaryHeap<Reverse<(Nanos, KeyRef)>>,
-    /// The earliest instant queued in `timers` per key.
-    armed: FixedMap<KeyRef, Nanos>,
     /// The node's count of rounds whose look at the keys is done: the last round's during
     /// its keys' looks, that round's afterwards.
     rounds_done: u64,
@@ -363,7 +373,6 @@ impl Node {
             dirty: Vec::new(),
             running,
             timers: BinaryHeap::new(),
-            armed: FixedMap::default(),
             rounds_done: 0,
             touched: Vec::new(),
             candidates: Vec::new(),
@@ -405,16 +414,45 @@ impl Node {
         }
     }
 
-    /// Queue the next instant `key` needs the node.
+    /// Queue the next instant `key` needs the node, unless an instant no later is queued
+    /// (as its holding, or its authority if it has no holding, remembers: a key that gains
+    /// or loses a holding meanwhile may be queued twice, which is harmless).
     fn arm(&mut self, key: KeyRef) {
-        let holding = self.holdings.get(&key).and_then(Holding::next_deadline);
-        let authority = self.authorities.get(&key).and_then(Authority::next_timeout);
-        let Some(at) = [holding, authority].into_iter().flatten().min() else {
+        let holding = self.holdings.get_mut(&key);
+        let authority = self.authorities.get_mut(&key);
+        let Some(at) = [
+            holding.as_deref().and_then(Holding::next_deadline),
+            authority.as_deref().and_then(Authority::next_timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .min() else {
             return;
         };
-        if self.armed.get(&key).is_none_or(|&queued| at < queued) {
-            self.armed.insert(key, at);
+        let queued = match (holding, authority) {
+            (Some(h), _) => h.queued_mut(),
+            (None, Some(a)) => a.queued_mut(),
+            (None, None) => return,
+        };
+        if queued.is_none_or(|q| at < q) {
+            *queued = Some(at);
             self.timers.push(Reverse((at, key)));
+        }
+    }
+
+    /// `key`'s queued instants up to `now` have been taken from the timers.
+    fn fired(&mut self, key: KeyRef, now: Nanos) {
+        if let Some(h) = self.holdings.get_mut(&key) {
+            let queued = h.queued_mut();
+            if queued.is_some_and(|q| q <= now) {
+                *queued = None;
+            }
+        }
+        if let Some(a) = self.authorities.get_mut(&key) {
+            let queued = a.queued_mut();
+            if queued.is_some_and(|q| q <= now) {
+                *queued = None;
+            }
         }
     }
 
@@ -550,7 +588,7 @@ impl Node {
         };
         // Rounds it skipped at rest since it was last looked at count before it reports.
         h.catch_up_to(self.rounds_done);
-        let owner = self.membership.owner_and_successor(key.key).0;
+        let owner = self.membership.owner_and_successor_in(key.key, h.rank()).0;
         let resend = resend_after(&self.membership, &self.config, owner, now);
         let want = h.want(now, round, refill, resend);
         if owner == self.config.id {
@@ -564,19 +602,16 @@ impl Node {
     /// Tell whether this node could grant from a key's budget at `now` (it keeps the key's
     /// authority, owns the key, and its authority lease holds).
     pub fn can_grant(&self, policy: u32, key: u64, now: Nanos) -> bool {
-        let kr = KeyRef { policy, key };
-        if !self.authorities.contains_key(&kr) {
+        let Some(a) = self.authorities.get(&KeyRef { policy, key }) else {
             return false;
-        }
-        let (owner, successor) = self.membership.owner_and_successor(key);
-        owner == self.config.id && self.lease_holds(key, successor, now)
+        };
+        let (owner, successor) = self.membership.owner_and_successor_in(key, a.rank());
+        owner == self.config.id && self.lease_holds(key, successor, Some(a.rank()), now)
     }
 
     /// Return the backup this node keeps of a key's authority, if any.
     pub fn backup(&self, policy: u32, key: u64) -> Option<&AuthorityState> {
-        self.backups
-            .get(&KeyRef { policy, key })
-            .map(|(_, state)| state)
+        self.backups.get(&KeyRef { policy, key }).map(|b| &b.state)
     }
 
     fn on_grant(&mut self, now: Nanos, from: NodeId, grant: Grant) {
@@ -708,9 +743,16 @@ impl Node {
                     let newer = self
                         .backups
                         .get(&key)
-                        .is_none_or(|(f, s)| *f != from || s.version <= state.version);
+                        .is_none_or(|b| b.from != from || b.state.version <= state.version);
                     if newer && !self.authorities.contains_key(&key) {
-                        self.backups.insert(key, (from, state));
+                        self.backups.insert(
+                            key,
+                            Backup {
+                                from,
+                                state,
+                                rank: RankMemo::default(),
+                            },
+                        );
                     }
                 }
                 Item::Handoff(state) => self.on_handoff(now, from, state),

@@ -2,24 +2,53 @@
 //! successor), whether a peer's view agrees that this node owns one, and the dead members
 //! that ranked above it.
 
+use std::cell::Cell;
+
 use super::Membership;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 
-/// How many keys' rankings a membership keeps (a power of two; 72 bytes each). A key's
+/// How many keys' rankings a membership keeps (a power of two; 48 bytes each). A key's
 /// ranking is asked for several times per request across the rounds that follow it; with
 /// 64 members it costs 64 hashes to compute again.
 pub(super) const RANK_CACHE: usize = 4096;
 
-/// The three members of highest rendezvous weight for a key, among the live members of one
-/// version.
+/// The members of highest rendezvous weight for a key, among the live members of one
+/// version: what ranking, owning and agreeing read of the top three.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Ranking {
-    pub(super) key: u64,
-    pub(super) live_version: u64,
-    pub(super) top: [(u64, NodeId); 3],
-    /// How many of `top` are members (3 stands for 3 or more).
-    pub(super) found: usize,
+pub(crate) struct Ranking {
+    key: u64,
+    live_version: u64,
+    /// The first two (this node's id where fewer were found).
+    top: [NodeId; 2],
+    /// The third's weight (meaningful when three were found).
+    third: u64,
+    /// How many of the top three are members (3 stands for 3 or more).
+    found: u8,
+}
+
+impl Ranking {
+    /// A ranking that matches no key's (its version is never a live one).
+    pub(super) const NONE: Ranking = Ranking {
+        key: 0,
+        live_version: u64::MAX,
+        top: [0; 2],
+        third: 0,
+        found: 0,
+    };
+}
+
+/// A key's ranking kept with the key's own state (its holding, authority or backup): asked
+/// for again among the same live members, it costs neither the 64 hashes nor a look into
+/// the shared cache, whose slot is most often cold by then. Only the membership that
+/// filled it may read it.
+#[derive(Debug, Clone)]
+pub(crate) struct RankMemo(Cell<Ranking>);
+
+impl Default for RankMemo {
+    fn default() -> Self {
+        RankMemo(Cell::new(Ranking::NONE))
+    }
 }
 
 impl Membership {
@@ -27,7 +56,22 @@ impl Membership {
     /// first is the key's owner, the second its successor.
     pub(crate) fn ranked(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
         let r = self.ranking(key);
-        r.top.into_iter().take(r.found.min(2)).map(|(_, id)| id)
+        r.top.into_iter().take(usize::from(r.found.min(2)))
+    }
+
+    /// The ranking of `key` kept in `memo` if it was made among the current live members;
+    /// made (and kept there) otherwise.
+    fn ranking_in(&self, key: u64, memo: Option<&RankMemo>) -> Ranking {
+        let Some(memo) = memo else {
+            return self.ranking(key);
+        };
+        let kept = memo.0.get();
+        if kept.key == key && kept.live_version == self.live_version {
+            return kept;
+        }
+        let r = self.ranking(key);
+        memo.0.set(r);
+        r
     }
 
     /// The three live members of highest weight for `key` (ties keep the earlier listed).
@@ -38,7 +82,7 @@ impl Membership {
             return cached;
         }
         let mut top: [(u64, NodeId); 3] = [(0, self.me); 3];
-        let mut found = 0usize;
+        let mut found = 0u8;
         for &(pre, id) in &self.live {
             let w = mix(key ^ pre);
             // Most members rank below the third: one comparison for them.
@@ -60,7 +104,8 @@ impl Membership {
         let r = Ranking {
             key,
             live_version: self.live_version,
-            top,
+            top: [top[0].1, top[1].1],
+            third: top[2].0,
             found,
         };
         slot.set(r);
@@ -76,7 +121,9 @@ impl Membership {
     /// earlier owner is gone from the successor's view (declared dead, so its lease ran out
     /// first, or left): were it still alive there, it would rank between the new owner and
     /// the successor, which then is not second.
-    pub(crate) fn agrees_i_own(&self, id: NodeId, key: u64) -> bool {
+    ///
+    /// `memo`, if given, is the key's kept ranking ([`RankMemo`]).
+    pub(crate) fn agrees_i_own(&self, id: NodeId, key: u64, memo: Option<&RankMemo>) -> bool {
         let Some(dead) = self.peers.get(&id).and_then(|p| p.their_dead.as_ref()) else {
             return false;
         };
@@ -90,8 +137,8 @@ impl Membership {
         }
         // This node ranks itself first and `id` second, every other live member below `id`:
         // only the members it does not count alive remain to be looked at.
-        let r = self.ranking(key);
-        if r.top[0].1 == self.me && r.top[1].1 == id && (r.found < 3 || r.top[2].0 < theirs) {
+        let r = self.ranking_in(key, memo);
+        if r.top[0] == self.me && r.top[1] == id && (r.found < 3 || r.third < theirs) {
             return self
                 .dormant
                 .iter()
@@ -122,10 +169,22 @@ impl Membership {
 
     /// Return the key's owner and successor (if there is a second live member).
     pub(crate) fn owner_and_successor(&self, key: u64) -> (NodeId, Option<NodeId>) {
-        let mut ranked = self.ranked(key);
-        let owner = ranked.next().unwrap_or(self.me);
-        (owner, ranked.next())
+        owner_and_successor_of(self.me, self.ranking(key))
     }
+
+    /// [`Membership::owner_and_successor`], read from or kept in the key's `memo`.
+    pub(crate) fn owner_and_successor_in(
+        &self,
+        key: u64,
+        memo: &RankMemo,
+    ) -> (NodeId, Option<NodeId>) {
+        owner_and_successor_of(self.me, self.ranking_in(key, Some(memo)))
+    }
+}
+
+fn owner_and_successor_of(me: NodeId, r: Ranking) -> (NodeId, Option<NodeId>) {
+    let owner = if r.found >= 1 { r.top[0] } else { me };
+    (owner, (r.found >= 2).then_some(r.top[1]))
 }
 
 /// The rendezvous weight of member `id` for `key`.

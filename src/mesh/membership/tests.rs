@@ -95,23 +95,23 @@ fn an_owner_needs_its_successor_to_rank_it_first() {
         .find(|&k| weight(k, 3) > weight(k, 1) && weight(k, 1) > weight(k, 2))
         .unwrap();
     // Node 2 has told nothing yet: no agreement.
-    assert!(!m.agrees_i_own(2, key));
+    assert!(!m.agrees_i_own(2, key, None));
     // Node 2 counts node 3 alive: node 3 ranks first, not this node.
     let mut h = header(1, 100);
     h.dead = Some(vec![]);
     m.heard(10, 2, &h);
-    assert!(!m.agrees_i_own(2, key));
+    assert!(!m.agrees_i_own(2, key, None));
     // Node 2 counts node 3 dead: this node ranks first by its view.
     h.dead = Some(vec![3]);
     m.heard(20, 2, &h);
-    assert!(m.agrees_i_own(2, key));
+    assert!(m.agrees_i_own(2, key, None));
     // A view too large to list, or one that counts this node dead, never agrees.
     h.dead = None;
     m.heard(30, 2, &h);
-    assert!(!m.agrees_i_own(2, key));
+    assert!(!m.agrees_i_own(2, key, None));
     h.dead = Some(vec![1, 3]);
     m.heard(40, 2, &h);
-    assert!(!m.agrees_i_own(2, key));
+    assert!(!m.agrees_i_own(2, key, None));
 }
 
 #[test]
@@ -128,17 +128,17 @@ fn an_owner_needs_its_successor_to_rank_itself_second() {
     let mut h = header(1, 100);
     h.dead = Some(vec![]);
     m.heard(10, 2, &h);
-    assert!(!m.agrees_i_own(2, key));
+    assert!(!m.agrees_i_own(2, key, None));
     // Node 2 counts node 3 dead too: it ranks this node first and itself second.
     h.sent_at = 200;
     h.dead = Some(vec![3]);
     m.heard(20, 2, &h);
-    assert!(m.agrees_i_own(2, key));
+    assert!(m.agrees_i_own(2, key, None));
     // A frame sent before that one, overtaken on the way, does not bring its view back.
     h.sent_at = 150;
     h.dead = Some(vec![]);
     m.heard(30, 2, &h);
-    assert!(m.agrees_i_own(2, key));
+    assert!(m.agrees_i_own(2, key, None));
 }
 
 #[test]
@@ -330,6 +330,8 @@ proptest::proptest! {
         ops in proptest::collection::vec((0u8..7, 1u64..10, 0u64..3), 1..80),
     ) {
         let mut m = Membership::new(1, 7, &[1, 2, 3, 4], DEAD, 0);
+        // Each key's ranking kept across the changes, as a holding keeps it.
+        let memos: Vec<RankMemo> = (0..16).map(|_| RankMemo::default()).collect();
         let mut now: Nanos = 1;
         for (op, id, arg) in ops {
             now += 30_000_000;
@@ -372,11 +374,17 @@ proptest::proptest! {
                     proptest::prop_assert_eq!(m.majority_heard_at(at, lease), m.is_majority(heard));
                 }
             }
-            for key in 0..16u64 {
-                let key = mix(key);
-                proptest::prop_assert_eq!(m.ranked(key).collect::<Vec<_>>(), ranked_afresh(&m, key));
+            for (i, memo) in memos.iter().enumerate() {
+                let key = mix(i as u64);
+                let afresh = ranked_afresh(&m, key);
+                proptest::prop_assert_eq!(m.ranked(key).collect::<Vec<_>>(), afresh.clone());
+                let (owner, successor) = m.owner_and_successor_in(key, memo);
+                proptest::prop_assert_eq!(Some(owner), afresh.first().copied());
+                proptest::prop_assert_eq!(successor, afresh.get(1).copied());
                 for peer in 2..10 {
-                    proptest::prop_assert_eq!(m.agrees_i_own(peer, key), agrees_afresh(&m, peer, key));
+                    let agrees = agrees_afresh(&m, peer, key);
+                    proptest::prop_assert_eq!(m.agrees_i_own(peer, key, None), agrees);
+                    proptest::prop_assert_eq!(m.agrees_i_own(peer, key, Some(memo)), agrees);
                 }
             }
         }

@@ -1,10 +1,11 @@
 //! A node as the owner of keys: whether it may grant (its authority lease), and how it
 //! answers holders' wants with grants, waits, denials and recalls.
 
-use super::{Event, Node};
+use super::{Backup, Event, Node};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::authority::{Answer, Authority};
+use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{Grant, Item, KeyRef, Want};
 use crate::mesh::timing::Offset;
 
@@ -15,17 +16,21 @@ impl Node {
     /// Make sure this node keeps the key's authority if it should and may; tell whether it
     /// can grant from it now.
     pub(super) fn authority_ready(&mut self, key: KeyRef, now: Nanos) -> bool {
-        let (owner, successor) = self.membership.owner_and_successor(key.key);
+        let kept = self.authorities.get(&key);
+        let (owner, successor) = match kept {
+            Some(a) => self.membership.owner_and_successor_in(key.key, a.rank()),
+            None => self.membership.owner_and_successor(key.key),
+        };
         if owner != self.config.id {
-            if self.authorities.contains_key(&key) {
+            if kept.is_some() {
                 self.hand_off(key, owner);
             }
             return false;
         }
-        if !self.lease_holds(key.key, successor, now) {
+        if !self.lease_holds(key.key, successor, kept.map(Authority::rank), now) {
             return false;
         }
-        if self.authorities.contains_key(&key) {
+        if kept.is_some() {
             return true;
         }
         if !self.running || self.returning.contains_key(&key) {
@@ -37,7 +42,7 @@ impl Node {
             return false;
         };
         let authority = match self.backups.remove(&key) {
-            Some((from, state)) => {
+            Some(Backup { from, state, .. }) => {
                 self.stats.promotions += 1;
                 let offset = self.offset_or_guess(from, now);
                 Authority::from_state(&state, policy, kind, offset, now)
@@ -64,14 +69,23 @@ impl Node {
     /// and it received frames from a majority of the members within the lease (members not
     /// heard since this node started do not count: a restarted node does not lean on them),
     /// and it is not waiting to be heard back after a peer declared it dead.
-    pub(super) fn lease_holds(&self, key: u64, successor: Option<NodeId>, now: Nanos) -> bool {
+    ///
+    /// `memo`, if given, is the key's kept ranking.
+    pub(super) fn lease_holds(
+        &self,
+        key: u64,
+        successor: Option<NodeId>,
+        memo: Option<&RankMemo>,
+        now: Nanos,
+    ) -> bool {
         if !self.heard_back() {
             return false;
         }
         let lease = self.config.authority_lease_rounds() * self.config.gossip_interval_ns;
         if let Some(s) = successor {
             let confirmed = self.membership.peer(s).map_or(0, |p| p.confirmed);
-            if confirmed.saturating_add(lease) <= now || !self.membership.agrees_i_own(s, key) {
+            if confirmed.saturating_add(lease) <= now || !self.membership.agrees_i_own(s, key, memo)
+            {
                 return false;
             }
         }

@@ -117,10 +117,8 @@ impl Node {
         let restored: Vec<AuthorityState> = self
             .backups
             .iter()
-            .filter(|(k, (from, _))| {
-                *from == to && self.membership.owner_and_successor(k.key).0 == to
-            })
-            .map(|(_, (_, state))| state.clone())
+            .filter(|(k, b)| b.from == to && self.membership.owner_and_successor(k.key).0 == to)
+            .map(|(_, b)| b.state.clone())
             .collect();
         for state in restored {
             self.outbox.push_reliable(to, Item::Restore(state));

@@ -57,15 +57,13 @@ impl Node {
                 break;
             }
             self.timers.pop();
-            if self.armed.get(&key) == Some(&at) {
-                self.armed.remove(&key);
-            }
             due.push(key);
         }
         if !new_round {
             due.sort_unstable();
             due.dedup();
             for &key in &due {
+                self.fired(key, now);
                 self.key_timeout(key, now, None);
                 self.touched.push(key);
             }
@@ -91,6 +89,7 @@ impl Node {
         due.dedup();
         for &key in &due {
             let before = self.touched.len();
+            self.fired(key, now);
             self.key_timeout(key, now, Some(round));
             // While its entries are at hand: a key's round touches no other key.
             debug_assert!(self.touched[before..].iter().all(|&k| k == key));
@@ -196,12 +195,12 @@ impl Node {
     /// flood brought would keep its backup here for as long as its owner lives.
     fn drop_idle_backups(&mut self, now: Nanos) {
         let mut idle = Vec::new();
-        for (key, (from, state)) in &self.backups {
+        for (key, b) in &self.backups {
             let Some((policy, kind)) = self.policy(key.policy) else {
                 continue;
             };
-            let offset = self.offset_or_guess(*from, now);
-            if Authority::state_is_idle(state, &policy, kind, offset, now) {
+            let offset = self.offset_or_guess(b.from, now);
+            if Authority::state_is_idle(&b.state, &policy, kind, offset, now) {
                 idle.push(*key);
             }
         }
@@ -223,7 +222,6 @@ impl Node {
         shrink_map(&mut self.holdings);
         shrink_map(&mut self.authorities);
         shrink_map(&mut self.backups);
-        shrink_map(&mut self.armed);
         if self.timers.capacity() > 1024 && self.timers.len() < self.timers.capacity() / 4 {
             self.timers.shrink_to(self.timers.len() * 2);
         }
@@ -248,7 +246,8 @@ impl Node {
         for &key in &dirty {
             if let Some(a) = self.authorities.get_mut(&key)
                 && a.take_dirty()
-                && let (_, Some(successor)) = self.membership.owner_and_successor(key.key)
+                && let (_, Some(successor)) =
+                    self.membership.owner_and_successor_in(key.key, a.rank())
             {
                 self.stats.backups_sent += 1;
                 self.outbox.push(successor, Item::Backup(a.state()));
@@ -266,9 +265,9 @@ impl Node {
             self.drop_idle_backups(now);
             let me = self.config.id;
             let membership = &self.membership;
-            self.backups.retain(|k, (from, _)| {
-                let (owner, successor) = membership.owner_and_successor(k.key);
-                (membership.is_alive(*from) && successor == Some(me)) || owner == me
+            self.backups.retain(|k, b| {
+                let (owner, successor) = membership.owner_and_successor_in(k.key, &b.rank);
+                (membership.is_alive(b.from) && successor == Some(me)) || owner == me
             });
             // This node owns such a key again only once the peer holding it is gone, which
             // ends the wait anyway.
