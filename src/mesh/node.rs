@@ -442,14 +442,9 @@ impl Node {
 
     /// `key`'s queued instants up to `now` have been taken from the timers.
     fn fired(&mut self, key: KeyRef, now: Nanos) {
-        if let Some(h) = self.holdings.get_mut(&key) {
-            let queued = h.queued_mut();
-            if queued.is_some_and(|q| q <= now) {
-                *queued = None;
-            }
-        }
-        if let Some(a) = self.authorities.get_mut(&key) {
-            let queued = a.queued_mut();
+        let holding = self.holdings.get_mut(&key).map(Holding::queued_mut);
+        let authority = self.authorities.get_mut(&key).map(Authority::queued_mut);
+        for queued in [holding, authority].into_iter().flatten() {
             if queued.is_some_and(|q| q <= now) {
                 *queued = None;
             }
