@@ -330,6 +330,28 @@ fn a_waiting_request_is_granted_and_later_ones_use_the_lease() {
     assert!(c.node(1).authority_state(0, key).is_none());
 }
 
+/// A want answered at once leaves no timer behind (its resend instant is stale once the
+/// grant came): every node sleeps until its next round.
+#[test]
+fn an_answered_want_leaves_the_nodes_asleep_until_their_next_round() {
+    let mut c = Cluster::new(3);
+    let key = c.key_owned_by(0);
+    // Mid-round: the want's resend instant (2 ms on these links) comes before the round.
+    c.run_ms(5);
+    let now = c.now;
+    assert!(matches!(c.node(1).decide(0, key, 1, now), Admit::Wait(_)));
+    c.deliver();
+    assert_eq!(c.admitted[1], 1);
+    let round = 20 * MS;
+    for i in 0..3 {
+        assert_eq!(
+            c.node(i).poll_timeout(),
+            (now / round + 1) * round,
+            "node {i}"
+        );
+    }
+}
+
 #[test]
 fn the_cluster_admits_its_limit_and_no_more() {
     let mut c = Cluster::new(3);

@@ -292,7 +292,12 @@ impl Authority {
         &self.rank
     }
 
-    /// The earliest instant the node's timers hold for the key, when it has no holding.
+    /// The instant the node's timers hold for the key, if any.
+    pub(crate) fn queued(&self) -> Option<Nanos> {
+        self.queued
+    }
+
+    /// The instant the node's timers hold for the key, to change ([`crate::mesh::node`]).
     pub(crate) fn queued_mut(&mut self) -> &mut Option<Nanos> {
         &mut self.queued
     }

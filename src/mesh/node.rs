@@ -257,9 +257,9 @@ pub struct Node {
     running: bool,
     membership_version: u64,
     /// When each key needs the node next (a waiting request's deadline or resend, a lease's
-    /// end, an authority's waiter), earliest first; an entry may be stale (then harmless).
-    /// The earliest instant queued for a key is kept with its holding, or with its
-    /// authority if it has no holding ([`Node::arm`]).
+    /// end, an authority's waiter), earliest first. The instant queued for a key is kept
+    /// with its holding, or with its authority if it has no holding ([`Node::arm`]); an
+    /// entry that is not that instant any more is stale, and skipped.
     timers: BinaryHeap<Reverse<(Nanos, KeyRef)>>,
     /// The node's count of rounds whose look at the keys is done: the last round's during
     /// its keys' looks, that round's afterwards.
@@ -414,40 +414,68 @@ impl Node {
         }
     }
 
-    /// Queue the next instant `key` needs the node, unless an instant no later is queued
-    /// (as its holding, or its authority if it has no holding, remembers: a key that gains
-    /// or loses a holding meanwhile may be queued twice, which is harmless).
+    /// Queue the next instant `key` needs the node (its holding's or its authority's
+    /// earliest deadline), and remember it in the key's holding, or in its authority if it
+    /// has no holding. An entry of the timers is *live* while it is the instant so
+    /// remembered ([`Node::is_queued`]); one that is not (the deadline moved, or went) is
+    /// dropped when it comes up.
     fn arm(&mut self, key: KeyRef) {
         let holding = self.holdings.get_mut(&key);
         let authority = self.authorities.get_mut(&key);
-        let Some(at) = [
+        let at = [
             holding.as_deref().and_then(Holding::next_deadline),
             authority.as_deref().and_then(Authority::next_timeout),
         ]
         .into_iter()
         .flatten()
-        .min() else {
-            return;
-        };
+        .min();
         let queued = match (holding, authority) {
             (Some(h), _) => h.queued_mut(),
             (None, Some(a)) => a.queued_mut(),
             (None, None) => return,
         };
-        if queued.is_none_or(|q| at < q) {
-            *queued = Some(at);
-            self.timers.push(Reverse((at, key)));
+        if *queued != at {
+            *queued = at;
+            if let Some(at) = at {
+                self.timers.push(Reverse((at, key)));
+            }
         }
     }
 
-    /// `key`'s queued instants up to `now` have been taken from the timers.
+    /// Tell whether the timers' entry `(at, key)` is live: the instant `key` needs the node,
+    /// or any entry of a key whose authority has requests waiting (each look may find room
+    /// for them: a sliding window's previous count fades continuously).
+    fn is_queued(&self, at: Nanos, key: KeyRef) -> bool {
+        let authority = self.authorities.get(&key);
+        let queued = match self.holdings.get(&key) {
+            Some(h) => h.queued(),
+            None => authority.and_then(Authority::queued),
+        };
+        queued == Some(at) || authority.is_some_and(Authority::has_waiters)
+    }
+
+    /// `key`'s queued instant, up to `now`, has been taken from the timers.
     fn fired(&mut self, key: KeyRef, now: Nanos) {
-        let holding = self.holdings.get_mut(&key).map(Holding::queued_mut);
-        let authority = self.authorities.get_mut(&key).map(Authority::queued_mut);
-        for queued in [holding, authority].into_iter().flatten() {
-            if queued.is_some_and(|q| q <= now) {
-                *queued = None;
+        let queued = match self.holdings.get_mut(&key) {
+            Some(h) => h.queued_mut(),
+            None => match self.authorities.get_mut(&key) {
+                Some(a) => a.queued_mut(),
+                None => return,
+            },
+        };
+        if queued.is_some_and(|q| q <= now) {
+            *queued = None;
+        }
+    }
+
+    /// Drop the timers' first entries while they are not live, so that
+    /// [`Node::poll_timeout`] names an instant the node has something to do at.
+    fn drop_stale_timers(&mut self) {
+        while let Some(&Reverse((at, key))) = self.timers.peek() {
+            if self.is_queued(at, key) {
+                return;
             }
+            self.timers.pop();
         }
     }
 
@@ -490,6 +518,10 @@ impl Node {
             let (policy, kind) = self.policy(key.policy)?;
             let mut h = Holding::new(key, policy, kind, self.next_holding);
             h.count_rounds_from(self.stats.rounds);
+            // The key's queued instant moves to its holding with the entry it names.
+            if let Some(a) = self.authorities.get_mut(&key) {
+                *h.queued_mut() = a.queued_mut().take();
+            }
             self.next_holding += 1;
             self.cells.insert(key, Arc::clone(h.cell()));
             self.holdings.insert(key, h);
@@ -827,6 +859,7 @@ impl Node {
         }
         touched.clear();
         self.touched = touched;
+        self.drop_stale_timers();
         if self.outbox.is_empty() {
             return;
         }

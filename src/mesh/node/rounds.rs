@@ -57,7 +57,9 @@ impl Node {
                 break;
             }
             self.timers.pop();
-            due.push(key);
+            if self.is_queued(at, key) {
+                due.push(key);
+            }
         }
         if !new_round {
             due.sort_unstable();
@@ -165,8 +167,13 @@ impl Node {
             if h.should_ask(now) || tell || ended {
                 self.ask(key, now, refill);
             } else if round.is_some() && h.is_idle(now) {
+                let queued = h.queued_mut().take();
                 self.holdings.remove(&key);
                 self.cells.remove(&key);
+                // The key's queued instant moves to its authority with the entry it names.
+                if let Some(a) = self.authorities.get_mut(&key) {
+                    *a.queued_mut() = queued;
+                }
             }
         }
         if self.authorities.contains_key(&key) {
