@@ -61,8 +61,9 @@ pub(crate) enum Out<'a> {
 pub(crate) struct Outbox {
     datagram: Queues,
     reliable: BTreeMap<NodeId, Vec<Item>>,
-    /// Peers owed a frame at the next flush (heartbeats).
-    beats: BTreeSet<NodeId>,
+    /// Peers owed a frame at the next flush (heartbeats), sorted and deduplicated by the
+    /// flush (kept from flush to flush).
+    beats: Vec<NodeId>,
     /// Items the budget held back, for the next round.
     deferred: BTreeMap<NodeId, Vec<Item>>,
     /// Items held back in an earlier round, to send before newer ones unless one of those
@@ -88,7 +89,7 @@ impl Default for Outbox {
         Outbox {
             datagram: Queues::default(),
             reliable: BTreeMap::new(),
-            beats: BTreeSet::new(),
+            beats: Vec::new(),
             deferred: BTreeMap::new(),
             carried: BTreeMap::new(),
             budget: usize::MAX,
@@ -252,7 +253,9 @@ impl Outbox {
             emit(to, &h, sized, &frames, None, &mut out);
             frames.clear();
         }
-        let beats = std::mem::take(&mut self.beats);
+        let mut beats = std::mem::take(&mut self.beats);
+        beats.sort_unstable();
+        beats.dedup();
         let mut queues = std::mem::take(&mut self.datagram);
         for (to, old) in std::mem::take(&mut self.carried) {
             let queue = queues.entry(to);
@@ -316,7 +319,7 @@ impl Outbox {
                 .map_or(planned.len(), |&(_, next)| next);
             let mine = &planned[begin..end];
             let sent = || mine.iter().filter(|(_, _, go)| *go);
-            if sent().next().is_none() && !beats.contains(&to) {
+            if sent().next().is_none() && beats.binary_search(&to).is_err() {
                 continue;
             }
             let h = header(to);
@@ -359,6 +362,10 @@ impl Outbox {
             self.routine = routine;
         }
         self.peers = peers;
+        beats.clear();
+        if beats.capacity() <= MAX_KEPT_SCRATCH {
+            self.beats = beats;
+        }
     }
 
     /// Keep the items in `held` (taken from it) for `to`'s next round.
@@ -384,7 +391,7 @@ impl Outbox {
     /// Owe `to` a frame at the next flush (a heartbeat): an empty one unless something
     /// else goes there.
     pub(crate) fn heartbeat(&mut self, to: NodeId) {
-        self.beats.insert(to);
+        self.beats.push(to);
     }
 }
 
