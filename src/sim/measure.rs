@@ -309,10 +309,10 @@ impl Recorder {
             _ => (u128::from(p.capacity()) * u128::from(config.gossip_interval_ns))
                 .div_ceil(u128::from(p.window_ns())) as u64,
         };
-        let (by_key, starts) = by_key(&self.requests, self.mesh.len());
+        let starts = group_by_key(&mut self.requests, self.mesh.len());
         let mut with_room = 0u64;
         for (key, span) in starts.windows(2).enumerate() {
-            let requests = &by_key[span[0]..span[1]];
+            let requests = &self.requests[span[0]..span[1]];
             let mut own = OwnRoom::new(kind, p, &self.mesh[key]);
             let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
             // Requests offered before the margin that the mesh admits only after this
@@ -437,25 +437,44 @@ impl Recorder {
     }
 }
 
-/// The requests grouped by key, each key's in the order they were offered, and where each
-/// key's begin (`keys + 1` offsets): a counting sort, so the per-key pass reads them in order
-/// rather than jumping across the whole run's.
-fn by_key(requests: &[Request], keys: usize) -> (Vec<Request>, Vec<usize>) {
+/// Group `requests` by key in place, each key's in the order they were offered, and return
+/// where each key's begin (`keys + 1` offsets): a counting sort whose permutation is applied
+/// cycle by cycle, so the per-key pass reads them in order rather than jumping across the
+/// whole run's, without a second copy of them.
+fn group_by_key(requests: &mut [Request], keys: usize) -> Vec<usize> {
     let mut starts = vec![0usize; keys + 1];
-    for r in requests {
+    for r in requests.iter() {
         starts[r.key as usize + 1] += 1;
     }
     for k in 0..keys {
         starts[k + 1] += starts[k];
     }
+    // `from[j]`: where the request that goes to `j` is now.
     let mut next = starts.clone();
-    let mut order = vec![0usize; requests.len()];
+    let mut from = vec![0usize; requests.len()];
     for (i, r) in requests.iter().enumerate() {
         let slot = &mut next[r.key as usize];
-        order[*slot] = i;
+        from[*slot] = i;
         *slot += 1;
     }
-    (order.iter().map(|&i| requests[i]).collect(), starts)
+    const DONE: usize = usize::MAX;
+    for start in 0..requests.len() {
+        if from[start] == DONE {
+            continue;
+        }
+        let first = requests[start];
+        let mut j = start;
+        loop {
+            let src = std::mem::replace(&mut from[j], DONE);
+            if src == start {
+                requests[j] = first;
+                break;
+            }
+            requests[j] = requests[src];
+            j = src;
+        }
+    }
+    starts
 }
 
 /// The room one central limiter would see for a key if it had admitted exactly what the
@@ -669,4 +688,46 @@ fn bucket_overshoot(policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
         }
     }
     high - 1.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(key: u64, at: Nanos) -> Request {
+        Request {
+            key,
+            cost: 1,
+            at,
+            oracle_at: at,
+            oracle: true,
+            room: 0,
+            mesh: None,
+            decided_at: 0,
+        }
+    }
+
+    #[test]
+    fn grouping_by_key_keeps_each_keys_order_and_loses_nothing() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let keys = 13;
+        let offered: Vec<Request> = (0..2_000).map(|t| request(rng.u64(0..keys), t)).collect();
+        let mut grouped = offered.clone();
+        let starts = group_by_key(&mut grouped, keys as usize);
+        assert_eq!(starts.len(), keys as usize + 1);
+        assert_eq!(starts[keys as usize], offered.len());
+        for (key, span) in starts.windows(2).enumerate() {
+            let expected: Vec<Nanos> = offered
+                .iter()
+                .filter(|r| r.key == key as u64)
+                .map(|r| r.at)
+                .collect();
+            let got: Vec<Nanos> = grouped[span[0]..span[1]]
+                .iter()
+                .inspect(|r| assert_eq!(r.key, key as u64))
+                .map(|r| r.at)
+                .collect();
+            assert_eq!(got, expected, "key {key}");
+        }
+    }
 }
