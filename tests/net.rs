@@ -507,7 +507,7 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
     for (_, relay) in &relays {
         relay.set_cut(false);
     }
-    let healed_at = std::time::Instant::now();
+    let lifted_at = std::time::Instant::now();
     // A link cut for seconds has its dials backed off (up to 5 s between attempts, a QUIC
     // handshake's retransmissions backed off too), so a heal may take that long, and more on
     // a loaded machine; it must come.
@@ -517,7 +517,7 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
             .all(|n| n.with_node(|n| n.members().iter().all(|(_, alive)| *alive)))
     })
     .await;
-    eprintln!("healed in {:?}", healed_at.elapsed());
+    eprintln!("healed in {:?}", lifted_at.elapsed());
     for n in nodes {
         n.shutdown().await;
     }
