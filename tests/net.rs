@@ -503,18 +503,19 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
         "admitted only {total}; node 3 held {held_by_3}"
     );
     eprintln!("partitioned for {:?}", cut_at.elapsed());
-    // Heal: node 3 is a member again everywhere.
+    // Heal: node 3 is a member again everywhere, and every link is up again (not only
+    // vouched for by gossip).
     for (_, relay) in &relays {
         relay.set_cut(false);
     }
     let lifted_at = std::time::Instant::now();
-    // A link cut for seconds has its dials backed off (up to 5 s between attempts, a QUIC
-    // handshake's retransmissions backed off too), so a heal may take that long, and more on
-    // a loaded machine; it must come.
+    // A link cut for seconds has its dials backed off (up to 2 s between attempts of up to
+    // 2 s each), so a heal may take that long, and more on a loaded machine; it must come.
     wait_within("the membership to heal", Duration::from_secs(20), || {
-        nodes
-            .iter()
-            .all(|n| n.with_node(|n| n.members().iter().all(|(_, alive)| *alive)))
+        nodes.iter().all(|n| {
+            n.with_node(|n| n.members().iter().all(|(_, alive)| *alive))
+                && n.peers_up().len() == nodes.len() - 1
+        })
     })
     .await;
     eprintln!("healed in {:?}", lifted_at.elapsed());

@@ -1,16 +1,29 @@
-//! Dialing peers: one attempt at a time per peer, retried with backoff (100 ms doubling to
-//! 5 s), and the reason of a failure logged without flooding the log: at the first failure,
-//! when the reason changes, when the backoff reaches its ceiling, and then once a minute
-//! while the peer stays unreachable; a line again when it is reached. A connection whose
-//! handshake the peer refused after ours completed (our certificate rejected on its side)
-//! closes before the peer sends anything, and counts as a failed attempt too.
+//! Dialing peers: one attempt at a time per peer, each given at most [`ATTEMPT_TIMEOUT`],
+//! retried with backoff (100 ms doubling to 2 s), and the reason of a failure logged without
+//! flooding the log: at the first failure, when the reason changes, when the backoff reaches
+//! its ceiling, and then once a minute while the peer stays unreachable; a line again when it
+//! is reached. A connection whose handshake the peer refused after ours completed (our
+//! certificate rejected on its side) closes before the peer sends anything, and counts as a
+//! failed attempt too.
+//!
+//! Short attempts and a low ceiling bound how long a link stays down after a partition heals
+//! (about one ceiling plus one attempt); a member reported alive by another is dialed at once
+//! ([`DialState::hurry`]), so that the links follow the membership. An attempt costs one
+//! handshake's first packets: one every 2 s per unreachable peer is little.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 /// The first retry delay.
 pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest retry delay.
-pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// An attempt whose handshake has not completed by then counts as failed (a timeout), and
+/// the next one starts afresh: a handshake begun while the peer was cut off would otherwise
+/// retransmit at ever longer intervals (up to the idle timeout) after the cut is lifted.
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// While the backoff is at its ceiling, at most one log line per peer per this interval.
 pub(crate) const LOG_AT_CEILING_EVERY: Duration = Duration::from_secs(60);
 
@@ -62,6 +75,8 @@ pub(crate) struct DialState {
     pub failures: u32,
     /// An attempt is scheduled or in progress.
     pub dialing: bool,
+    /// Wakes a scheduled attempt that waits out its backoff.
+    pub wake: Arc<Notify>,
     /// When the last line about this peer was logged, with the kind and delay it named.
     logged: Option<(Instant, Failure, Duration)>,
 }
@@ -86,9 +101,94 @@ impl DialState {
         (delay, log)
     }
 
+    /// Another member reported the peer alive: the backoff starts over, and an attempt
+    /// waiting out its delay is made now. Returns whether an attempt is scheduled or under
+    /// way (none is: the caller dials). What was logged is kept, so that a peer reported
+    /// alive again and again does not log a line each time.
+    pub(crate) fn hurry(&mut self) -> bool {
+        self.failures = 0;
+        if self.dialing {
+            self.wake.notify_waiters();
+        }
+        self.dialing
+    }
+
     /// The peer was heard: forget the failures; return how many there were.
     pub(crate) fn reached(&mut self) -> u32 {
         self.logged = None;
         std::mem::take(&mut self.failures)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_to_its_ceiling() {
+        let delays: Vec<Duration> = (1..=7).map(backoff).collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(
+            delays,
+            [
+                ms(100),
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1600),
+                ms(2000),
+                ms(2000)
+            ]
+        );
+        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn a_peer_reported_alive_starts_its_backoff_over_without_logging_again() {
+        let start = Instant::now();
+        let mut state = DialState::default();
+        let mut logged = 0;
+        for i in 0..8 {
+            let (_, log) = state.failed(Failure::Timeout, start + Duration::from_secs(i));
+            logged += usize::from(log);
+        }
+        // The first failure and the ceiling were logged.
+        assert_eq!(logged, 2);
+        assert_eq!(state.failed(Failure::Timeout, start).0, MAX_BACKOFF);
+        // Nothing scheduled: the caller is to dial.
+        assert!(!state.hurry());
+        state.dialing = true;
+        assert!(state.hurry());
+        let (delay, log) = state.failed(Failure::Timeout, start + Duration::from_secs(9));
+        assert_eq!(delay, FIRST_BACKOFF);
+        assert!(
+            !log,
+            "the same reason within the minute is not logged again"
+        );
+    }
+
+    #[tokio::test]
+    async fn hurry_wakes_an_attempt_waiting_out_its_backoff() {
+        let mut state = DialState {
+            dialing: true,
+            ..DialState::default()
+        };
+        let wake = Arc::clone(&state.wake);
+        let waiting = tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(3600)) => false,
+                () = wake.notified() => true,
+            }
+        });
+        // Until the task waits, a wake-up is not stored for it: hurry until it is woken.
+        for _ in 0..1000 {
+            if waiting.is_finished() {
+                break;
+            }
+            state.hurry();
+            tokio::task::yield_now().await;
+        }
+        assert!(waiting.is_finished(), "still waiting out its backoff");
+        assert!(waiting.await.unwrap());
     }
 }

@@ -140,10 +140,12 @@ impl Driver {
                     inner.heard.insert(from, Instant::now());
                     inner.node.handle_frame(now, from, &bytes)
                 };
-                let counter = if result.is_ok() {
-                    &self.shared.stats.frames_received
-                } else {
-                    &self.shared.stats.frames_dropped
+                let counter = match &result {
+                    Ok(()) => &self.shared.stats.frames_received,
+                    Err(error) => {
+                        tracing::debug!(peer = from, %error, "frame dropped");
+                        &self.shared.stats.frames_dropped
+                    }
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 if let Some(state) = self.dials.get_mut(&from)
@@ -316,6 +318,17 @@ impl Driver {
         self.dial(id, delay);
     }
 
+    /// A member reported `id` alive (or restarted): without a connection to it, dial it now
+    /// rather than after the backoff its failures built up (while it was cut off, say).
+    fn hurry(&mut self, id: NodeId) {
+        if self.connections.contains_key(&id) || !self.addresses.contains_key(&id) {
+            return;
+        }
+        if !self.dials.entry(id).or_default().hurry() {
+            self.dial(id, Duration::ZERO);
+        }
+    }
+
     /// Dial `id` once after `delay` (unless an attempt is already under way); the result
     /// comes back as [`Input::Dialed`].
     fn dial(&mut self, id: NodeId, delay: Duration) {
@@ -327,28 +340,36 @@ impl Driver {
             return;
         }
         state.dialing = true;
+        let wake = Arc::clone(&state.wake);
         let endpoint = self.endpoint.clone();
         let inputs = self.inputs.clone();
         let shared = Arc::clone(&self.shared);
         tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
+            // Cut short by `hurry` (only while waiting here: no permit is stored).
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = wake.notified() => {}
+            }
             if shared.closed.load(Ordering::Acquire) {
                 return;
             }
             let result = match endpoint.connect(addr, &certs::node_name(id)) {
                 Err(error) => Err((Failure::Other, error.to_string())),
-                Ok(connecting) => match connecting.await {
-                    Err(error) => Err(dial::describe(&error)),
-                    // The server's certificate was checked for `id`'s name by the handshake.
-                    Ok(connection) if peer_id(&connection) == Ok(id) => Ok(connection),
-                    Ok(connection) => {
-                        connection.close(1u32.into(), b"unexpected identity");
-                        Err((
-                            Failure::WrongIdentity,
-                            format!("the node at {addr} presents another node's certificate"),
-                        ))
+                Ok(connecting) => {
+                    match tokio::time::timeout(dial::ATTEMPT_TIMEOUT, connecting).await {
+                        Err(_) => Err(dial::describe(&quinn::ConnectionError::TimedOut)),
+                        Ok(Err(error)) => Err(dial::describe(&error)),
+                        // The server's certificate was checked for `id`'s name by the handshake.
+                        Ok(Ok(connection)) if peer_id(&connection) == Ok(id) => Ok(connection),
+                        Ok(Ok(connection)) => {
+                            connection.close(1u32.into(), b"unexpected identity");
+                            Err((
+                                Failure::WrongIdentity,
+                                format!("the node at {addr} presents another node's certificate"),
+                            ))
+                        }
                     }
-                },
+                }
             };
             let _ = inputs.send(Input::Dialed(id, result));
         });
@@ -403,9 +424,26 @@ impl Driver {
     /// one that left or was forgotten (unless it was configured).
     fn event(&mut self, event: Event, addr: Option<SocketAddr>) {
         match event {
-            Event::PeerDown(peer) => tracing::warn!(peer, "peer declared dead"),
-            Event::PeerUp(peer) => tracing::info!(peer, "peer is up"),
-            Event::PeerRestarted(peer) => tracing::info!(peer, "peer restarted"),
+            Event::PeerDown(peer) => {
+                tracing::warn!(peer, "peer declared dead");
+                // Its connection may only be waiting out QUIC's loss recovery, whose probes
+                // grow ever further apart while the peer is cut off (until the idle timeout):
+                // closed, and a fresh one dialed (and retried with backoff) from now on, the
+                // link is up again soon after a cut is lifted.
+                if let Some(connection) = self.connections.remove(&peer) {
+                    connection.close(4u32.into(), b"declared dead");
+                    self.shared.inner.lock().connected.remove(&peer);
+                    self.dial(peer, Duration::ZERO);
+                }
+            }
+            Event::PeerUp(peer) => {
+                tracing::info!(peer, "peer is up");
+                self.hurry(peer);
+            }
+            Event::PeerRestarted(peer) => {
+                tracing::info!(peer, "peer restarted");
+                self.hurry(peer);
+            }
             Event::PeerSuspected(peer) => tracing::debug!(peer, "peer suspected (silent)"),
             Event::PeerLeft(peer) | Event::PeerForgotten(peer) => {
                 if matches!(event, Event::PeerLeft(_)) {
