@@ -511,7 +511,7 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
     let lifted_at = std::time::Instant::now();
     // A link cut for seconds has its dials backed off (up to 2 s between attempts of up to
     // 2 s each), so a heal may take that long, and more on a loaded machine; it must come.
-    wait_within("the membership to heal", Duration::from_secs(20), || {
+    wait_within("every link to heal", Duration::from_secs(20), || {
         nodes.iter().all(|n| {
             n.with_node(|n| n.members().iter().all(|(_, alive)| *alive))
                 && n.peers_up().len() == nodes.len() - 1
