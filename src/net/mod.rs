@@ -296,7 +296,7 @@ pub struct MeshNet {
     driver: tokio::task::JoinHandle<()>,
     acceptor: tokio::task::JoinHandle<()>,
     /// With [`MeshNet::start_on_thread`]: dropped with the handle, which ends the thread.
-    _thread: Option<tokio::sync::oneshot::Sender<()>>,
+    thread_keepalive: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl MeshNet {
@@ -366,7 +366,7 @@ impl MeshNet {
             endpoint,
             driver,
             acceptor,
-            _thread: None,
+            thread_keepalive: None,
         })
     }
 
@@ -411,7 +411,7 @@ impl MeshNet {
                 "the mesh thread ended before starting",
             ))
         })??;
-        net._thread = Some(keep);
+        net.thread_keepalive = Some(keep);
         Ok(net)
     }
 
@@ -572,6 +572,8 @@ impl MeshNet {
     pub async fn shutdown(self) {
         self.close().await;
         let _ = self.driver.await;
+        // The endpoint is closed and the driver done: the mesh's own thread may end.
+        drop(self.thread_keepalive);
     }
 }
 
