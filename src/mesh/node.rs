@@ -25,6 +25,7 @@
 //! and creates no new authority until each peer answered or was declared dead.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::sync::Arc;
 
@@ -419,7 +420,13 @@ impl Node {
     /// has no holding. An entry of the timers is *live* while it is the instant so
     /// remembered ([`Node::is_queued`]); one that is not (the deadline moved, or went) is
     /// dropped when it comes up.
-    fn arm(&mut self, key: KeyRef) {
+    ///
+    /// Return whether a round has anything to do for the key: it has a holding, or its
+    /// authority has requests waiting. A round's look at an authority alone, with nothing
+    /// waiting, would only drop it once idle, which the idle sweep does too
+    /// (`IDLE_SWEEP_ROUNDS`); its deadlines come through the timers, a change of its owner
+    /// through the rebalance.
+    fn arm(&mut self, key: KeyRef) -> bool {
         let holding = self.holdings.get_mut(&key);
         let authority = self.authorities.get_mut(&key);
         let at = [
@@ -429,10 +436,13 @@ impl Node {
         .into_iter()
         .flatten()
         .min();
-        let queued = match (holding, authority) {
-            (Some(h), _) => h.queued_mut(),
-            (None, Some(a)) => a.queued_mut(),
-            (None, None) => return,
+        let (queued, needs_round) = match (holding, authority) {
+            (Some(h), _) => (h.queued_mut(), true),
+            (None, Some(a)) => {
+                let waiting = a.has_waiters();
+                (a.queued_mut(), waiting)
+            }
+            (None, None) => return false,
         };
         if *queued != at {
             *queued = at;
@@ -440,6 +450,7 @@ impl Node {
                 self.timers.push(Reverse((at, key)));
             }
         }
+        needs_round
     }
 
     /// Tell whether the timers' entry `(at, key)` is live: the instant `key` needs the node,
@@ -766,20 +777,26 @@ impl Node {
                     }
                 }
                 Item::Backup(state) => {
-                    let key = state.key;
-                    let newer = self
-                        .backups
-                        .get(&key)
-                        .is_none_or(|b| b.from != from || b.state.version <= state.version);
-                    if newer && !self.authorities.contains_key(&key) {
-                        self.backups.insert(
-                            key,
-                            Backup {
+                    if self.authorities.contains_key(&state.key) {
+                        continue;
+                    }
+                    match self.backups.entry(state.key) {
+                        Entry::Occupied(mut kept) => {
+                            // The key's kept ranking stays: it is checked against the
+                            // membership before each use.
+                            let b = kept.get_mut();
+                            if b.from != from || b.state.version <= state.version {
+                                b.from = from;
+                                b.state = state;
+                            }
+                        }
+                        Entry::Vacant(slot) => {
+                            slot.insert(Backup {
                                 from,
                                 state,
                                 rank: RankMemo::default(),
-                            },
-                        );
+                            });
+                        }
                     }
                 }
                 Item::Handoff(state) => self.on_handoff(now, from, state),
@@ -854,8 +871,9 @@ impl Node {
         touched.sort_unstable();
         touched.dedup();
         for &key in &touched {
-            self.arm(key);
-            self.candidates.push(key);
+            if self.arm(key) {
+                self.candidates.push(key);
+            }
         }
         touched.clear();
         self.touched = touched;
