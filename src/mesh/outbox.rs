@@ -241,7 +241,7 @@ impl Outbox {
         mut out: Out<'_>,
     ) {
         let mut frames = std::mem::take(&mut self.frames);
-        for (to, items) in std::mem::take(&mut self.reliable) {
+        for (to, mut items) in std::mem::take(&mut self.reliable) {
             let h = header(to);
             split(
                 &h,
@@ -249,7 +249,10 @@ impl Outbox {
                 MAX_FRAME_BYTES - 1,
                 &mut frames,
             );
-            let sized = items.iter().map(|item| (item, item_len(item)));
+            let sized = items.iter_mut().map(|item| {
+                let len = item_len(item);
+                (item, len)
+            });
             emit(to, &h, sized, &frames, None, &mut out);
             frames.clear();
         }
@@ -317,19 +320,23 @@ impl Outbox {
             let end = peers
                 .get(index + 1)
                 .map_or(planned.len(), |&(_, next)| next);
-            let mine = &planned[begin..end];
-            let sent = || mine.iter().filter(|(_, _, go)| *go);
-            if sent().next().is_none() && beats.binary_search(&to).is_err() {
+            let mine = &mut planned[begin..end];
+            if !mine.iter().any(|(_, _, go)| *go) && beats.binary_search(&to).is_err() {
                 continue;
             }
             let h = header(to);
             split(
                 &h,
-                sent().map(|(_, len, _)| *len),
+                mine.iter().filter(|(_, _, go)| *go).map(|(_, len, _)| *len),
                 max_datagram_bytes.saturating_sub(1),
                 &mut frames,
             );
-            let items = sent().map(|(item, len, _)| (item, *len));
+            // The items sent are taken (as values, moved into their frames); the others
+            // are held for the next round below.
+            let items = mine
+                .iter_mut()
+                .filter(|(_, _, go)| *go)
+                .map(|(item, len, _)| (item, *len));
             emit(to, &h, items, &frames, Some(max_datagram_bytes), &mut out);
             frames.clear();
         }
@@ -410,11 +417,12 @@ fn item_len(item: &Item) -> usize {
 /// (item count, length bound), for `to`: on a stream, or as datagrams if
 /// `max_datagram_bytes` is given (a frame larger than that, a big backup, still goes on a
 /// stream). As values, each frame gets the length it would encode to, and is dropped where
-/// its encoding would be refused (larger than any frame a peer accepts).
+/// its encoding would be refused (larger than any frame a peer accepts); the items are moved
+/// into the frames, leaving [`Item::SyncDone`] in their place (the caller drops them).
 fn emit<'a>(
     to: NodeId,
     header: &Header,
-    mut items: impl Iterator<Item = (&'a Item, usize)>,
+    mut items: impl Iterator<Item = (&'a mut Item, usize)>,
     frames: &[(usize, usize)],
     max_datagram_bytes: Option<usize>,
     out: &mut Out<'_>,
@@ -429,7 +437,7 @@ fn emit<'a>(
         match out {
             Out::Bytes(out) => {
                 let encoded =
-                    wire::encode_frame(header, count, chunk.by_ref().map(|(i, _)| i), len);
+                    wire::encode_frame(header, count, chunk.by_ref().map(|(i, _)| &*i), len);
                 // A frame that failed to encode leaves the next its own items.
                 chunk.for_each(drop);
                 if let Ok(bytes) = encoded {
@@ -446,7 +454,7 @@ fn emit<'a>(
                 let items: Vec<Item> = chunk
                     .map(|(item, item_len)| {
                         len = len.saturating_add(item_len - ITEM_SLACK);
-                        item.clone()
+                        std::mem::replace(item, Item::SyncDone)
                     })
                     .collect();
                 if items.len() == count && len <= MAX_FRAME_BYTES {
