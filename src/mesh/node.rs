@@ -420,13 +420,7 @@ impl Node {
     /// has no holding. An entry of the timers is *live* while it is the instant so
     /// remembered ([`Node::is_queued`]); one that is not (the deadline moved, or went) is
     /// dropped when it comes up.
-    ///
-    /// Return whether a round has anything to do for the key: it has a holding, or its
-    /// authority has requests waiting. A round's look at an authority alone, with nothing
-    /// waiting, would only drop it once idle, which the idle sweep does too
-    /// (`IDLE_SWEEP_ROUNDS`); its deadlines come through the timers, a change of its owner
-    /// through the rebalance.
-    fn arm(&mut self, key: KeyRef) -> bool {
+    fn arm(&mut self, key: KeyRef) {
         let holding = self.holdings.get_mut(&key);
         let authority = self.authorities.get_mut(&key);
         let at = [
@@ -436,13 +430,10 @@ impl Node {
         .into_iter()
         .flatten()
         .min();
-        let (queued, needs_round) = match (holding, authority) {
-            (Some(h), _) => (h.queued_mut(), true),
-            (None, Some(a)) => {
-                let waiting = a.has_waiters();
-                (a.queued_mut(), waiting)
-            }
-            (None, None) => return false,
+        let queued = match (holding, authority) {
+            (Some(h), _) => h.queued_mut(),
+            (None, Some(a)) => a.queued_mut(),
+            (None, None) => return,
         };
         if *queued != at {
             *queued = at;
@@ -450,7 +441,6 @@ impl Node {
                 self.timers.push(Reverse((at, key)));
             }
         }
-        needs_round
     }
 
     /// Tell whether the timers' entry `(at, key)` is live: the instant `key` needs the node,
@@ -871,9 +861,8 @@ impl Node {
         touched.sort_unstable();
         touched.dedup();
         for &key in &touched {
-            if self.arm(key) {
-                self.candidates.push(key);
-            }
+            self.arm(key);
+            self.candidates.push(key);
         }
         touched.clear();
         self.touched = touched;

@@ -4,9 +4,8 @@
 //! gives its lease back, and is forgotten once idle; an authority is dropped once nothing
 //! it holds matters any more; the changed authorities are backed up and every peer hears
 //! from the node. A round looks only at the keys that need it: those touched since the last
-//! round (a request, a frame, a timer) that this node holds or whose authority here has
-//! requests waiting, those with something left to do, and those whose time comes (an
-//! authority alone with nothing waiting is left to the idle sweep); a holding *at rest* ([`Holding::at_rest`](crate::mesh::holder::Holding::at_rest): nothing leased, waiting, wanted or
+//! round (a request, a frame, a timer), those with something left to do, and those whose
+//! time comes; a holding *at rest* ([`Holding::at_rest`](crate::mesh::holder::Holding::at_rest): nothing leased, waiting, wanted or
 //! to report, and no demand, or a lone request's demand that fades out before a report of
 //! it is due) changes in a round only by one more idle round and the fading of its demand,
 //! so its rounds are skipped until [`Holding::wake_round`](crate::mesh::holder::Holding::wake_round) and counted when it is next looked at
@@ -104,7 +103,8 @@ impl Node {
         }
         // What the next rounds must look at.
         for key in std::mem::take(&mut self.touched) {
-            if due.binary_search(&key).is_err() && self.arm(key) {
+            if due.binary_search(&key).is_err() {
+                self.arm(key);
                 self.candidates.push(key);
             }
         }
