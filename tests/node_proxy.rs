@@ -4,7 +4,8 @@
 //! (a forged chain from an untrusted client is dropped); a 64 MiB body streams both ways
 //! without being buffered; HTTP/2 to the upstream; an upstream that hangs, resets or refuses
 //! is answered 504/502 in JSON, each request counted once, and the node keeps serving; a
-//! kept-alive connection the upstream closes while it is idle costs no request; bad
+//! kept-alive connection the upstream closes while it is idle costs no request; answers in
+//! every HTTP/1.1 framing pass whole, and malformed ones are refused; bad
 //! `[[proxy]]` entries are refused with the file, the line and the field.
 
 mod support;
@@ -528,6 +529,97 @@ async fn an_upstream_that_closes_its_idle_connections_costs_no_request() {
         6,
         "each request reached the upstream once"
     );
+}
+
+/// Answers framed every way HTTP/1.1 allows, each written in pieces, reach the client whole:
+/// a `Content-Length` body larger than a read, chunks with extensions and a trailer, 1xx
+/// answers before the final one, a 204, a `HEAD`, a body that runs to the close; those that
+/// leave the connection fit for another request reuse connections. An answer that is not
+/// HTTP, or gives two lengths, is a 502 `upstream_malformed`; one cut mid-body ends the
+/// client's body early. The node keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_in_every_framing_pass_whole_and_bad_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, accepted, _task) = upstream::scripted().await;
+    let node = node_with(dir.path(), &proxy("/s", addr, "")).await;
+    let client = client();
+    let url = |path: &str| format!("http://{}/s/{path}", node.http);
+    let get = |path: &str| client.get(url(path)).header("x-api-key", "framing").send();
+
+    for round in 0..3 {
+        let response = get("length").await.unwrap();
+        assert_eq!(response.status(), 200, "round {round}");
+        assert_eq!(response.headers()["x-kind"], "length");
+        assert!(response.headers().contains_key("ratelimit"));
+        let body = response.bytes().await.unwrap();
+        assert!(
+            body[..] == upstream::scripted_length_body()[..],
+            "round {round}"
+        );
+
+        let response = get("chunked").await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.text().await.unwrap(), "hello world");
+
+        let response = get("interim").await.unwrap();
+        assert_eq!(response.status(), 201);
+        assert_eq!(response.text().await.unwrap(), "ok");
+
+        let response = get("nocontent").await.unwrap();
+        assert_eq!(response.status(), 204);
+        assert_eq!(response.headers()["x-kind"], "none");
+
+        let response = client
+            .head(url("length"))
+            .header("x-api-key", "framing")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-length"], "200000");
+    }
+    let kept = *accepted.lock().unwrap();
+    assert!(
+        kept < 15,
+        "15 exchanges that keep their connection took {kept} connections: none was reused"
+    );
+
+    // The chunks give the length; the `Content-Length` beside them is not passed on.
+    let response = get("chunked-and-length").await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "hello world");
+
+    let response = get("close").await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "until the close");
+
+    for path in ["garbage", "two-lengths"] {
+        let response = get(path).await.unwrap();
+        assert_eq!(response.status(), 502, "{path}");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["error"], "upstream_malformed", "{path}");
+    }
+
+    let response = get("cut").await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.bytes().await.is_err(),
+        "a body cut short must not look complete"
+    );
+
+    let response = get("length").await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.bytes().await.unwrap().len(), 200_000);
+    let metrics = metrics_of(&client, &node).await;
+    for line in [
+        "ratemesh_proxy_errors_total{reason=\"upstream_malformed\"} 2",
+        "ratemesh_proxy_errors_total{reason=\"response_aborted\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no `{line}` in:\n{metrics}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

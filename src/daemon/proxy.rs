@@ -42,12 +42,13 @@ const CLIENT_PAUSE_GRACE: Duration = Duration::from_secs(1);
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// The labels of `ratemesh_proxy_errors_total`.
-const ERROR_REASONS: [&str; 10] = [
+const ERROR_REASONS: [&str; 11] = [
     "upstream_refused",
     "upstream_unreachable",
     "upstream_connect_timeout",
     "upstream_timeout",
     "upstream_reset",
+    "upstream_malformed",
     "request_body_too_large",
     "request_body_stalled",
     "request_body_aborted",
@@ -152,6 +153,11 @@ impl Proxy {
         match self.send(upstream, request, progress.as_deref()).await {
             Ok((response, lease)) => {
                 let (mut parts, body) = response.into_parts();
+                // The body's length came from its chunks: a `Content-Length` sent with them
+                // is not passed on (RFC 9112 §6.3), or the client would read it as the length.
+                if parts.headers.contains_key(http::header::TRANSFER_ENCODING) {
+                    parts.headers.remove(http::header::CONTENT_LENGTH);
+                }
                 headers::strip_hop_by_hop(&mut parts.headers);
                 parts.version = Version::HTTP_11;
                 let mut body = Leased::new(body, lease);
@@ -252,6 +258,8 @@ enum Failure {
     Timeout(Duration),
     #[error("the upstream closed or reset the connection before answering")]
     Reset,
+    #[error("the upstream's answer is not valid HTTP")]
+    Malformed,
     #[error("the request body is longer than {0} bytes")]
     TooLarge(u64),
     #[error("the request body paused for longer than the route's timeout")]
@@ -268,6 +276,7 @@ impl Failure {
             Failure::ConnectTimeout => "upstream_connect_timeout",
             Failure::Timeout(_) => "upstream_timeout",
             Failure::Reset => "upstream_reset",
+            Failure::Malformed => "upstream_malformed",
             Failure::TooLarge(_) => "request_body_too_large",
             Failure::ClientStalled => "request_body_stalled",
             Failure::ClientAborted => "request_body_aborted",
@@ -276,7 +285,9 @@ impl Failure {
 
     fn status(&self) -> StatusCode {
         match self {
-            Failure::Refused | Failure::Unreachable | Failure::Reset => StatusCode::BAD_GATEWAY,
+            Failure::Refused | Failure::Unreachable | Failure::Reset | Failure::Malformed => {
+                StatusCode::BAD_GATEWAY
+            }
             Failure::ConnectTimeout | Failure::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Failure::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Failure::ClientStalled => StatusCode::REQUEST_TIMEOUT,
@@ -295,6 +306,9 @@ impl Failure {
 
 /// What a failed exchange with the upstream was, from the error's chain.
 fn classify(error: hyper::Error) -> Failure {
+    if error.is_parse() || error.is_parse_too_large() || error.is_parse_status() {
+        return Failure::Malformed;
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
     while let Some(cause) = source {
         if let Some(body) = cause.downcast_ref::<BodyError>() {

@@ -243,3 +243,128 @@ pub fn refusing() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap()
 }
+
+/// The body of the scripted upstream's `/length` answer: 200,000 bytes, `a` to `z` over
+/// and over.
+pub fn scripted_length_body() -> Vec<u8> {
+    (0..200_000u32).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+/// A TCP server that answers each request with a canned HTTP/1.1 exchange chosen by its
+/// path, written in pieces (so a client must put heads and chunks together across reads):
+/// `/length` (a `Content-Length` body larger than a read), `/chunked` (chunk extensions and
+/// a trailer), `/chunked-and-length` (chunks and a `Content-Length` that is not theirs),
+/// `/interim` (two 1xx answers before the final one), `/nocontent` (204), `/close`
+/// (HTTP/1.0, the body runs to the close), `/garbage` (not HTTP), `/two-lengths` (two
+/// different `Content-Length` values), `/cut` (the connection closes mid-body); a `HEAD`
+/// gets the head alone. Returns its address and how many connections it accepted.
+pub async fn scripted() -> (SocketAddr, Arc<Mutex<usize>>, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(Mutex::new(0));
+    let count = Arc::clone(&accepted);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            *count.lock().unwrap() += 1;
+            tokio::spawn(async move {
+                let mut pending = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let end = loop {
+                        if let Some(at) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                        match stream.read(&mut buf).await {
+                            Ok(n) if n > 0 => pending.extend_from_slice(&buf[..n]),
+                            _ => return,
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&pending[..end]).to_string();
+                    pending.drain(..end);
+                    let mut line = head.split(' ');
+                    let method = line.next().unwrap_or("").to_string();
+                    let path = line.next().unwrap_or("").to_string();
+                    let (mut pieces, close) = scripted_answer(&path);
+                    if method == "HEAD" {
+                        // The head alone.
+                        let whole = pieces.concat();
+                        let at = whole.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+                        pieces = vec![whole[..at + 4].to_vec()];
+                    }
+                    for piece in &pieces {
+                        if stream.write_all(piece).await.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    if close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted, task)
+}
+
+/// The pieces `scripted` writes for `path`, and whether it closes the connection after.
+fn scripted_answer(path: &str) -> (Vec<Vec<u8>>, bool) {
+    let split = |text: &[u8], at: &[usize]| {
+        let mut pieces = Vec::new();
+        let mut from = 0;
+        for &to in at {
+            pieces.push(text[from..to].to_vec());
+            from = to;
+        }
+        pieces.push(text[from..].to_vec());
+        pieces
+    };
+    match path {
+        "/s/length" => {
+            let mut answer =
+                b"HTTP/1.1 200 OK\r\ncontent-length: 200000\r\nx-kind: length\r\n\r\n".to_vec();
+            answer.extend(scripted_length_body());
+            (split(&answer, &[20, 70, 100_000]), false)
+        }
+        "/s/chunked" => {
+            let answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n\
+                5;name=value\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\n\r\n";
+            (split(answer, &[30, 66, 70, 80, 85, 92, 100]), false)
+        }
+        "/s/interim" => {
+            let answer =
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n\
+                HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok";
+            (split(answer, &[10, 25, 60]), false)
+        }
+        "/s/chunked-and-length" => {
+            let answer =
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n\
+                5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+            (split(answer, &[40, 75]), true)
+        }
+        "/s/nocontent" => (
+            vec![b"HTTP/1.1 204 No Content\r\nx-kind: none\r\n\r\n".to_vec()],
+            false,
+        ),
+        "/s/close" => (
+            split(
+                b"HTTP/1.0 200 OK\r\nx-kind: close\r\n\r\nuntil the close",
+                &[35],
+            ),
+            true,
+        ),
+        "/s/two-lengths" => (
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd".to_vec()],
+            true,
+        ),
+        "/s/cut" => (
+            vec![b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort".to_vec()],
+            true,
+        ),
+        _ => (vec![b"SPDY/9 banana\r\n\r\n".to_vec()], true),
+    }
+}
