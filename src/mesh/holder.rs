@@ -514,18 +514,19 @@ impl Holding {
     }
 
     /// Apply the authority's answer at `now`; `expiry` is the local instant the window ends
-    /// (converted from the authority's clock, never later than it). Return the waiting
-    /// requests decided.
+    /// (converted from the authority's clock, never later than it). The waiting requests
+    /// decided are added to `decided`.
     pub(crate) fn apply_grant(
         &mut self,
         now: Nanos,
         grant: &Grant,
         expiry: Nanos,
-    ) -> Vec<(u64, Decision)> {
+        decided: &mut Vec<(u64, Decision)>,
+    ) {
         // A grant for an earlier holding of the key (on its way when that holding was
         // forgotten) was counted for that holding: not this one's.
         if grant.holding != self.id {
-            return Vec::new();
+            return;
         }
         // An answer about a window whose lease already ended here (it came late, or out of
         // order) says nothing about the requests waiting now: they ask again.
@@ -537,7 +538,7 @@ impl Holding {
             // be behind this node's estimate), and would answer the same.
             self.want_sent_at = Some(now + DENIED_RESEND_NS);
             self.want_need = self.need();
-            return Vec::new();
+            return;
         }
         // The authority's retry time counts from its decision, a trip before now: from the
         // oldest want not answered yet, if this answers one of those.
@@ -598,7 +599,7 @@ impl Holding {
             let soon = now + DENIED_RESEND_NS;
             self.want_sent_at = Some(self.want_sent_at.map_or(soon, |at| at.min(soon)));
         }
-        let mut decided = self.serve(now);
+        self.serve(now, decided);
         if grant.retry_after > 0 && !self.waiting.is_empty() {
             // The denial is about the requests the answered want counted (later ones wait
             // for their own answer). Of those, the ones that fit in what the authority
@@ -633,18 +634,16 @@ impl Holding {
                 decided.push((w.id, self.denied(now, grant.retry_after)));
             }
             // What the denied held back may serve those behind them.
-            decided.extend(self.serve(now));
+            self.serve(now, decided);
         }
         self.settle();
         self.see_used(now);
-        decided
     }
 
-    /// Serve waiting requests from the reserve, in order.
-    fn serve(&mut self, now: Nanos) -> Vec<(u64, Decision)> {
-        let mut decided = Vec::new();
+    /// Serve waiting requests from the reserve, in order (added to `decided`).
+    fn serve(&mut self, now: Nanos, decided: &mut Vec<(u64, Decision)>) {
         if self.kind.is_window() && (self.closed || now >= self.expiry) {
-            return decided;
+            return;
         }
         while let Some(w) = self.waiting.front().copied() {
             if w.cost > self.reserve {
@@ -657,7 +656,6 @@ impl Holding {
                 decided.push((w.id, self.allowed(now, remaining)));
             }
         }
-        decided
     }
 
     /// With nobody waiting, the reserve goes back to the cell.
@@ -670,9 +668,14 @@ impl Holding {
         }
     }
 
-    /// Deny the waiting requests past their deadline at `now` (retry after `retry_after`).
-    pub(crate) fn timeouts(&mut self, now: Nanos, retry_after: Nanos) -> Vec<(u64, Decision)> {
-        let mut decided = Vec::new();
+    /// Deny the waiting requests past their deadline at `now` (retry after `retry_after`);
+    /// those decided are added to `decided`.
+    pub(crate) fn timeouts(
+        &mut self,
+        now: Nanos,
+        retry_after: Nanos,
+        decided: &mut Vec<(u64, Decision)>,
+    ) {
         while let Some(w) = self.waiting.front().copied() {
             if w.deadline > now {
                 break;
@@ -683,9 +686,8 @@ impl Holding {
             }
         }
         // What the denied held back may serve those behind them.
-        decided.extend(self.serve(now));
+        self.serve(now, decided);
         self.settle();
-        decided
     }
 
     /// Return the earliest instant the holder needs its node: a waiting request's deadline,

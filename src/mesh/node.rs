@@ -232,6 +232,8 @@ pub struct Node {
     /// Frames as values ([`Node::frames_as_values`]): `Some` once asked for.
     values: Option<VecDeque<FrameValue>>,
     events: VecDeque<Event>,
+    /// Scratch of the requests a holding decided (emptied into `events` each time).
+    decided: Vec<(u64, Decision)>,
     stats: NodeStats,
     round: u64,
     next_tick: Nanos,
@@ -365,6 +367,7 @@ impl Node {
             transmits: VecDeque::new(),
             values: None,
             events: VecDeque::new(),
+            decided: Vec::new(),
             stats: NodeStats::default(),
             round: now / g,
             next_tick: (now / g + 1) * g,
@@ -659,12 +662,12 @@ impl Node {
             return;
         };
         self.touched.push(grant.key);
-        let decided = h.apply_grant(now, &grant, expiry);
+        h.apply_grant(now, &grant, expiry, &mut self.decided);
         if grant.window >= h.lease().0 {
             h.previous_confirmed();
         }
         let again = h.should_ask(now);
-        for (id, decision) in decided {
+        for (id, decision) in self.decided.drain(..) {
             self.events.push_back(Event::Decided { id, decision });
         }
         // A grant from this node's own authority re-asks in the same call; the depth cap

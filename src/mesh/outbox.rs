@@ -451,12 +451,11 @@ fn emit<'a>(
             Out::Values(out) => {
                 // The version byte, the header, the item count, the items.
                 let mut len = 1 + header_len + wire::encoded_len(&(count as u64));
-                let items: Vec<Item> = chunk
-                    .map(|(item, item_len)| {
-                        len = len.saturating_add(item_len - ITEM_SLACK);
-                        std::mem::replace(item, Item::SyncDone)
-                    })
-                    .collect();
+                let mut items = Vec::with_capacity(count);
+                items.extend(chunk.map(|(item, item_len)| {
+                    len = len.saturating_add(item_len - ITEM_SLACK);
+                    std::mem::replace(item, Item::SyncDone)
+                }));
                 if items.len() == count && len <= MAX_FRAME_BYTES {
                     out.push(FrameValue {
                         to,

@@ -54,12 +54,19 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
-    pub(crate) fn new(config: &SimConfig, arrivals: usize) -> Self {
+    pub(crate) fn new(config: &SimConfig, arrivals: &[Arrival]) -> Self {
         let keys = config.keys.max(1) as usize;
+        // A key's admissions are at most its arrivals: room for them all at once, rather
+        // than each key's list growing by doubling.
+        let mut offered = vec![0usize; keys];
+        for a in arrivals {
+            offered[a.key as usize] += 1;
+        }
+        let admissions = || offered.iter().map(|&n| Vec::with_capacity(n)).collect();
         Recorder {
-            mesh: vec![Vec::new(); keys],
-            oracle: vec![Vec::new(); keys],
-            requests: Vec::with_capacity(arrivals),
+            mesh: admissions(),
+            oracle: admissions(),
+            requests: Vec::with_capacity(arrivals.len()),
             waits: Vec::new(),
             windows: vec![Vec::new(); keys],
             crash_at: None,

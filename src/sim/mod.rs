@@ -557,7 +557,7 @@ pub fn run(config: &SimConfig) -> SimReport {
             world.nodes[owner as usize].offset_ns
         })
         .collect();
-    let mut record = measure::Recorder::new(config, arrivals.len());
+    let mut record = measure::Recorder::new(config, &arrivals);
     let mut next_arrival = 0;
     // Events at one instant: nodes that answer each other at once without end (a livelock
     // over zero-latency links) would otherwise stop simulated time.

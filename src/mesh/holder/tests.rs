@@ -7,6 +7,20 @@ use super::*;
 const KEY: KeyRef = KeyRef { policy: 0, key: 1 };
 const S: Nanos = 1_000_000_000;
 
+/// [`Holding::apply_grant`], returning the requests it decided.
+fn apply(h: &mut Holding, now: Nanos, grant: &Grant, expiry: Nanos) -> Vec<(u64, Decision)> {
+    let mut decided = Vec::new();
+    h.apply_grant(now, grant, expiry, &mut decided);
+    decided
+}
+
+/// [`Holding::timeouts`], returning the requests it decided.
+fn timeouts(h: &mut Holding, now: Nanos, retry_after: Nanos) -> Vec<(u64, Decision)> {
+    let mut decided = Vec::new();
+    h.timeouts(now, retry_after, &mut decided);
+    decided
+}
+
 fn grant(window: u64, granted: u64, retry_after: Nanos) -> Grant {
     Grant {
         key: KEY,
@@ -29,7 +43,7 @@ fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     assert_eq!(h.need(), 5);
     let want = h.want(10 * S, 500, false, 1);
     assert_eq!((want.need, want.window, want.granted), (5, 0, 0));
-    let decided = h.apply_grant(10 * S + 1, &grant(10, 8, 0), 11 * S);
+    let decided = apply(&mut h, 10 * S + 1, &grant(10, 8, 0), 11 * S);
     assert_eq!(decided.len(), 2);
     assert!(decided.iter().all(|(_, d)| d.is_allowed()));
     // The rest went to the cell.
@@ -42,7 +56,7 @@ fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     assert_eq!(want.used, 8);
     // A grant for the next window carries the final count of this one.
     h.slow(11 * S, 3, 1, 12 * S);
-    h.apply_grant(11 * S + 1, &grant(11, 1, 0), 12 * S);
+    apply(&mut h, 11 * S + 1, &grant(11, 1, 0), 12 * S);
     assert_eq!(h.want(11 * S + 1, 551, false, 1).previous_used, Some(8));
 }
 
@@ -52,7 +66,7 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
     let mut h = Holding::new(KEY, policy, MeshKind::FixedWindow, 1);
     assert_eq!(h.slow(10 * S, 1, 1, 11 * S), Slow::Waits);
     h.want(10 * S, 500, false, 1);
-    let decided = h.apply_grant(10 * S + 1, &grant(10, 1, 0), 11 * S);
+    let decided = apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     assert!(decided[0].1.is_allowed());
     // Spent to its last token: the authority counts the grant as spent already.
     for round in 501..540 {
@@ -71,7 +85,7 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
     let mut h = Holding::new(KEY, sliding, MeshKind::SlidingWindow, 1);
     h.slow(10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
-    h.apply_grant(10 * S + 1, &grant(10, 1, 0), 11 * S);
+    apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     for round in 501..540 {
         assert_eq!(
             h.tick(10 * S + (round - 500) * S / 50, round),
@@ -96,7 +110,7 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
             key: k,
             ..grant(10, 1, 0)
         };
-        assert!(h.apply_grant(10 * S + 1, &g, 11 * S)[0].1.is_allowed());
+        assert!(apply(&mut h, 10 * S + 1, &g, 11 * S)[0].1.is_allowed());
         // Spent out, nothing waits: a fixed window's lease has nothing to do at its expiry.
         assert_eq!(h.next_deadline(), None);
         for round in 501..540 {
@@ -115,7 +129,7 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
     let mut h = Holding::new(KEY, sliding, MeshKind::SlidingWindow, 1);
     h.slow(10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
-    h.apply_grant(10 * S + 1, &grant(10, 1, 0), 11 * S);
+    apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     assert_eq!(h.next_deadline(), Some(11 * S));
 }
 
@@ -125,14 +139,14 @@ fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
     let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
     h.slow(10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
-    h.apply_grant(10 * S + 1, &grant(10, 1, 0), 11 * S);
+    apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     for round in 501..540 {
         h.tick(10 * S + (round - 500) * S / 50, round);
     }
     assert!(h.expire_now(11 * S));
     h.want(11 * S, 550, false, 1);
     // A refill for window 11 lands after that window ended here: the lease closes unspent.
-    h.apply_grant(12 * S, &grant(11, 5, 0), 12 * S);
+    apply(&mut h, 12 * S, &grant(11, 5, 0), 12 * S);
     // (The node confirms the previous window's count on any grant of a later window.)
     h.previous_confirmed();
     let (tell, _) = h.tick(12 * S, 600);
@@ -153,7 +167,7 @@ fn a_denial_decides_the_waiting_and_later_requests_until_the_retry() {
     assert_eq!(h.want(S, 1, false, 1).need, 8);
     // A request after the want waits for its own answer.
     assert_eq!(h.slow(S, 5, 1, 2 * S), Slow::Waits);
-    let decided = h.apply_grant(S, &grant(0, 5, S / 2), 0);
+    let decided = apply(&mut h, S, &grant(0, 5, S / 2), 0);
     assert_eq!(decided.len(), 3);
     assert!(decided[0].1.is_allowed());
     assert!(!decided[1].1.is_allowed());
@@ -176,8 +190,8 @@ fn costs_above_the_capacity_cannot_fit_and_deadlines_deny() {
         matches!(h.slow(S, 1, 11, 2 * S), Slow::Decided(d) if d.verdict == crate::Verdict::CannotFit)
     );
     h.slow(S, 2, 1, S + 100);
-    assert!(h.timeouts(S + 99, 1).is_empty());
-    let decided = h.timeouts(S + 100, 1);
+    assert!(timeouts(&mut h, S + 99, 1).is_empty());
+    let decided = timeouts(&mut h, S + 100, 1);
     assert_eq!(decided.len(), 1);
     assert!(!decided[0].1.is_allowed());
 }
@@ -187,7 +201,7 @@ fn an_idle_lease_is_given_back() {
     let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
     let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
     h.slow(S, 1, 1, 2 * S);
-    h.apply_grant(S, &grant(0, 6, 0), 0);
+    apply(&mut h, S, &grant(0, 6, 0), 0);
     for round in 0..IDLE_ROUNDS as u64 + 1 {
         h.tick(S + round, round);
     }
@@ -200,14 +214,14 @@ fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
     let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
     h.slow(S, 1, 1, 2 * S);
-    h.apply_grant(S, &grant(0, 1, 0), 0);
+    apply(&mut h, S, &grant(0, 1, 0), 0);
     // A steady stream: 3 requests a round, served from the lease.
     let mut granted = 1;
     for round in 0..50u64 {
         for _ in 0..3 {
             if h.cell().take(S + round, 1).is_err() {
                 granted += 3;
-                h.apply_grant(S + round, &grant(0, granted, 0), 0);
+                apply(&mut h, S + round, &grant(0, granted, 0), 0);
                 h.cell().take(S + round, 1).unwrap();
             }
         }
@@ -231,7 +245,7 @@ fn a_closed_lease_is_no_new_demand() {
     let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
     h.slow(10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
-    h.apply_grant(10 * S, &grant(10, 1, 0), 11 * S);
+    apply(&mut h, 10 * S, &grant(10, 1, 0), 11 * S);
     let round = S / 50;
     // The window ends and the lease closes with its final count of 1.
     let mut demands = Vec::new();
@@ -257,7 +271,7 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
         h.slow(at(500), 1, cost, 11 * S);
         h.want(at(500), 500, false, 1);
         assert!(
-            h.apply_grant(at(500) + 1, &grant(10, cost, 0), 11 * S)[0]
+            apply(&mut h, at(500) + 1, &grant(10, cost, 0), 11 * S)[0]
                 .1
                 .is_allowed()
         );

@@ -151,9 +151,9 @@ impl Node {
         let g = self.config.gossip_interval_ns;
         let rounds = self.stats.rounds;
         if let Some(h) = self.holdings.get_mut(&key) {
-            let decided = h.timeouts(now, g);
-            self.stats.timeouts += decided.len() as u64;
-            for (id, decision) in decided {
+            h.timeouts(now, g, &mut self.decided);
+            self.stats.timeouts += self.decided.len() as u64;
+            for (id, decision) in self.decided.drain(..) {
                 self.events.push_back(Event::Decided { id, decision });
             }
             let ended = h.expire_now(now);
