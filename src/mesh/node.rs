@@ -234,6 +234,10 @@ pub struct Node {
     events: VecDeque<Event>,
     /// Scratch of the requests a holding decided (emptied into `events` each time).
     decided: Vec<(u64, Decision)>,
+    /// Scratch of a flush: the frames made, before they are queued.
+    flushed: (Vec<Transmit>, Vec<FrameValue>),
+    /// Scratch of a timeout: the keys due.
+    due: Vec<KeyRef>,
     stats: NodeStats,
     round: u64,
     next_tick: Nanos,
@@ -368,6 +372,8 @@ impl Node {
             values: None,
             events: VecDeque::new(),
             decided: Vec::new(),
+            flushed: (Vec::new(), Vec::new()),
+            due: Vec::new(),
             stats: NodeStats::default(),
             round: now / g,
             next_tick: (now / g + 1) * g,
@@ -873,7 +879,7 @@ impl Node {
         if self.outbox.is_empty() {
             return;
         }
-        let (mut out, mut values) = (Vec::new(), Vec::new());
+        let (mut out, mut values) = std::mem::take(&mut self.flushed);
         let membership = &mut self.membership;
         self.outbox.flush(
             self.config.max_datagram_bytes,
@@ -885,20 +891,28 @@ impl Node {
             },
         );
         self.stats.gossip_held_back = self.outbox.held_back();
-        for t in out {
+        for t in out.drain(..) {
             self.stats.frames_sent += 1;
             self.stats.bytes_sent += t.bytes.len() as u64;
             self.transmits.push_back(t);
         }
         if let Some(queue) = &mut self.values {
-            for v in values {
+            for v in values.drain(..) {
                 self.stats.frames_sent += 1;
                 self.stats.bytes_sent += v.len as u64;
                 queue.push_back(v);
             }
         }
+        // The lists' room serves the next flush, unless a burst grew them.
+        if out.capacity() <= MAX_KEPT_FLUSHED && values.capacity() <= MAX_KEPT_FLUSHED {
+            self.flushed = (out, values);
+        }
     }
 }
+
+/// The most frames' room a flush's scratch lists keep for the next flush (a round's flush
+/// makes one frame per peer).
+const MAX_KEPT_FLUSHED: usize = 256;
 
 /// How deep a holder's re-ask may recurse through this node's own authority.
 const MAX_LOCAL_DEPTH: u8 = 4;

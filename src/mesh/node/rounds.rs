@@ -26,6 +26,9 @@ use crate::mesh::message::{Item, KeyRef};
 /// idle authority kept a little longer changes nothing).
 const IDLE_SWEEP_ROUNDS: u64 = 8;
 
+/// The most keys' room the list of due keys keeps from one timeout to the next.
+const MAX_KEPT_DUE: usize = 4096;
+
 impl Node {
     /// Run the node's timer at `now`: a round's work when a round began, and the deadlines.
     pub fn handle_timeout(&mut self, now: Nanos) {
@@ -51,7 +54,7 @@ impl Node {
         }
         let round = self.round;
         // The keys due now; on a new round, also those the round must look at.
-        let mut due: Vec<KeyRef> = Vec::new();
+        let mut due = std::mem::take(&mut self.due);
         while let Some(&Reverse((at, key))) = self.timers.peek() {
             if at > now {
                 break;
@@ -69,6 +72,7 @@ impl Node {
                 self.key_timeout(key, now, None);
                 self.touched.push(key);
             }
+            self.keep_due(due);
             self.flush(now);
             return;
         }
@@ -102,14 +106,26 @@ impl Node {
             self.drop_idle_authorities(now);
         }
         // What the next rounds must look at.
-        for key in std::mem::take(&mut self.touched) {
+        let mut touched = std::mem::take(&mut self.touched);
+        for &key in &touched {
             if due.binary_search(&key).is_err() {
                 self.arm(key);
                 self.candidates.push(key);
             }
         }
+        touched.clear();
+        self.touched = touched;
+        self.keep_due(due);
         self.round_work(now);
         self.flush(now);
+    }
+
+    /// Keep the emptied list of due keys for the next timeout, unless a burst grew it.
+    fn keep_due(&mut self, mut due: Vec<KeyRef>) {
+        due.clear();
+        if due.capacity() <= MAX_KEPT_DUE {
+            self.due = due;
+        }
     }
 
     /// After `key`'s round: queue its next instant, and say when a round looks at it next
