@@ -236,8 +236,13 @@ pub struct Node {
     decided: Vec<(u64, Decision)>,
     /// Scratch of a flush: the frames made, before they are queued.
     flushed: (Vec<Transmit>, Vec<FrameValue>),
-    /// Scratch of a timeout: the keys due.
+    /// The current round's keys, in order (kept between the calls a round is split over).
     due: Vec<KeyRef>,
+    /// While a round is split over several calls: where its keys not looked at yet begin,
+    /// and the instant of the last call.
+    round_left: Option<(usize, Nanos)>,
+    /// Scratch of a timeout outside a round's start: the keys due.
+    deadline_keys: Vec<KeyRef>,
     stats: NodeStats,
     round: u64,
     next_tick: Nanos,
@@ -374,6 +379,8 @@ impl Node {
             decided: Vec::new(),
             flushed: (Vec::new(), Vec::new()),
             due: Vec::new(),
+            round_left: None,
+            deadline_keys: Vec::new(),
             stats: NodeStats::default(),
             round: now / g,
             next_tick: (now / g + 1) * g,
@@ -406,8 +413,12 @@ impl Node {
         Ok(node)
     }
 
-    /// Return when the node must be called again (its clock), at the latest.
+    /// Return when the node must be called again (its clock), at the latest: at once while a
+    /// round is split over several calls ([`Node::handle_timeout_within`]).
     pub fn poll_timeout(&self) -> Nanos {
+        if let Some((_, at)) = self.round_left {
+            return at;
+        }
         match self.timers.peek() {
             Some(Reverse((at, _))) => self.next_tick.min(*at),
             None => self.next_tick,

@@ -21,6 +21,11 @@ use crate::net::dial::{self, DialState, Failure};
 use crate::net::seeds::SeedBook;
 use crate::net::tls::{SEED_NAME, peer_id};
 
+/// The most keys of a round the node looks at in one go: a round of many keys is split
+/// into slices of this many, with the frames and requests that came meanwhile taken in
+/// between (a slice takes about a millisecond at most).
+const ROUND_SLICE_KEYS: usize = 128;
+
 pub(super) struct Driver {
     shared: Arc<Shared>,
     endpoint: quinn::Endpoint,
@@ -59,7 +64,33 @@ impl Driver {
         mut receiver: mpsc::UnboundedReceiver<Input>,
         mut intros: mpsc::Receiver<Intro>,
     ) {
+        // A round split over several calls has keys left.
+        let mut rest = false;
         loop {
+            if rest {
+                // Between a round's slices: let the connections' tasks run, then take what
+                // they and the HTTP threads queued meanwhile before the round's next keys.
+                tokio::task::yield_now().await;
+                for _ in 0..INPUT_BATCH.min(receiver.len()) {
+                    let Ok(input) = receiver.try_recv() else {
+                        break;
+                    };
+                    self.input(input);
+                }
+                if let Ok(intro) = intros.try_recv() {
+                    self.introduce(intro, &mut intros);
+                }
+                self.flush();
+                let now = self.shared.clock.now_ns();
+                rest = self
+                    .shared
+                    .inner
+                    .lock()
+                    .node
+                    .handle_timeout_within(now, ROUND_SLICE_KEYS);
+                self.flush();
+                continue;
+            }
             let next = {
                 let inner = self.shared.inner.lock();
                 inner.node.poll_timeout()
@@ -79,7 +110,12 @@ impl Driver {
                         self.input(input);
                     }
                     let now = self.shared.clock.now_ns();
-                    self.shared.inner.lock().node.handle_timeout(now);
+                    rest = self
+                        .shared
+                        .inner
+                        .lock()
+                        .node
+                        .handle_timeout_within(now, ROUND_SLICE_KEYS);
                 }
                 input = receiver.recv() => {
                     let Some(input) = input else { return };

@@ -118,6 +118,10 @@ pub struct SimConfig {
     /// rather than as values with the length they would encode to
     /// ([`Node::frames_as_values`]): the same run, slower.
     pub encode_frames: bool,
+    /// Split each node's rounds into slices of this many keys, with what arrives meanwhile
+    /// taken in between, as `ratemesh node` does ([`Node::handle_timeout_within`]); 0: each
+    /// round in one go.
+    pub round_slice_keys: usize,
 }
 
 impl SimConfig {
@@ -147,6 +151,7 @@ impl SimConfig {
             gossip_budget_bytes_per_s: crate::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
             first_credit: 0,
             encode_frames: false,
+            round_slice_keys: 0,
         }
     }
 
@@ -627,7 +632,11 @@ pub fn run(config: &SimConfig) -> SimReport {
                     world.schedule(i, now);
                     continue;
                 }
-                node.handle_timeout(local);
+                if config.round_slice_keys > 0 {
+                    node.handle_timeout_within(local, config.round_slice_keys);
+                } else {
+                    node.handle_timeout(local);
+                }
                 record.ran(i);
                 drain_events(&mut world, &mut record, i, now);
                 world.flush(i, now);

@@ -32,50 +32,51 @@ const MAX_KEPT_DUE: usize = 4096;
 impl Node {
     /// Run the node's timer at `now`: a round's work when a round began, and the deadlines.
     pub fn handle_timeout(&mut self, now: Nanos) {
+        self.handle_timeout_within(now, usize::MAX);
+    }
+
+    /// Like [`Node::handle_timeout`], but look at no more than `max_keys` of a round's keys
+    /// in this call: return `true` if some are left, for the next calls (at once, with the
+    /// node's frames and requests that came meanwhile taken in between: a large round then
+    /// holds none of them back for long). A round's start (its membership work and
+    /// heartbeats) is never split; a round left unfinished when the next one is due is
+    /// finished first.
+    pub fn handle_timeout_within(&mut self, now: Nanos, max_keys: usize) -> bool {
+        let max_keys = max_keys.max(1);
+        if self.round_left.is_some() {
+            if now < self.next_tick {
+                // Deadlines due meanwhile, then the round's next keys.
+                self.deadlines(now);
+                return self.round_slice(now, max_keys);
+            }
+            self.round_slice(now, usize::MAX);
+        }
         let g = self.config.gossip_interval_ns;
         let new_round = now >= self.next_tick;
         let previous_round = self.round;
-        if new_round {
-            // A round later than an interval: this node itself did not run meanwhile (a
-            // starved thread, a long pause); its peers' silence over that time is its own.
-            let late = now - self.next_tick;
-            if late > g {
-                self.membership.paused(late, now);
-            }
-            self.membership.round_late(late, g);
-            self.round = now / g;
-            self.next_tick = (self.round + 1) * g;
-            self.stats.rounds += 1;
-            self.rounds_done = self.stats.rounds - 1;
-            self.outbox.new_round(self.config.round_budget_bytes());
-            let changes = self.membership.check(now);
-            self.apply_changes(now, &changes);
-            self.join_tick(now);
-        }
-        let round = self.round;
-        // The keys due now; on a new round, also those the round must look at.
-        let mut due = std::mem::take(&mut self.due);
-        while let Some(&Reverse((at, key))) = self.timers.peek() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            if self.is_queued(at, key) {
-                due.push(key);
-            }
-        }
         if !new_round {
-            due.sort_unstable();
-            due.dedup();
-            for &key in &due {
-                self.fired(key, now);
-                self.key_timeout(key, now, None);
-                self.touched.push(key);
-            }
-            self.keep_due(due);
-            self.flush(now);
-            return;
+            self.deadlines(now);
+            return false;
         }
+        // A round later than an interval: this node itself did not run meanwhile (a starved
+        // thread, a long pause); its peers' silence over that time is its own.
+        let late = now - self.next_tick;
+        if late > g {
+            self.membership.paused(late, now);
+        }
+        self.membership.round_late(late, g);
+        self.round = now / g;
+        self.next_tick = (self.round + 1) * g;
+        self.stats.rounds += 1;
+        self.rounds_done = self.stats.rounds - 1;
+        self.outbox.new_round(self.config.round_budget_bytes());
+        let changes = self.membership.check(now);
+        self.apply_changes(now, &changes);
+        self.join_tick(now);
+        let round = self.round;
+        // The keys due now, and those the round must look at.
+        let mut due = std::mem::take(&mut self.due);
+        self.pop_due(now, &mut due);
         due.append(&mut self.candidates);
         // Keys the membership change just touched are looked at in this round.
         due.append(&mut self.touched);
@@ -93,7 +94,55 @@ impl Node {
         }
         due.sort_unstable();
         due.dedup();
+        self.due = due;
+        self.round_left = Some((0, now));
+        self.round_slice(now, max_keys)
+    }
+
+    /// Take the timers' entries due at `now` that are live into `due`.
+    fn pop_due(&mut self, now: Nanos, due: &mut Vec<KeyRef>) {
+        while let Some(&Reverse((at, key))) = self.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if self.is_queued(at, key) {
+                due.push(key);
+            }
+        }
+    }
+
+    /// The keys' deadlines due at `now`, outside a round's start.
+    fn deadlines(&mut self, now: Nanos) {
+        let mut due = std::mem::take(&mut self.deadline_keys);
+        self.pop_due(now, &mut due);
+        due.sort_unstable();
+        due.dedup();
         for &key in &due {
+            self.fired(key, now);
+            self.key_timeout(key, now, None);
+            self.touched.push(key);
+        }
+        due.clear();
+        if due.capacity() <= MAX_KEPT_DUE {
+            self.deadline_keys = due;
+        }
+        self.flush(now);
+    }
+
+    /// Look at up to `max_keys` more of the current round's keys (`self.due`, from
+    /// `self.round_left`); finish the round once none is left. Return whether some are.
+    fn round_slice(&mut self, now: Nanos, max_keys: usize) -> bool {
+        let Some((from, _)) = self.round_left else {
+            return false;
+        };
+        let round = self.round;
+        let due = std::mem::take(&mut self.due);
+        let to = due.len().min(from.saturating_add(max_keys));
+        // Keys touched before this slice (by a request taken in between) stay for the next
+        // round, as between rounds.
+        let start = self.touched.len();
+        for &key in &due[from..to] {
             let before = self.touched.len();
             self.fired(key, now);
             self.key_timeout(key, now, Some(round));
@@ -101,23 +150,32 @@ impl Node {
             debug_assert!(self.touched[before..].iter().all(|&k| k == key));
             self.schedule(key, round);
         }
-        self.rounds_done = self.stats.rounds;
-        if round.is_multiple_of(IDLE_SWEEP_ROUNDS) {
-            self.drop_idle_authorities(now);
-        }
         // What the next rounds must look at.
         let mut touched = std::mem::take(&mut self.touched);
-        for &key in &touched {
+        for &key in &touched[start..] {
             if due.binary_search(&key).is_err() {
                 self.arm(key);
                 self.candidates.push(key);
             }
         }
-        touched.clear();
+        touched.truncate(start);
         self.touched = touched;
+        self.due = due;
+        if to < self.due.len() {
+            self.round_left = Some((to, now));
+            self.flush(now);
+            return true;
+        }
+        self.round_left = None;
+        self.rounds_done = self.stats.rounds;
+        if round.is_multiple_of(IDLE_SWEEP_ROUNDS) {
+            self.drop_idle_authorities(now);
+        }
+        let due = std::mem::take(&mut self.due);
         self.keep_due(due);
         self.round_work(now);
         self.flush(now);
+        false
     }
 
     /// Keep the emptied list of due keys for the next timeout, unless a burst grew it.
