@@ -81,13 +81,7 @@ impl Driver {
                     self.introduce(intro, &mut intros);
                 }
                 self.flush();
-                let now = self.shared.clock.now_ns();
-                rest = self
-                    .shared
-                    .inner
-                    .lock()
-                    .node
-                    .handle_timeout_within(now, ROUND_SLICE_KEYS);
+                rest = self.timeout();
                 self.flush();
                 continue;
             }
@@ -109,13 +103,7 @@ impl Driver {
                         let Ok(input) = receiver.try_recv() else { break };
                         self.input(input);
                     }
-                    let now = self.shared.clock.now_ns();
-                    rest = self
-                        .shared
-                        .inner
-                        .lock()
-                        .node
-                        .handle_timeout_within(now, ROUND_SLICE_KEYS);
+                    rest = self.timeout();
                 }
                 input = receiver.recv() => {
                     let Some(input) = input else { return };
@@ -132,6 +120,17 @@ impl Driver {
             }
             self.flush();
         }
+    }
+
+    /// Run the node's timer now (no more than [`ROUND_SLICE_KEYS`] of a round's keys): return
+    /// whether the round has keys left.
+    fn timeout(&self) -> bool {
+        let now = self.shared.clock.now_ns();
+        self.shared
+            .inner
+            .lock()
+            .node
+            .handle_timeout_within(now, ROUND_SLICE_KEYS)
     }
 
     /// Take `first` and the requests queued behind it (at most [`INTRO_BATCH`]) to the node
