@@ -180,7 +180,10 @@ cert = "$WORK/certs/node-1.pem"
 key = "$WORK/certs/node-1.key"
 EOF
   if [ "$mode" = proxy ]; then
-    printf '[[proxy]]\npath_prefix = "/"\nupstream = "http://127.0.0.1:%s"\n' "$UPSTREAM_PORT" >>"$dir/node.toml"
+    # The same forwarding field as nginx's `proxy_set_header X-Forwarded-For` (a route's
+    # default also writes Forwarded, X-Forwarded-Proto and X-Forwarded-Host).
+    printf '[[proxy]]\npath_prefix = "/"\nupstream = "http://127.0.0.1:%s"\nforwarded = ["x-forwarded-for"]\n' \
+      "$UPSTREAM_PORT" >>"$dir/node.toml"
   fi
   RUST_LOG=warn TOKIO_WORKER_THREADS=$WORKERS pin "$RATEMESH_BIN" node --config "$dir/node.toml" \
     >"$dir/stdout" 2>"$dir/stderr" &

@@ -16,6 +16,6 @@
 //! ```
 
 pub use crate::daemon::config::{
-    EnvoyRls, ForwardAuth, HttpSettings, NodeFile, ProxyRoute, TlsFiles,
+    EnvoyRls, ForwardAuth, Forwarded, HttpSettings, NodeFile, ProxyRoute, TlsFiles,
 };
 pub use crate::daemon::{DaemonError, RunningNode, start};

@@ -64,7 +64,9 @@ fn remaining(headers: &reqwest::header::HeaderMap, policy: &str) -> u64 {
 async fn admitted_requests_reach_the_upstream_and_denied_ones_never_do() {
     let dir = tempfile::tempdir().unwrap();
     let up = upstream::start(false).await;
-    let extra = proxy("/tight", up.addr, "") + &proxy("/api", up.addr, "");
+    let extra = proxy("/tight", up.addr, "")
+        + &proxy("/api", up.addr, "")
+        + &proxy("/lean", up.addr, "forwarded = [\"X-Forwarded-For\"]");
     let node = node_with(dir.path(), &extra).await;
     let client = client();
     let base = format!("http://{}", node.http);
@@ -157,6 +159,26 @@ async fn admitted_requests_reach_the_upstream_and_denied_ones_never_do() {
     assert_eq!(response.status(), 200);
     let seen = up.seen().pop().unwrap();
     assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.9, 127.0.0.2");
+
+    // A route that writes only `X-Forwarded-For` still drops an untrusted client's others.
+    let response = client
+        .get(format!("{base}/lean/x"))
+        .header("x-api-key", "k3")
+        .header("forwarded", "for=203.0.113.9")
+        .header("x-forwarded-host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen = up.seen().pop().unwrap();
+    assert_eq!(seen.path, "/lean/x");
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+    for name in ["forwarded", "x-forwarded-proto", "x-forwarded-host"] {
+        assert!(
+            !seen.headers.contains_key(name),
+            "{name} reached the upstream"
+        );
+    }
 }
 
 /// A request body of `total` bytes made as the client sends it (byte `i` is `i % 251`),
@@ -776,6 +798,11 @@ fn bad_proxy_entries_are_refused_with_file_line_and_field() {
         "[[proxy]]\npath_prefix = \"/a\"\nupstream = \"http://127.0.0.1:9/base\"\n",
         "proxy[0].upstream",
         "path",
+    );
+    check(
+        &format!("{ok}forwarded = [\"x-real-ip\"]\n"),
+        "proxy[0].forwarded",
+        "not a forwarding field",
     );
     check(
         &format!("{ok}max_body_bytes = -1\n"),

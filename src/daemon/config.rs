@@ -76,7 +76,7 @@ pub use envoy_rls::EnvoyRls;
 pub use http::HttpSettings;
 pub(crate) use http::RESERVED_FDS;
 use http::{RawHttp, http_settings};
-pub use upstreams::{ForwardAuth, ProxyRoute};
+pub use upstreams::{ForwardAuth, Forwarded, ProxyRoute};
 
 /// The shortest gossip interval a node accepts.
 pub(crate) const MIN_GOSSIP_INTERVAL: Duration = Duration::from_millis(1);

@@ -12,6 +12,7 @@
 //! answered `200 ok` by the node itself.
 
 pub(crate) mod body;
+mod h1;
 pub(crate) mod headers;
 mod pool;
 
@@ -27,13 +28,12 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{HeaderValue, Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use crate::daemon::config::ProxyRoute;
 use crate::http::RateLimitLayer;
 use body::{BodyError, Progress, Relay};
-use pool::{Lease, Leased, Pool};
+use pool::{Answer, Pool};
 
 /// How long after a client's pause is due the wait for the upstream still waits for the
 /// request body's own timer to report it (then the upstream is blamed).
@@ -144,15 +144,15 @@ impl Proxy {
                 .headers
                 .insert(http::header::TE, HeaderValue::from_static("trailers"));
         }
-        headers::add_forwarded(&mut parts.headers, peer, trusted);
+        headers::add_forwarded(&mut parts.headers, peer, trusted, route.forwarded);
         parts.extensions = http::Extensions::new();
 
         let progress = (!hyper::body::Body::is_end_stream(&body)).then(Progress::new);
         let body = Relay::request(body, route.max_body_bytes, route.timeout, progress.clone());
         let request = Request::from_parts(parts, body);
         match self.send(upstream, request, progress.as_deref()).await {
-            Ok((response, lease)) => {
-                let (mut parts, body) = response.into_parts();
+            Ok(response) => {
+                let (mut parts, answer) = response.into_parts();
                 // The body's length came from its chunks: a `Content-Length` sent with them
                 // is not passed on (RFC 9112 §6.3), or the client would read it as the length.
                 if parts.headers.contains_key(http::header::TRANSFER_ENCODING) {
@@ -160,11 +160,17 @@ impl Proxy {
                 }
                 headers::strip_hop_by_hop(&mut parts.headers);
                 parts.version = Version::HTTP_11;
-                let mut body = Leased::new(body, lease);
-                let body = if body.is_done() {
-                    Body::empty()
-                } else {
-                    Body::new(Relay::response(body, route.timeout))
+                let body = match answer {
+                    Answer::Whole(body) if body.is_empty() => Body::empty(),
+                    Answer::Whole(body) => Body::from(body),
+                    Answer::H1(body) => Body::new(Relay::response(body, route.timeout)),
+                    Answer::H2(mut body) => {
+                        if body.is_done() {
+                            Body::empty()
+                        } else {
+                            Body::new(Relay::response(body, route.timeout))
+                        }
+                    }
                 };
                 Response::from_parts(parts, body)
             }
@@ -184,7 +190,7 @@ impl Proxy {
         upstream: &Upstream,
         request: Request<Relay<Body>>,
         progress: Option<&Progress>,
-    ) -> Result<(Response<Incoming>, Lease), Failure> {
+    ) -> Result<Response<Answer>, Failure> {
         let timeout = upstream.route.timeout;
         let start = Instant::now();
         let due = || match progress {

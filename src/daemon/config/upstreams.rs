@@ -10,6 +10,10 @@
 //! timeout = "30s"                     # the upstream's response head, and the longest pause
 //!                                     # in a body either way (504, or the stream is cut)
 //! max_body_bytes = 1073741824         # optional: a longer request body is answered 413
+//! forwarded = ["x-forwarded-for", "forwarded", "x-forwarded-proto", "x-forwarded-host"]
+//!                                     # the forwarding fields the node writes (the default:
+//!                                     # all four); a client's own are dropped either way
+//!                                     # unless it is a trusted proxy
 //!
 //! [forward_auth]
 //! path = "/v1/check"                  # Caddy forward_auth, Traefik forwardAuth, Envoy ext_authz
@@ -56,6 +60,8 @@ pub struct ProxyRoute {
     pub timeout: Duration,
     /// The longest request body forwarded (`None`: no limit).
     pub max_body_bytes: Option<u64>,
+    /// The forwarding fields the node writes on the way to the upstream.
+    pub forwarded: Forwarded,
     /// The entry's line in the node file (for logs).
     pub line: usize,
 }
@@ -69,6 +75,66 @@ impl ProxyRoute {
             None => false,
         }
     }
+}
+
+/// A set of the forwarding fields a proxy route writes: `X-Forwarded-For`, `Forwarded`
+/// (RFC 7239), `X-Forwarded-Proto` and `X-Forwarded-Host`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forwarded(u8);
+
+impl Forwarded {
+    /// `X-Forwarded-For`: the chain of client addresses.
+    pub const FOR: Forwarded = Forwarded(1);
+    /// `Forwarded`: `for=…;proto=…;host=…` (RFC 7239).
+    pub const FORWARDED: Forwarded = Forwarded(2);
+    /// `X-Forwarded-Proto`: the scheme the client used.
+    pub const PROTO: Forwarded = Forwarded(4);
+    /// `X-Forwarded-Host`: the `Host` the client sent.
+    pub const HOST: Forwarded = Forwarded(8);
+    /// All four (a route's default).
+    pub const ALL: Forwarded = Forwarded(15);
+    /// None: the upstream learns nothing of the client from the node.
+    pub const NONE: Forwarded = Forwarded(0);
+
+    /// The field names as the node file writes them.
+    pub const NAMES: [(&'static str, Forwarded); 4] = [
+        ("x-forwarded-for", Forwarded::FOR),
+        ("forwarded", Forwarded::FORWARDED),
+        ("x-forwarded-proto", Forwarded::PROTO),
+        ("x-forwarded-host", Forwarded::HOST),
+    ];
+
+    /// Tell whether every field of `other` is in this set.
+    pub fn contains(self, other: Forwarded) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// This set with the fields of `other` added.
+    pub fn with(self, other: Forwarded) -> Forwarded {
+        Forwarded(self.0 | other.0)
+    }
+}
+
+/// Read a `forwarded` list: known field names (any case), each at most once.
+fn forwarded(names: &[String]) -> Result<Forwarded, String> {
+    let mut set = Forwarded::NONE;
+    for name in names {
+        let Some(&(_, field)) = Forwarded::NAMES
+            .iter()
+            .find(|(known, _)| name.eq_ignore_ascii_case(known))
+        else {
+            return Err(format!(
+                "`{}` is not a forwarding field; the node writes x-forwarded-for, forwarded, \
+                 x-forwarded-proto and x-forwarded-host",
+                name.escape_debug()
+            ));
+        };
+        if set.contains(field) {
+            return Err(format!("`{name}` is listed twice"));
+        }
+        set = set.with(field);
+    }
+    Ok(set)
 }
 
 /// The `[forward_auth]` table: where gateways ask for decisions.
@@ -103,6 +169,7 @@ pub(super) struct RawProxy {
     connect_timeout: Option<String>,
     timeout: Option<String>,
     max_body_bytes: Option<i64>,
+    forwarded: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -199,6 +266,10 @@ pub(super) fn proxy_routes(
                 ));
             }
         };
+        let forwarded = match &entry.forwarded {
+            None => Forwarded::ALL,
+            Some(names) => forwarded(names).map_err(|r| error("forwarded", r))?,
+        };
         routes.push(ProxyRoute {
             path_prefix: path_prefix.to_string(),
             upstream,
@@ -206,6 +277,7 @@ pub(super) fn proxy_routes(
             connect_timeout,
             timeout,
             max_body_bytes,
+            forwarded,
             line: source.line_of(span.start),
         });
     }
@@ -283,6 +355,7 @@ mod tests {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             timeout: DEFAULT_PROXY_TIMEOUT,
             max_body_bytes: None,
+            forwarded: Forwarded::ALL,
             line: 1,
         }
     }
@@ -320,6 +393,31 @@ mod tests {
         ] {
             assert!(upstream(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn forwarding_fields_are_known_names_listed_once() {
+        let names =
+            |list: &[&str]| forwarded(&list.iter().map(|n| n.to_string()).collect::<Vec<_>>());
+        assert_eq!(names(&[]).unwrap(), Forwarded::NONE);
+        assert_eq!(
+            names(&[
+                "X-Forwarded-For",
+                "forwarded",
+                "x-forwarded-proto",
+                "x-forwarded-host"
+            ])
+            .unwrap(),
+            Forwarded::ALL
+        );
+        let only_for = names(&["x-forwarded-for"]).unwrap();
+        assert!(only_for.contains(Forwarded::FOR) && !only_for.contains(Forwarded::FORWARDED));
+        assert!(names(&["x-real-ip"]).unwrap_err().contains("x-real-ip"));
+        assert!(
+            names(&["forwarded", "Forwarded"])
+                .unwrap_err()
+                .contains("twice")
+        );
     }
 
     #[test]

@@ -15,6 +15,8 @@ use std::net::IpAddr;
 use http::header::{CONNECTION, FORWARDED, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::daemon::config::Forwarded;
+
 /// `X-Forwarded-For`.
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Forwarded-Proto`.
@@ -89,11 +91,17 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     trailers
 }
 
-/// Append this hop to the request's forwarding fields: `peer` (the connection's address)
-/// to `X-Forwarded-For` and `for=peer;proto=http[;host=…]` to `Forwarded`; set
-/// `X-Forwarded-Proto` and `X-Forwarded-Host` when no trusted proxy set them. When
-/// `trusted` is false the client's own forwarding fields are dropped first.
-pub(crate) fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, trusted: bool) {
+/// Append this hop to the request's forwarding fields that `fields` names: `peer` (the
+/// connection's address) to `X-Forwarded-For` and `for=peer;proto=http[;host=…]` to
+/// `Forwarded`; set `X-Forwarded-Proto` and `X-Forwarded-Host` when no trusted proxy set
+/// them. When `trusted` is false the client's own forwarding fields (all four, whether this
+/// hop writes them or not) are dropped first.
+pub(crate) fn add_forwarded(
+    headers: &mut HeaderMap,
+    peer: Option<IpAddr>,
+    trusted: bool,
+    fields: Forwarded,
+) {
     let forwarding = |name: &HeaderName| {
         name == X_FORWARDED_FOR
             || name == FORWARDED
@@ -112,52 +120,65 @@ pub(crate) fn add_forwarded(headers: &mut HeaderMap, peer: Option<IpAddr>, trust
         }
     }
     let Some(peer) = peer else { return };
+    if fields == Forwarded::NONE {
+        return;
+    }
     // Room for the four fields at once (one growth of the map at most).
     headers.reserve(4);
     let chain = trusted && sent;
-    let mut text = BytesMut::with_capacity(64);
-    if chain {
-        append_list(headers, &X_FORWARDED_FOR, &mut text);
-    }
-    push_ip(&mut text, peer);
-    if let Ok(value) = HeaderValue::from_maybe_shared(text.freeze()) {
-        headers.insert(X_FORWARDED_FOR, value);
-    }
-
-    let host = headers.get(HOST).cloned();
-    let mut text = BytesMut::with_capacity(64);
-    if chain {
-        append_list(headers, &FORWARDED, &mut text);
-    }
-    match peer {
-        IpAddr::V4(_) => {
-            text.extend_from_slice(b"for=");
-            push_ip(&mut text, peer);
+    if fields.contains(Forwarded::FOR) {
+        let mut text = BytesMut::with_capacity(64);
+        if chain {
+            append_list(headers, &X_FORWARDED_FOR, &mut text);
         }
-        IpAddr::V6(_) => {
-            text.extend_from_slice(b"for=\"[");
-            push_ip(&mut text, peer);
-            text.extend_from_slice(b"]\"");
+        push_ip(&mut text, peer);
+        if let Ok(value) = HeaderValue::from_maybe_shared(text.freeze()) {
+            headers.insert(X_FORWARDED_FOR, value);
         }
     }
-    text.extend_from_slice(b";proto=http");
-    if let Some(host) = &host
-        && let Ok(host) = host.to_str()
-        && !host.is_empty()
-        && !host.contains(['"', '\\'])
-    {
-        text.extend_from_slice(b";host=\"");
-        text.extend_from_slice(host.as_bytes());
-        text.extend_from_slice(b"\"");
-    }
-    if let Ok(value) = HeaderValue::from_maybe_shared(text.freeze()) {
-        headers.insert(FORWARDED, value);
+
+    let wants_host = fields.contains(Forwarded::FORWARDED) || fields.contains(Forwarded::HOST);
+    let host = if wants_host {
+        headers.get(HOST).cloned()
+    } else {
+        None
+    };
+    if fields.contains(Forwarded::FORWARDED) {
+        let mut text = BytesMut::with_capacity(64);
+        if chain {
+            append_list(headers, &FORWARDED, &mut text);
+        }
+        match peer {
+            IpAddr::V4(_) => {
+                text.extend_from_slice(b"for=");
+                push_ip(&mut text, peer);
+            }
+            IpAddr::V6(_) => {
+                text.extend_from_slice(b"for=\"[");
+                push_ip(&mut text, peer);
+                text.extend_from_slice(b"]\"");
+            }
+        }
+        text.extend_from_slice(b";proto=http");
+        if let Some(host) = &host
+            && let Ok(host) = host.to_str()
+            && !host.is_empty()
+            && !host.contains(['"', '\\'])
+        {
+            text.extend_from_slice(b";host=\"");
+            text.extend_from_slice(host.as_bytes());
+            text.extend_from_slice(b"\"");
+        }
+        if let Ok(value) = HeaderValue::from_maybe_shared(text.freeze()) {
+            headers.insert(FORWARDED, value);
+        }
     }
 
-    if !chain || !headers.contains_key(X_FORWARDED_PROTO) {
+    if fields.contains(Forwarded::PROTO) && (!chain || !headers.contains_key(X_FORWARDED_PROTO)) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
-    if let Some(host) = host
+    if fields.contains(Forwarded::HOST)
+        && let Some(host) = host
         && (!chain || !headers.contains_key(X_FORWARDED_HOST))
     {
         headers.insert(X_FORWARDED_HOST, host);
@@ -276,7 +297,7 @@ mod tests {
             ("host", "api.example.com"),
         ];
         let mut map = headers(&sent);
-        add_forwarded(&mut map, Some(peer), true);
+        add_forwarded(&mut map, Some(peer), true, Forwarded::ALL);
         assert_eq!(map[&X_FORWARDED_FOR], "203.0.113.9, 10.0.0.7");
         assert_eq!(
             map[&FORWARDED],
@@ -286,7 +307,7 @@ mod tests {
         assert_eq!(map[&X_FORWARDED_HOST], "api.example.com");
 
         let mut map = headers(&sent);
-        add_forwarded(&mut map, Some(peer), false);
+        add_forwarded(&mut map, Some(peer), false, Forwarded::ALL);
         assert_eq!(
             map[&X_FORWARDED_FOR], "10.0.0.7",
             "a forged chain is dropped"
@@ -294,8 +315,47 @@ mod tests {
         assert_eq!(map[&X_FORWARDED_PROTO], "http");
 
         let mut map = headers(&[("x-forwarded-for", "a, b"), ("x-forwarded-for", "c")]);
-        add_forwarded(&mut map, Some("2001:db8::1".parse().unwrap()), true);
+        add_forwarded(
+            &mut map,
+            Some("2001:db8::1".parse().unwrap()),
+            true,
+            Forwarded::ALL,
+        );
         assert_eq!(map[&X_FORWARDED_FOR], "a, b, c, 2001:db8::1");
         assert_eq!(map[&FORWARDED], "for=\"[2001:db8::1]\";proto=http");
+    }
+
+    #[test]
+    fn only_the_route_s_fields_are_written_and_forged_ones_still_dropped() {
+        let peer: IpAddr = "10.0.0.7".parse().unwrap();
+        let sent = [
+            ("forwarded", "for=203.0.113.9"),
+            ("x-forwarded-host", "evil.example"),
+            ("host", "api.example.com"),
+        ];
+        let mut map = headers(&sent);
+        add_forwarded(&mut map, Some(peer), false, Forwarded::FOR);
+        assert_eq!(map[&X_FORWARDED_FOR], "10.0.0.7");
+        for name in [FORWARDED, X_FORWARDED_PROTO, X_FORWARDED_HOST] {
+            assert!(!map.contains_key(&name), "{name} was written or kept");
+        }
+
+        let mut map = headers(&sent);
+        add_forwarded(&mut map, Some(peer), false, Forwarded::NONE);
+        assert_eq!(map.len(), 1, "only host is left: {map:?}");
+
+        let mut map = headers(&sent);
+        add_forwarded(
+            &mut map,
+            Some(peer),
+            false,
+            Forwarded::FORWARDED.with(Forwarded::HOST),
+        );
+        assert!(!map.contains_key(&X_FORWARDED_FOR));
+        assert_eq!(
+            map[&FORWARDED],
+            "for=10.0.0.7;proto=http;host=\"api.example.com\""
+        );
+        assert_eq!(map[&X_FORWARDED_HOST], "api.example.com");
     }
 }

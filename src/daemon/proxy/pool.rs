@@ -1,34 +1,36 @@
 //! The kept-alive connections to one route's upstream. Each HTTP thread keeps its own: a
-//! request is sent on a connection of the thread that serves it, and that connection's task
-//! runs on the same thread's runtime, so a proxied request is served by one thread from the
-//! client's bytes to the upstream's answer, with no hand-off to another.
+//! request is sent on a connection of the thread that serves it, so a proxied request is
+//! served by one thread from the client's bytes to the upstream's answer, with no hand-off to
+//! another.
 //!
-//! HTTP/1.1: a connection carries one request at a time; it goes back to its thread's pool
-//! when the upstream's answer has been read to its end (and it is ready for the next), most
-//! recently used first out. HTTP/2 (prior knowledge): one connection per thread carries all
-//! of that thread's requests to the upstream at once.
+//! HTTP/1.1 ([`h1`](super::h1)): a connection carries one request at a time, spoken on the
+//! request's own task; it goes back to its thread's pool when the upstream's answer has been
+//! read to its end, most recently used first out, and is looked at before it is used again
+//! (an upstream may have closed it meanwhile). HTTP/2 (prior knowledge): one connection per
+//! thread, driven by a task of its own, carries all of that thread's requests to the upstream
+//! at once.
 //!
 //! A connection that no request used for [`IDLE_TIMEOUT`] is closed (checked that often, so
 //! it lives between one and two of them); at most [`MAX_IDLE`] wait in each thread's pool.
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use http::{HeaderValue, Request, Response};
 use hyper::body::{Frame, Incoming, SizeHint};
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use thread_local::ThreadLocal;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::Relay;
+use super::h1::{self, Conn, Failed};
 use super::{Failure, classify};
 use crate::daemon::config::ProxyRoute;
 
@@ -39,7 +41,6 @@ pub(crate) const MAX_IDLE: usize = 1024;
 /// TCP keep-alive probes start after this long without traffic.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
 
-type H1 = http1::SendRequest<Relay<Body>>;
 type H2 = http2::SendRequest<Relay<Body>>;
 
 /// A route's connections, one pool per HTTP thread.
@@ -50,19 +51,22 @@ pub(crate) struct Pool {
     host: Option<HeaderValue>,
     http2: bool,
     connect_timeout: Duration,
-    local: ThreadLocal<RefCell<Local>>,
+    /// Locked by its own thread on each request, and by the sweep of idle connections.
+    local: ThreadLocal<Mutex<Local>>,
+    /// A task closes the HTTP/1.1 connections left idle too long.
+    sweeping: AtomicBool,
 }
 
 /// One thread's connections.
 #[derive(Default)]
 struct Local {
     /// Idle HTTP/1.1 connections, the most recently used last.
-    idle: Vec<(H1, Arc<Watch>)>,
+    idle: Vec<Conn>,
     /// The HTTP/2 connection.
     shared: Option<(H2, Arc<Watch>)>,
 }
 
-/// What a connection's task reads to tell whether it is idle.
+/// What an HTTP/2 connection's task reads to tell whether it is idle.
 #[derive(Default)]
 struct Watch {
     /// Requests in flight on it (their answers not yet read to their end).
@@ -82,6 +86,16 @@ impl Watch {
     }
 }
 
+/// An upstream's answer body.
+pub(crate) enum Answer {
+    /// Arrived whole with the head (possibly empty).
+    Whole(Bytes),
+    /// Still arriving on an HTTP/1.1 connection.
+    H1(h1::Streamed),
+    /// Arriving on the HTTP/2 connection.
+    H2(Leased),
+}
+
 impl Pool {
     /// The pool of `route`'s upstream (no connection is opened yet).
     pub(crate) fn new(route: &ProxyRoute) -> Pool {
@@ -98,16 +112,25 @@ impl Pool {
             http2: route.http2,
             connect_timeout: route.connect_timeout,
             local: ThreadLocal::new(),
+            sweeping: AtomicBool::new(false),
         }
     }
 
+    /// This thread's connections.
+    fn local(&self) -> MutexGuard<'_, Local> {
+        self.local
+            .get_or_default()
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Send `request` (its URI absolute) on a pooled connection, or on a new one, and wait
-    /// for the answer's head. The [`Lease`] goes with the answer's body: the connection
-    /// serves another request once the body has been read to its end.
+    /// for the answer's head. An HTTP/1.1 connection serves another request once the
+    /// answer's body has been read to its end.
     pub(crate) async fn send(
         self: &Arc<Self>,
         mut request: Request<Relay<Body>>,
-    ) -> Result<(Response<Incoming>, Lease), Failure> {
+    ) -> Result<Response<Answer>, Failure> {
         if self.http2 {
             return self.send_h2(request).await;
         }
@@ -124,33 +147,31 @@ impl Pool {
                 .entry(http::header::HOST)
                 .or_insert_with(|| host.clone());
         }
-        while let Some((mut sender, watch)) = self.idle() {
-            let lease = Lease::new(self, watch);
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok((response, lease.with(sender))),
-                // Closed before it took the request: the request is whole, try another.
-                Err(mut error) => match error.take_message() {
-                    Some(back) => request = back,
-                    None => return Err(classify(error.into_error())),
-                },
+        loop {
+            // Only a kept-alive connection answers `Retry`, and there are finitely many.
+            let conn = match self.idle() {
+                Some(conn) => conn,
+                None => Conn::new(self.connect().await?),
+            };
+            match h1::exchange(conn, request, self).await {
+                Ok(response) => return Ok(response),
+                Err(Failed::Retry(back)) => request = *back,
+                Err(Failed::Failure(failure)) => return Err(failure),
             }
-        }
-        let (mut sender, watch) = self.connect_h1().await?;
-        let lease = Lease::new(self, watch);
-        match sender.try_send_request(request).await {
-            Ok(response) => Ok((response, lease.with(sender))),
-            Err(error) => Err(classify(error.into_error())),
         }
     }
 
     async fn send_h2(
         self: &Arc<Self>,
         mut request: Request<Relay<Body>>,
-    ) -> Result<(Response<Incoming>, Lease), Failure> {
+    ) -> Result<Response<Answer>, Failure> {
+        let leased = |response: Response<Incoming>, lease: Lease| {
+            response.map(|body| Answer::H2(Leased::new(body, lease)))
+        };
         if let Some((mut sender, watch)) = self.shared() {
-            let lease = Lease::new(self, watch);
+            let lease = Lease::new(watch);
             match sender.try_send_request(request).await {
-                Ok(response) => return Ok((response, lease)),
+                Ok(response) => return Ok(leased(response, lease)),
                 Err(mut error) => match error.take_message() {
                     Some(back) => request = back,
                     None => return Err(classify(error.into_error())),
@@ -158,19 +179,19 @@ impl Pool {
             }
         }
         let (mut sender, watch) = self.connect_h2().await?;
-        let lease = Lease::new(self, watch);
+        let lease = Lease::new(watch);
         match sender.try_send_request(request).await {
-            Ok(response) => Ok((response, lease)),
+            Ok(response) => Ok(leased(response, lease)),
             Err(error) => Err(classify(error.into_error())),
         }
     }
 
     /// This thread's most recently used idle connection that is still open.
-    fn idle(&self) -> Option<(H1, Arc<Watch>)> {
-        let mut local = self.local.get_or_default().borrow_mut();
-        while let Some((sender, watch)) = local.idle.pop() {
-            if sender.is_ready() {
-                return Some((sender, watch));
+    fn idle(&self) -> Option<Conn> {
+        let mut local = self.local();
+        while let Some(mut conn) = local.idle.pop() {
+            if conn.idle_since.elapsed() < IDLE_TIMEOUT && conn.is_open() {
+                return Some(conn);
             }
         }
         None
@@ -178,7 +199,7 @@ impl Pool {
 
     /// This thread's HTTP/2 connection, if it is open.
     fn shared(&self) -> Option<(H2, Arc<Watch>)> {
-        let mut local = self.local.get_or_default().borrow_mut();
+        let mut local = self.local();
         match &local.shared {
             Some((sender, watch)) if !sender.is_closed() => {
                 Some((sender.clone(), Arc::clone(watch)))
@@ -191,28 +212,66 @@ impl Pool {
         }
     }
 
-    /// Put a connection whose answer was read to its end back in this thread's pool; one
-    /// still finishing its request is put back when it is ready.
-    fn put(self: &Arc<Self>, sender: H1, watch: Arc<Watch>) {
-        if sender.is_ready() {
-            let mut local = self.local.get_or_default().borrow_mut();
-            if local.idle.len() < MAX_IDLE {
-                local.idle.push((sender, watch));
-            }
-        } else if !sender.is_closed()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+    /// Put an HTTP/1.1 connection whose answer was read to its end back in this thread's
+    /// pool.
+    pub(crate) fn put_h1(self: &Arc<Self>, mut conn: Conn) {
+        conn.idle_since = Instant::now();
         {
-            let pool = Arc::clone(self);
-            let mut sender = sender;
-            runtime.spawn(async move {
-                if let Ok(Ok(())) = tokio::time::timeout(IDLE_TIMEOUT, sender.ready()).await {
-                    pool.put(sender, watch);
-                }
-            });
+            let mut local = self.local();
+            if local.idle.len() >= MAX_IDLE {
+                return;
+            }
+            local.idle.push(conn);
+        }
+        if !self.sweeping.load(Ordering::Relaxed) {
+            self.sweep_later();
         }
     }
 
-    async fn connect(&self) -> Result<TokioIo<TcpStream>, Failure> {
+    /// Start the task that closes connections idle for [`IDLE_TIMEOUT`], unless it runs.
+    fn sweep_later(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.sweeping.store(false, Ordering::Relaxed);
+            return;
+        };
+        let pool: Weak<Pool> = Arc::downgrade(self);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(IDLE_TIMEOUT).await;
+                // The pool went with its routes (a reload): its connections closed with it.
+                let Some(pool) = pool.upgrade() else { return };
+                if pool.sweep() {
+                    continue;
+                }
+                pool.sweeping.store(false, Ordering::Relaxed);
+                // A connection put back since the sweep saw the flag still set.
+                if !pool.sweep() || pool.sweeping.swap(true, Ordering::Relaxed) {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Close every thread's connections idle for [`IDLE_TIMEOUT`] or closed by the
+    /// upstream; tell whether any are left.
+    fn sweep(&self) -> bool {
+        let mut left = false;
+        for local in self.local.iter() {
+            let mut local = local
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            local
+                .idle
+                .retain_mut(|conn| conn.idle_since.elapsed() < IDLE_TIMEOUT && conn.is_open());
+            left |= !local.idle.is_empty();
+        }
+        left
+    }
+
+    async fn connect(&self) -> Result<TcpStream, Failure> {
         let stream =
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&*self.address))
                 .await
@@ -230,22 +289,11 @@ impl Pool {
         let _ = stream.set_nodelay(true);
         let keepalive = socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE);
         let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-        Ok(TokioIo::new(stream))
-    }
-
-    async fn connect_h1(&self) -> Result<(H1, Arc<Watch>), Failure> {
-        let io = self.connect().await?;
-        let (sender, connection) = http1::Builder::new()
-            .handshake(io)
-            .await
-            .map_err(|_| Failure::Unreachable)?;
-        let watch = Arc::new(Watch::default());
-        tokio::spawn(drive(connection, Arc::clone(&watch)));
-        Ok((sender, watch))
+        Ok(stream)
     }
 
     async fn connect_h2(&self) -> Result<(H2, Arc<Watch>), Failure> {
-        let io = self.connect().await?;
+        let io = TokioIo::new(self.connect().await?);
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .adaptive_window(true)
@@ -254,8 +302,7 @@ impl Pool {
             .map_err(|_| Failure::Unreachable)?;
         let watch = Arc::new(Watch::default());
         tokio::spawn(drive(connection, Arc::clone(&watch)));
-        self.local.get_or_default().borrow_mut().shared =
-            Some((sender.clone(), Arc::clone(&watch)));
+        self.local().shared = Some((sender.clone(), Arc::clone(&watch)));
         Ok((sender, watch))
     }
 }
@@ -298,66 +345,48 @@ where
     .await;
 }
 
-/// A request's hold on its connection, kept with the answer's body: when the body has been
-/// read to its end, an HTTP/1.1 connection goes back to the pool; dropped earlier, the
-/// connection is closed (the rest of the answer is unread).
+/// A request's hold on the HTTP/2 connection, kept with the answer's body until its end (the
+/// connection's task counts the requests in flight to tell when it is idle).
 pub(crate) struct Lease {
-    pool: Arc<Pool>,
     watch: Option<Arc<Watch>>,
-    sender: Option<H1>,
 }
 
 impl Lease {
-    fn new(pool: &Arc<Pool>, watch: Arc<Watch>) -> Lease {
+    fn new(watch: Arc<Watch>) -> Lease {
         watch.begin();
-        Lease {
-            pool: Arc::clone(pool),
-            watch: Some(watch),
-            sender: None,
-        }
+        Lease { watch: Some(watch) }
     }
 
-    fn with(mut self, sender: H1) -> Lease {
-        self.sender = Some(sender);
-        self
-    }
-
-    /// The answer has been read to its end (`complete`) or is given up.
-    fn release(&mut self, complete: bool) {
-        let Some(watch) = self.watch.take() else {
-            return;
-        };
-        watch.end();
-        match self.sender.take() {
-            Some(sender) if complete => self.pool.put(sender, watch),
-            _ => {}
+    /// The answer has been read to its end or is given up.
+    fn release(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.end();
         }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.release(false);
+        self.release();
     }
 }
 
-/// An upstream's answer body, holding the connection's [`Lease`] until its end.
+/// An answer body from the HTTP/2 connection, holding its [`Lease`] until its end.
 pub(crate) struct Leased {
     body: Incoming,
     lease: Lease,
 }
 
 impl Leased {
-    /// `body`, read on the connection `lease` holds.
-    pub(crate) fn new(body: Incoming, lease: Lease) -> Leased {
+    fn new(body: Incoming, lease: Lease) -> Leased {
         Leased { body, lease }
     }
 
-    /// The whole body has already arrived (or there is none): let the connection go.
+    /// The whole body has already arrived (or there is none): let the lease go.
     pub(crate) fn is_done(&mut self) -> bool {
         let done = hyper::body::Body::is_end_stream(&self.body);
         if done {
-            self.lease.release(true);
+            self.lease.release();
         }
         done
     }
@@ -372,10 +401,8 @@ impl hyper::body::Body for Leased {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => self.lease.release(true),
-            Poll::Ready(Some(Err(_))) => self.lease.release(false),
-            _ => {}
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            self.lease.release();
         }
         polled
     }
@@ -386,12 +413,5 @@ impl hyper::body::Body for Leased {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-impl Drop for Leased {
-    fn drop(&mut self) {
-        let complete = hyper::body::Body::is_end_stream(&self.body);
-        self.lease.release(complete);
     }
 }
