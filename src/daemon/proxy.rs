@@ -153,12 +153,10 @@ impl Proxy {
         match self.send(upstream, request, progress.as_deref()).await {
             Ok(response) => {
                 let (mut parts, answer) = response.into_parts();
-                // The body's length came from its chunks: a `Content-Length` sent with them
-                // is not passed on (RFC 9112 §6.3), or the client would read it as the length.
-                if parts.headers.contains_key(http::header::TRANSFER_ENCODING) {
-                    parts.headers.remove(http::header::CONTENT_LENGTH);
+                // An HTTP/1.1 answer's head comes without its hop-by-hop fields (`h1`).
+                if matches!(answer, Answer::H2(_)) {
+                    headers::strip_hop_by_hop(&mut parts.headers);
                 }
-                headers::strip_hop_by_hop(&mut parts.headers);
                 parts.version = Version::HTTP_11;
                 let body = match answer {
                     Answer::Whole(body) if body.is_empty() => Body::empty(),

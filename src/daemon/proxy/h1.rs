@@ -32,9 +32,9 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 
-use super::Failure;
 use super::body::{BodyError, Relay};
 use super::pool::{Answer, Pool};
+use super::{Failure, headers};
 
 mod streamed;
 
@@ -600,6 +600,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Failure> {
         let head = buf.split_to(length).freeze();
         let mut headers = HeaderMap::with_capacity(count);
         let mut facts = Facts::default();
+        // The hop-by-hop fields are left out of the map as it is built, `Connection` too
+        // unless it names other fields (then the map is stripped after, as a request's is).
+        let mut names_fields = false;
         for &(name_at, name_len, value_at, value_len) in &spans[..count] {
             let (name_at, value_at) = (usize::from(name_at), usize::from(value_at));
             let name = HeaderName::from_bytes(&head[name_at..name_at + usize::from(name_len)])
@@ -607,7 +610,21 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Failure> {
             let value = head.slice(value_at..value_at + usize::from(value_len));
             facts.note(&name, &value);
             let value = HeaderValue::from_maybe_shared(value).map_err(|_| Failure::Malformed)?;
+            if headers::hop_by_hop(&name) {
+                if name != CONNECTION || headers::names_no_field(value.as_bytes()) {
+                    continue;
+                }
+                names_fields = true;
+            }
             headers.append(name, value);
+        }
+        if names_fields {
+            headers::strip_hop_by_hop(&mut headers);
+        }
+        // The body's length comes from its chunks: a `Content-Length` sent with them is not
+        // passed on (RFC 9112 §6.3), or the client would read it as the length.
+        if facts.chunked.is_some() {
+            headers.remove(CONTENT_LENGTH);
         }
         let version = match minor {
             Some(0) => Version::HTTP_10,
@@ -678,6 +695,31 @@ mod tests {
 
     fn head(text: &str) -> Result<Option<Head>, Failure> {
         parse_head(&mut BytesMut::from(text))
+    }
+
+    #[test]
+    fn hop_by_hop_fields_stay_out_of_the_head() {
+        let parsed = head(
+            "HTTP/1.1 200 OK\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\
+             transfer-encoding: chunked\r\ncontent-length: 5\r\nx-kind: a\r\n\r\n",
+        )
+        .ok()
+        .flatten()
+        .unwrap();
+        let names: Vec<_> = parsed.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["x-kind"]);
+        assert_eq!(parsed.facts.chunked, Some(true));
+
+        let parsed = head(
+            "HTTP/1.1 200 OK\r\nconnection: close, x-secret\r\nx-secret: 1\r\n\
+             proxy-authenticate: Basic\r\ncontent-length: 0\r\nx-kind: b\r\n\r\n",
+        )
+        .ok()
+        .flatten()
+        .unwrap();
+        let names: Vec<_> = parsed.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["content-length", "x-kind"]);
+        assert!(parsed.facts.close);
     }
 
     #[test]

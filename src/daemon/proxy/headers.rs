@@ -26,7 +26,7 @@ pub(crate) const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwa
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// Whether `name` is a hop-by-hop field (other than those `Connection` names).
-fn hop_by_hop(name: &HeaderName) -> bool {
+pub(crate) fn hop_by_hop(name: &HeaderName) -> bool {
     name == CONNECTION
         || name == KEEP_ALIVE
         || name == TE
@@ -34,6 +34,16 @@ fn hop_by_hop(name: &HeaderName) -> bool {
         || name == TRANSFER_ENCODING
         || name == UPGRADE
         || name.as_str().starts_with("proxy-")
+}
+
+/// Whether a `Connection` value names no field: only `close` or `keep-alive` tokens.
+pub(crate) fn names_no_field(value: &[u8]) -> bool {
+    value.split(|&b| b == b',').all(|token| {
+        let token = token.trim_ascii();
+        token.is_empty()
+            || token.eq_ignore_ascii_case(b"close")
+            || token.eq_ignore_ascii_case(b"keep-alive")
+    })
 }
 
 /// Remove the hop-by-hop fields. Returns whether the request asked for trailers
@@ -46,15 +56,10 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     };
     // The usual case, one pass: only `Connection: keep-alive` (or `close`), naming no field.
     if first == CONNECTION && hops.next().is_none() {
-        let names_none = headers.get_all(CONNECTION).iter().all(|value| {
-            value.to_str().is_ok_and(|text| {
-                text.split(',').map(str::trim).all(|token| {
-                    token.is_empty()
-                        || token.eq_ignore_ascii_case("close")
-                        || token.eq_ignore_ascii_case("keep-alive")
-                })
-            })
-        });
+        let names_none = headers
+            .get_all(CONNECTION)
+            .iter()
+            .all(|value| names_no_field(value.as_bytes()));
         if names_none {
             headers.remove(CONNECTION);
             return false;
