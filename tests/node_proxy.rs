@@ -644,6 +644,77 @@ async fn answers_in_every_framing_pass_whole_and_bad_ones_are_refused() {
     }
 }
 
+/// An upstream that closes the connection on a request without answering gets that request
+/// at most twice (once more on a new connection, and only for a safe method), however many
+/// kept-alive connections the node holds; a `POST` once. The node keeps serving. (And chunks
+/// whose lines end in a bare LF are read whole.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_upstream_drops_is_sent_at_most_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _accepted, _task) = upstream::scripted().await;
+    let node = node_with(dir.path(), &proxy("/s", addr, "")).await;
+    let client = client();
+    let url = |path: &str| format!("http://{}/s/{path}", node.http);
+    // Kept-alive connections on both of the node's HTTP threads.
+    for _ in 0..3 {
+        let mut answers = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let request = client.get(url("nocontent")).header("x-api-key", "drops");
+            answers.spawn(async move { request.send().await.unwrap().status() });
+        }
+        while let Some(status) = answers.join_next().await {
+            assert_eq!(status.unwrap(), 204);
+        }
+    }
+    // Chunks whose lines end in a bare LF (RFC 9112 §2.2) pass whole.
+    let response = client
+        .get(url("bare-lf"))
+        .header("x-api-key", "drops")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "hello");
+
+    let before = upstream::scripted_drops();
+    let response = client
+        .get(url("drop"))
+        .header("x-api-key", "drops")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "upstream_reset");
+    let sent = upstream::scripted_drops() - before;
+    assert!(
+        (1..=2).contains(&sent),
+        "a dropped GET was sent {sent} times"
+    );
+
+    let before = upstream::scripted_drops();
+    let response = client
+        .post(url("drop"))
+        .header("x-api-key", "drops")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+    assert_eq!(
+        upstream::scripted_drops() - before,
+        1,
+        "a POST was sent again"
+    );
+
+    let response = client
+        .get(url("nocontent"))
+        .header("x-api-key", "drops")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 204);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_past_the_route_limit_are_answered_413() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,6 +3,7 @@
 //! they stream, and raw TCP servers that hang or reset.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -256,8 +257,9 @@ pub fn scripted_length_body() -> Vec<u8> {
 /// a trailer), `/chunked-and-length` (chunks and a `Content-Length` that is not theirs),
 /// `/interim` (two 1xx answers before the final one), `/nocontent` (204), `/close`
 /// (HTTP/1.0, the body runs to the close), `/garbage` (not HTTP), `/two-lengths` (two
-/// different `Content-Length` values), `/cut` (the connection closes mid-body); a `HEAD`
-/// gets the head alone. Returns its address and how many connections it accepted.
+/// different `Content-Length` values), `/cut` (the connection closes mid-body), `/bare-lf`
+/// (chunks whose lines end in a bare LF), `/drop` (the connection closes with no answer; counted in [`scripted_drops`]); a `HEAD` gets the
+/// head alone. Returns its address and how many connections it accepted.
 pub async fn scripted() -> (SocketAddr, Arc<Mutex<usize>>, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -310,6 +312,13 @@ pub async fn scripted() -> (SocketAddr, Arc<Mutex<usize>>, JoinHandle<()>) {
     (addr, accepted, task)
 }
 
+/// How many `/s/drop` requests the `scripted` servers of this test binary have read.
+pub fn scripted_drops() -> usize {
+    DROPS.load(Ordering::SeqCst)
+}
+
+static DROPS: AtomicUsize = AtomicUsize::new(0);
+
 /// The pieces `scripted` writes for `path`, and whether it closes the connection after.
 fn scripted_answer(path: &str) -> (Vec<Vec<u8>>, bool) {
     let split = |text: &[u8], at: &[usize]| {
@@ -361,6 +370,17 @@ fn scripted_answer(path: &str) -> (Vec<Vec<u8>>, bool) {
             vec![b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd".to_vec()],
             true,
         ),
+        "/s/bare-lf" => (
+            split(
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\nhello\n0\n\n",
+                &[48, 51],
+            ),
+            false,
+        ),
+        "/s/drop" => {
+            DROPS.fetch_add(1, Ordering::SeqCst);
+            (Vec::new(), true)
+        }
         "/s/cut" => (
             vec![b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort".to_vec()],
             true,

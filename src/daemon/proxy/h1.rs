@@ -94,8 +94,9 @@ impl Conn {
 
 /// An exchange that gave no answer.
 pub(crate) enum Failed {
-    /// A kept-alive connection turned out closed before the request could have been acted
-    /// on: the request is whole and may be sent on another connection.
+    /// A kept-alive connection turned out closed before any answer: the request is whole
+    /// and may be sent on another connection (it has no body, and either its head could
+    /// not be written or its method is safe to repeat).
     Retry(Box<Request<Relay<Body>>>),
     /// Anything else.
     Failure(Failure),
@@ -134,9 +135,11 @@ pub(crate) async fn exchange(
     };
     encode_head(&mut conn.out, &request, sending);
     let reused = conn.reused;
-    let idempotent = matches!(
+    // Safe methods only (RFC 9110 §9.2.1): the upstream may have acted on the request
+    // before it closed, and a `PUT` or `DELETE` sent twice may not be the same as once.
+    let repeatable = matches!(
         *request.method(),
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     );
 
     let (head, link) = if empty {
@@ -149,7 +152,7 @@ pub(crate) async fn exchange(
         }
         match read_head(&mut conn).await {
             Ok(head) => (head, Link::Whole(conn)),
-            Err(HeadError::Closed) if reused && idempotent => {
+            Err(HeadError::Closed) if reused && repeatable => {
                 return Err(Failed::Retry(Box::new(request)));
             }
             Err(HeadError::Closed) => return Err(Failure::Reset.into()),
@@ -472,6 +475,8 @@ struct Head {
 struct Facts {
     /// `Transfer-Encoding` is present; `Some(true)` when its last coding is `chunked`.
     chunked: Option<bool>,
+    /// A transfer coding other than `chunked` (which the node does not decode).
+    other_coding: bool,
     /// The `Content-Length` (every value the same); `Err` when they differ or one is invalid.
     length: Option<Result<u64, ()>>,
     /// `Connection: close`.
@@ -503,6 +508,10 @@ impl Facts {
                 .map(<[u8]>::trim_ascii)
                 .rfind(|token| !token.is_empty());
             self.chunked = Some(last.is_some_and(|last| last.eq_ignore_ascii_case(b"chunked")));
+            self.other_coding |= value
+                .split(|&b| b == b',')
+                .map(<[u8]>::trim_ascii)
+                .any(|token| !token.is_empty() && !token.eq_ignore_ascii_case(b"chunked"));
         } else if name == CONNECTION {
             self.close |= value
                 .split(|&b| b == b',')
@@ -528,6 +537,8 @@ async fn read_head_from<R>(reader: &mut R, buf: &mut BytesMut) -> Result<Head, H
 where
     R: AsyncRead + Unpin,
 {
+    // Whether any of an answer arrived (an interim 1xx head leaves `buf` empty again).
+    let mut answered = !buf.is_empty();
     loop {
         if !buf.is_empty()
             && let Some(head) = parse_head(buf).map_err(HeadError::Failure)?
@@ -540,9 +551,9 @@ where
         })
         .await;
         match read {
-            Ok(0) | Err(_) if buf.is_empty() => return Err(HeadError::Closed),
+            Ok(0) | Err(_) if !answered => return Err(HeadError::Closed),
             Ok(0) | Err(_) => return Err(HeadError::Failure(Failure::Reset)),
-            Ok(_) => {}
+            Ok(_) => answered = true,
         }
     }
 }
@@ -660,6 +671,16 @@ fn framing(method: &Method, head: &Head) -> Result<(Framing, bool), Failure> {
     {
         return Ok((Framing::Empty, keep));
     }
+    // A tunnel, were the upstream to open one: its bytes run to the close, and the
+    // connection never serves another request.
+    if *method == Method::CONNECT {
+        return Ok((Framing::Close, false));
+    }
+    // A body in another transfer coding (`gzip, chunked`) could not be passed on as it is:
+    // the coding is hop-by-hop, and the client would get the coded bytes unannounced.
+    if facts.other_coding {
+        return Err(Failure::Malformed);
+    }
     match (facts.chunked, facts.length) {
         // With both, the length is ignored and the connection not trusted after (§6.1).
         (Some(true), length) => Ok((Framing::Chunked, keep && length.is_none())),
@@ -682,6 +703,32 @@ mod tests {
         assert_eq!(chunk_size(b"\r"), None);
         assert_eq!(chunk_size(b"xyz\r"), None);
         assert_eq!(chunk_size(b"11111111111111111\r"), None);
+        assert_eq!(chunk_size(b"ffffffffffffffff\r"), Some(u64::MAX));
+        assert_eq!(chunk_size(b"5 ;ext\r"), Some(5));
+        assert_eq!(chunk_size(b"5\t;a=b"), Some(5));
+        assert_eq!(chunk_size(b"+5\r"), None);
+        assert_eq!(chunk_size(b"5 junk\r"), None);
+        assert_eq!(chunk_size(b"-1\r"), None);
+    }
+
+    #[test]
+    fn other_transfer_codings_are_refused_and_a_tunnel_is_never_kept() {
+        let parsed = head("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n")
+            .ok()
+            .flatten()
+            .unwrap();
+        assert!(matches!(
+            framing(&Method::GET, &parsed),
+            Err(Failure::Malformed)
+        ));
+        let parsed = head("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .ok()
+            .flatten()
+            .unwrap();
+        assert!(matches!(
+            framing(&Method::CONNECT, &parsed),
+            Ok((Framing::Close, false))
+        ));
     }
 
     #[test]

@@ -147,15 +147,22 @@ impl Pool {
                 .entry(http::header::HOST)
                 .or_insert_with(|| host.clone());
         }
+        // Only a kept-alive connection answers `Retry`: the one retry goes on a new
+        // connection, so a request is sent at most twice.
+        let mut retried = false;
         loop {
-            // Only a kept-alive connection answers `Retry`, and there are finitely many.
-            let conn = match self.idle() {
+            let idle = if retried { None } else { self.idle() };
+            let conn = match idle {
                 Some(conn) => conn,
                 None => Conn::new(self.connect().await?),
             };
             match h1::exchange(conn, request, self).await {
                 Ok(response) => return Ok(response),
-                Err(Failed::Retry(back)) => request = *back,
+                Err(Failed::Retry(_)) if retried => return Err(Failure::Reset),
+                Err(Failed::Retry(back)) => {
+                    retried = true;
+                    request = *back;
+                }
                 Err(Failed::Failure(failure)) => return Err(failure),
             }
         }

@@ -95,13 +95,15 @@ impl Streamed {
                 Ok(Step::Frame(Frame::data(buf.split_to(take).freeze())))
             }
             State::DataEnd => {
-                if buf.len() < 2 {
-                    return Ok(Step::More);
-                }
-                if &buf[..2] != b"\r\n" {
-                    return Err(self.fail("a chunk's data ran past its size"));
-                }
-                buf.advance(2);
+                // CRLF, or a bare LF (RFC 9112 §2.2), as on a chunk-size line.
+                let ending = match buf.first() {
+                    None => return Ok(Step::More),
+                    Some(b'\n') => 1,
+                    Some(b'\r') if buf.len() < 2 => return Ok(Step::More),
+                    Some(b'\r') if buf[1] == b'\n' => 2,
+                    Some(_) => return Err(self.fail("a chunk's data ran past its size")),
+                };
+                buf.advance(ending);
                 self.state = State::Size;
                 Ok(Step::Continue)
             }
@@ -124,12 +126,19 @@ impl Streamed {
                 Ok(Step::Continue)
             }
             State::Trailers => {
-                if buf.len() < 2 {
-                    return Ok(Step::More);
-                }
-                if &buf[..2] == b"\r\n" {
-                    buf.advance(2);
-                    return Ok(Step::End);
+                // The empty line that ends the body: CRLF, or a bare LF.
+                match buf.first() {
+                    None => return Ok(Step::More),
+                    Some(b'\n') => {
+                        buf.advance(1);
+                        return Ok(Step::End);
+                    }
+                    Some(b'\r') if buf.len() < 2 => return Ok(Step::More),
+                    Some(b'\r') if buf[1] == b'\n' => {
+                        buf.advance(2);
+                        return Ok(Step::End);
+                    }
+                    Some(_) => {}
                 }
                 let mut fields = [httparse::EMPTY_HEADER; 32];
                 match httparse::parse_headers(buf, &mut fields) {
@@ -162,15 +171,29 @@ impl Streamed {
 /// extensions after `;`.
 pub(super) fn chunk_size(line: &[u8]) -> Option<u64> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let digits = line
+    let end = line
         .iter()
-        .position(|&b| b == b';' || b == b' ' || b == b'\t')
-        .map_or(line, |end| &line[..end]);
-    if digits.is_empty() || digits.len() > 16 {
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let (digits, rest) = line.split_at(end);
+    // After the digits: nothing, or (after optional blanks) the extensions after `;`.
+    let rest = rest.trim_ascii_start();
+    if digits.is_empty() || digits.len() > 16 || !(rest.is_empty() || rest[0] == b';') {
         return None;
     }
-    let text = std::str::from_utf8(digits).ok()?;
-    u64::from_str_radix(text, 16).ok()
+    digits
+        .iter()
+        .try_fold(0u64, |n, &b| Some(n << 4 | u64::from(hex(b)?)))
+}
+
+/// The value of one hexadecimal digit.
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
 }
 
 impl hyper::body::Body for Streamed {
