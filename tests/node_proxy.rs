@@ -715,6 +715,40 @@ async fn a_request_the_upstream_drops_is_sent_at_most_twice() {
     assert_eq!(response.status(), 204);
 }
 
+/// A connection whose upstream says it closes idle connections within a second
+/// (`Keep-Alive: timeout=1`) is not kept for another request; others are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_s_keep_alive_timeout_is_honoured() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, accepted, _task) = upstream::scripted().await;
+    let node = node_with(dir.path(), &proxy("/s", addr, "")).await;
+    let client = client();
+    let get = |path: &str| {
+        client
+            .get(format!("http://{}/s/{path}", node.http))
+            .header("x-api-key", "brief")
+            .send()
+    };
+    let opened = || *accepted.lock().unwrap();
+    let before = opened();
+    for _ in 0..3 {
+        assert_eq!(get("nocontent").await.unwrap().status(), 204);
+    }
+    let kept = opened() - before;
+    assert!(kept <= 1, "3 requests in a row took {kept} connections");
+    let before = opened();
+    for _ in 0..3 {
+        let response = get("brief").await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.text().await.unwrap(), "ok");
+    }
+    let brief = opened() - before;
+    assert!(
+        brief >= 2,
+        "answers with keep-alive: timeout=1 left their connection in the pool ({brief} opened)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_bodies_past_the_route_limit_are_answered_413() {
     let dir = tempfile::tempdir().unwrap();

@@ -258,7 +258,7 @@ pub fn scripted_length_body() -> Vec<u8> {
 /// `/interim` (two 1xx answers before the final one), `/nocontent` (204), `/close`
 /// (HTTP/1.0, the body runs to the close), `/garbage` (not HTTP), `/two-lengths` (two
 /// different `Content-Length` values), `/cut` (the connection closes mid-body), `/bare-lf`
-/// (chunks whose lines end in a bare LF), `/drop` (the connection closes with no answer; counted in [`scripted_drops`]); a `HEAD` gets the
+/// (chunks whose lines end in a bare LF), `/brief` (`Keep-Alive: timeout=1`), `/drop` (the connection closes with no answer; counted in [`scripted_drops`]); a `HEAD` gets the
 /// head alone. Returns its address and how many connections it accepted.
 pub async fn scripted() -> (SocketAddr, Arc<Mutex<usize>>, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -369,6 +369,12 @@ fn scripted_answer(path: &str) -> (Vec<Vec<u8>>, bool) {
         "/s/two-lengths" => (
             vec![b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd".to_vec()],
             true,
+        ),
+        "/s/brief" => (
+            vec![
+                b"HTTP/1.1 200 OK\r\nkeep-alive: timeout=1\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+            ],
+            false,
         ),
         "/s/bare-lf" => (
             split(

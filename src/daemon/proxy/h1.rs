@@ -33,7 +33,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 
 use super::body::{BodyError, Relay};
-use super::pool::{Answer, Pool};
+use super::pool::{Answer, IDLE_TIMEOUT, Pool};
 use super::{Failure, headers};
 
 mod streamed;
@@ -43,6 +43,8 @@ pub(crate) use streamed::Streamed;
 #[cfg(test)]
 use streamed::chunk_size;
 
+/// `Keep-Alive` (an HTTP/1.0-era field some upstreams still send with their idle timeout).
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 /// The most bytes an answer's head (or a chunked body's trailer section) may take.
 const MAX_HEAD: usize = u16::MAX as usize;
 /// The most header fields in an answer's head.
@@ -63,6 +65,9 @@ pub(crate) struct Conn {
     pub(crate) idle_since: Instant,
     /// It carried a request before this one.
     reused: bool,
+    /// How long it may wait in the pool: [`IDLE_TIMEOUT`], or less when the upstream said
+    /// it closes idle connections sooner (`Keep-Alive: timeout=…`).
+    pub(crate) keep_for: Duration,
 }
 
 impl Conn {
@@ -74,6 +79,7 @@ impl Conn {
             out: Vec::new(),
             idle_since: Instant::now(),
             reused: false,
+            keep_for: IDLE_TIMEOUT,
         }
     }
 
@@ -212,6 +218,7 @@ pub(crate) async fn exchange(
                     out,
                     idle_since: Instant::now(),
                     reused,
+                    keep_for: IDLE_TIMEOUT,
                 })
             }
             None => Link::Split(Box::new(Split {
@@ -225,11 +232,16 @@ pub(crate) async fn exchange(
     };
 
     let (framing, keep) = framing(request.method(), &head)?;
+    let keep_for = head.facts.keep_for();
+    let keep = keep && !keep_for.is_zero();
     let mut response = Response::new(());
     *response.status_mut() = head.status;
     *response.version_mut() = head.version;
     *response.headers_mut() = head.headers;
     let mut link = link;
+    if let Link::Whole(conn) = &mut link {
+        conn.keep_for = keep_for;
+    }
     let answer = match framing {
         Framing::Empty => {
             link.finish(keep, pool);
@@ -481,9 +493,21 @@ struct Facts {
     length: Option<Result<u64, ()>>,
     /// `Connection: close`.
     close: bool,
+    /// The `timeout` of a `Keep-Alive` field: the upstream closes idle connections after it.
+    idle_close: Option<Duration>,
 }
 
 impl Facts {
+    /// How long the connection may wait in the pool after this answer: a second less than
+    /// the upstream's own idle timeout (so that it is not reused just as the upstream closes
+    /// it), at most [`IDLE_TIMEOUT`]; zero means it is not kept.
+    fn keep_for(&self) -> Duration {
+        match self.idle_close {
+            None => IDLE_TIMEOUT,
+            Some(timeout) => timeout.saturating_sub(Duration::from_secs(1)),
+        }
+    }
+
     fn note(&mut self, name: &HeaderName, value: &[u8]) {
         if name == CONTENT_LENGTH {
             for token in value.split(|&b| b == b',') {
@@ -512,6 +536,21 @@ impl Facts {
                 .split(|&b| b == b',')
                 .map(<[u8]>::trim_ascii)
                 .any(|token| !token.is_empty() && !token.eq_ignore_ascii_case(b"chunked"));
+        } else if name == KEEP_ALIVE {
+            for parameter in value.split(|&b| b == b',') {
+                let Some((key, seconds)) = std::str::from_utf8(parameter)
+                    .ok()
+                    .and_then(|p| p.split_once('='))
+                else {
+                    continue;
+                };
+                if key.trim().eq_ignore_ascii_case("timeout")
+                    && let Ok(seconds) = seconds.trim().parse::<u64>()
+                {
+                    let seconds = Duration::from_secs(seconds.min(IDLE_TIMEOUT.as_secs()));
+                    self.idle_close = Some(self.idle_close.map_or(seconds, |s| s.min(seconds)));
+                }
+            }
         } else if name == CONNECTION {
             self.close |= value
                 .split(|&b| b == b',')
@@ -709,6 +748,31 @@ mod tests {
         assert_eq!(chunk_size(b"+5\r"), None);
         assert_eq!(chunk_size(b"5 junk\r"), None);
         assert_eq!(chunk_size(b"-1\r"), None);
+    }
+
+    #[test]
+    fn an_upstream_s_idle_timeout_shortens_the_connection_s_stay_in_the_pool() {
+        let facts = |text: &str| head(text).ok().flatten().unwrap().facts.keep_for();
+        assert_eq!(
+            facts("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"),
+            IDLE_TIMEOUT
+        );
+        assert_eq!(
+            facts("HTTP/1.1 200 OK\r\nkeep-alive: timeout=5, max=100\r\n\r\n"),
+            Duration::from_secs(4)
+        );
+        assert_eq!(
+            facts("HTTP/1.1 200 OK\r\nKeep-Alive: max=3,Timeout = 1\r\n\r\n"),
+            Duration::ZERO
+        );
+        assert_eq!(
+            facts("HTTP/1.1 200 OK\r\nkeep-alive: timeout=99999\r\n\r\n"),
+            IDLE_TIMEOUT - Duration::from_secs(1)
+        );
+        assert_eq!(
+            facts("HTTP/1.1 200 OK\r\nkeep-alive: timeout=soon\r\n\r\n"),
+            IDLE_TIMEOUT
+        );
     }
 
     #[test]

@@ -197,7 +197,7 @@ impl Pool {
     fn idle(&self) -> Option<Conn> {
         let mut local = self.local();
         while let Some(mut conn) = local.idle.pop() {
-            if conn.idle_since.elapsed() < IDLE_TIMEOUT && conn.is_open() {
+            if conn.idle_since.elapsed() < conn.keep_for && conn.is_open() {
                 return Some(conn);
             }
         }
@@ -272,7 +272,7 @@ impl Pool {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             local
                 .idle
-                .retain_mut(|conn| conn.idle_since.elapsed() < IDLE_TIMEOUT && conn.is_open());
+                .retain_mut(|conn| conn.idle_since.elapsed() < conn.keep_for && conn.is_open());
             left |= !local.idle.is_empty();
         }
         left
