@@ -76,7 +76,7 @@ impl Proxy {
         let mut upstreams: Vec<Upstream> = routes
             .iter()
             .map(|route| Upstream {
-                pool: Arc::new(Pool::new(route)),
+                pool: Pool::new(route),
                 route: route.clone(),
                 warned: AtomicU64::new(0),
             })

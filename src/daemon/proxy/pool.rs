@@ -30,12 +30,10 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::Relay;
-use super::h1::{self, Conn, Failed};
+use super::h1::{self, Conn, Failed, IDLE_TIMEOUT, Keeper};
 use super::{Failure, classify};
 use crate::daemon::config::ProxyRoute;
 
-/// How long a pooled connection may go unused before it is closed.
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// The most idle HTTP/1.1 connections each HTTP thread keeps per upstream.
 pub(crate) const MAX_IDLE: usize = 1024;
 /// TCP keep-alive probes start after this long without traffic.
@@ -55,6 +53,8 @@ pub(crate) struct Pool {
     local: ThreadLocal<Mutex<Local>>,
     /// A task closes the HTTP/1.1 connections left idle too long.
     sweeping: AtomicBool,
+    /// The pool itself, for that task.
+    this: Weak<Pool>,
 }
 
 /// One thread's connections.
@@ -98,7 +98,7 @@ pub(crate) enum Answer {
 
 impl Pool {
     /// The pool of `route`'s upstream (no connection is opened yet).
-    pub(crate) fn new(route: &ProxyRoute) -> Pool {
+    pub(crate) fn new(route: &ProxyRoute) -> Arc<Pool> {
         let host = route.upstream.host().unwrap_or("");
         let port = route.upstream.port_u16().unwrap_or(80);
         let host_field = if port == 80 {
@@ -106,14 +106,15 @@ impl Pool {
         } else {
             format!("{host}:{port}")
         };
-        Pool {
+        Arc::new_cyclic(|this| Pool {
             address: format!("{host}:{port}").into_boxed_str(),
             host: HeaderValue::from_str(&host_field).ok(),
             http2: route.http2,
             connect_timeout: route.connect_timeout,
             local: ThreadLocal::new(),
             sweeping: AtomicBool::new(false),
-        }
+            this: this.clone(),
+        })
     }
 
     /// This thread's connections.
@@ -157,7 +158,12 @@ impl Pool {
                 None => Conn::new(self.connect().await?),
             };
             match h1::exchange(conn, request, self).await {
-                Ok(response) => return Ok(response),
+                Ok(response) => {
+                    return Ok(response.map(|body| match body {
+                        h1::Answer::Whole(body) => Answer::Whole(body),
+                        h1::Answer::Streamed(body) => Answer::H1(body),
+                    }));
+                }
                 Err(Failed::Retry(_)) if retried => return Err(Failure::Reset),
                 Err(Failed::Retry(back)) => {
                     retried = true;
@@ -221,7 +227,7 @@ impl Pool {
 
     /// Put an HTTP/1.1 connection whose answer was read to its end back in this thread's
     /// pool.
-    pub(crate) fn put_h1(self: &Arc<Self>, mut conn: Conn) {
+    fn put_h1(&self, mut conn: Conn) {
         conn.idle_since = Instant::now();
         {
             let mut local = self.local();
@@ -236,7 +242,7 @@ impl Pool {
     }
 
     /// Start the task that closes connections idle for [`IDLE_TIMEOUT`], unless it runs.
-    fn sweep_later(self: &Arc<Self>) {
+    fn sweep_later(&self) {
         if self.sweeping.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -244,7 +250,7 @@ impl Pool {
             self.sweeping.store(false, Ordering::Relaxed);
             return;
         };
-        let pool: Weak<Pool> = Arc::downgrade(self);
+        let pool: Weak<Pool> = self.this.clone();
         runtime.spawn(async move {
             loop {
                 tokio::time::sleep(IDLE_TIMEOUT).await;
@@ -311,6 +317,12 @@ impl Pool {
         tokio::spawn(drive(connection, Arc::clone(&watch)));
         self.local().shared = Some((sender.clone(), Arc::clone(&watch)));
         Ok((sender, watch))
+    }
+}
+
+impl Keeper for Pool {
+    fn keep(&self, conn: Conn) {
+        self.put_h1(conn);
     }
 }
 

@@ -12,8 +12,7 @@ use bytes::Buf;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use hyper::body::{Frame, SizeHint};
 
-use super::super::pool::Pool;
-use super::{Link, MAX_CHUNK_LINE, MAX_HEAD};
+use super::{Keeper, Link, MAX_CHUNK_LINE, MAX_HEAD};
 
 /// Where a streamed body's reading stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +47,7 @@ enum Step {
 /// body has been read to its end (and is closed if the body is dropped before).
 pub(crate) struct Streamed {
     pub(super) link: Option<Link>,
-    pub(super) pool: Arc<Pool>,
+    pub(super) keeper: Arc<dyn Keeper>,
     pub(super) state: State,
     pub(super) keep: bool,
 }
@@ -57,7 +56,7 @@ impl Streamed {
     fn end(&mut self) {
         self.state = State::Done;
         if let Some(link) = self.link.take() {
-            link.finish(self.keep, &self.pool);
+            link.finish(self.keep, &*self.keeper);
         }
     }
 
