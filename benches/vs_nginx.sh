@@ -9,7 +9,8 @@
 # Environment: ROUNDS (5), DURATION (10s), THREADS (wrk threads, 2), CONNS (64),
 # WORKERS (nginx worker processes and the node's runtime threads, 2), WARMUP (3s),
 # PIN (a taskset CPU list for all processes, empty: none), SKIP_BUILD=1 to use the binary
-# as it is, RATEMESH_BIN to name another one. Needs nginx and wrk (Debian: nginx-light, wrk).
+# as it is, RATEMESH_BIN to name another one. The node is the production build
+# (`cargo build --profile dist`, target/dist/ratemesh), as nginx is Debian's optimised one. Needs nginx and wrk (Debian: nginx-light, wrk).
 #
 # Both limiters key the requests by the same header (`x-api-key`, one hot key) and run a
 # token bucket of the same rate and burst: nginx `limit_req zone=… burst=B nodelay`, the node
@@ -41,8 +42,8 @@ for tool in nginx wrk python3 curl; do
   command -v "$tool" >/dev/null || { echo "vs_nginx: needs $tool" >&2; exit 2; }
 done
 if [ -z "${RATEMESH_BIN:-}" ]; then
-  [ -n "${SKIP_BUILD:-}" ] || cargo build --release --quiet --bin ratemesh
-  RATEMESH_BIN="${CARGO_TARGET_DIR:-target}/release/ratemesh"
+  [ -n "${SKIP_BUILD:-}" ] || cargo build --profile dist --quiet --bin ratemesh
+  RATEMESH_BIN="${CARGO_TARGET_DIR:-target}/dist/ratemesh"
 fi
 
 WORK=$(mktemp -d /tmp/ratemesh-vs-nginx.XXXXXX)
