@@ -109,16 +109,17 @@ impl Proxy {
             .find(|route| route.matches(path))
     }
 
-    /// Send `request` (admitted) to `upstream` and return its answer, or the JSON answer to
-    /// its failure. `peer` is the client connection's address; `trusted`: it is a trusted
-    /// proxy, whose forwarding fields are kept.
-    async fn forward(
-        &self,
+    /// `request` (admitted) as it goes to `upstream`, with the progress of its body if it
+    /// has one, or the failure to answer. `peer` is the client connection's address;
+    /// `trusted`: it is a trusted proxy, whose forwarding fields are kept.
+    ///
+    /// Not `async`: what the future that sends it holds is only the request made here.
+    fn prepare(
         upstream: &Upstream,
         request: Request<Body>,
         peer: Option<IpAddr>,
         trusted: bool,
-    ) -> Response<Body> {
+    ) -> Result<Prepared, Failure> {
         let route = &upstream.route;
         let (mut parts, body) = request.into_parts();
         let mut uri = http::uri::Parts::default();
@@ -129,10 +130,7 @@ impl Proxy {
             .path_and_query()
             .cloned()
             .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
-        parts.uri = match http::Uri::from_parts(uri) {
-            Ok(uri) => uri,
-            Err(_) => return failure(Failure::Reset, route),
-        };
+        parts.uri = http::Uri::from_parts(uri).map_err(|_| Failure::Reset)?;
         parts.version = if route.http2 {
             Version::HTTP_2
         } else {
@@ -149,8 +147,28 @@ impl Proxy {
 
         let progress = (!hyper::body::Body::is_end_stream(&body)).then(Progress::new);
         let body = Relay::request(body, route.max_body_bytes, route.timeout, progress.clone());
-        let request = Request::from_parts(parts, body);
-        match self.send(upstream, request, progress.as_deref()).await {
+        Ok(Prepared {
+            request: Request::from_parts(parts, body),
+            progress,
+        })
+    }
+
+    /// Send the prepared request to `upstream` and return its answer, or the JSON answer to
+    /// its failure.
+    async fn forward(&self, upstream: &Upstream, prepared: Prepared) -> Response<Body> {
+        let Prepared { request, progress } = prepared;
+        let sent = self.send(upstream, request, progress.as_deref()).await;
+        self.answer(upstream, sent)
+    }
+
+    /// The client's answer: the upstream's (its body relayed), or the JSON one to `failed`.
+    fn answer(
+        &self,
+        upstream: &Upstream,
+        sent: Result<Response<Answer>, Failure>,
+    ) -> Response<Body> {
+        let route = &upstream.route;
+        match sent {
             Ok(response) => {
                 let (mut parts, answer) = response.into_parts();
                 // An HTTP/1.1 answer's head comes without its hop-by-hop fields (`h1`).
@@ -172,13 +190,15 @@ impl Proxy {
                 };
                 Response::from_parts(parts, body)
             }
-            Err(failed) => {
-                metrics::counter!("ratemesh_proxy_errors_total", "reason" => failed.reason())
-                    .increment(1);
-                self.log(upstream, &failed);
-                failure(failed, route)
-            }
+            Err(failed) => self.failed(upstream, failed),
         }
+    }
+
+    /// The JSON answer to `failed`, counted and logged.
+    fn failed(&self, upstream: &Upstream, failed: Failure) -> Response<Body> {
+        metrics::counter!("ratemesh_proxy_errors_total", "reason" => failed.reason()).increment(1);
+        self.log(upstream, &failed);
+        failure(failed, &upstream.route)
     }
 
     /// Send and wait for the response head: at most `timeout` after the last piece of the
@@ -390,12 +410,26 @@ impl tower::Service<Request<Body>> for Gateway {
             let proxies = &rules.identity_config().trusted_proxies;
             proxies.iter().any(|net| net.contains(&ip))
         });
+        let upstream = &self.proxy.upstreams[index];
+        let prepared = match Proxy::prepare(upstream, request, peer, trusted) {
+            Ok(prepared) => prepared,
+            Err(failed) => {
+                let answer = self.proxy.failed(upstream, failed);
+                return GatewayFuture::Answered(std::future::ready(Ok(answer)));
+            }
+        };
         let proxy = Arc::clone(&self.proxy);
         GatewayFuture::Forwarded(Box::pin(async move {
             let upstream = &proxy.upstreams[index];
-            Ok(proxy.forward(upstream, request, peer, trusted).await)
+            Ok(proxy.forward(upstream, prepared).await)
         }))
     }
+}
+
+/// A request made ready for its upstream, and the progress of its body (when it has one).
+struct Prepared {
+    request: Request<Relay<Body>>,
+    progress: Option<Arc<Progress>>,
 }
 
 /// The answer of [`Gateway`]: ready at once (no proxy route), or the upstream's.

@@ -70,10 +70,12 @@ impl ProxyRoute {
     /// Tell whether `path` is under this route's prefix (`/api` takes `/api` and `/api/…`,
     /// not `/apis`).
     pub fn matches(&self, path: &str) -> bool {
-        match path.strip_prefix(self.path_prefix.as_str()) {
-            Some(rest) => rest.is_empty() || rest.starts_with('/') || self.path_prefix.is_empty(),
-            None => false,
+        // `/` (kept as ``) takes every path, with no call to compare bytes.
+        if self.path_prefix.is_empty() {
+            return true;
         }
+        path.strip_prefix(self.path_prefix.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
     }
 }
 

@@ -133,7 +133,9 @@ impl Pool {
         mut request: Request<Relay<Body>>,
     ) -> Result<Response<Answer>, Failure> {
         if self.http2 {
-            return self.send_h2(request).await;
+            // Boxed: HTTP/2's future is the largest, and an HTTP/1.1 request would carry
+            // (and copy) its room.
+            return Box::pin(self.send_h2(request)).await;
         }
         let origin = request
             .uri()
