@@ -183,7 +183,7 @@ impl ForwardAuthService {
             .get::<ConnectInfo<SocketAddr>>()
             .map(|info| info.0);
         let trusted = peer.is_some_and(|peer| {
-            let rules = self.shared.layer.rules();
+            let rules = self.shared.layer.rules_now();
             let proxies = &rules.identity_config().trusted_proxies;
             proxies.iter().any(|net| net.contains(&peer.ip()))
         });

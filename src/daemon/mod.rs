@@ -336,10 +336,19 @@ impl App {
         self.peer_forwarded
             || self
                 .layer
-                .rules()
+                .rules_now()
                 .identity_config()
                 .order
                 .contains(&crate::config::IdentitySource::Ip)
+    }
+
+    /// The same app for one HTTP thread: what a request clones (the app, the gateway) is
+    /// that thread's own, so that threads do not take turns over the cache lines of shared
+    /// counts, request after request.
+    pub(crate) fn for_thread(&self) -> App {
+        let mut app = self.clone();
+        app.front.gateway = self.layer.layer(self.front.gateway.inner().for_thread());
+        app
     }
 
     /// Answer `request`.

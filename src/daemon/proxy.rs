@@ -369,8 +369,14 @@ fn failure(failed: Failure, route: &ProxyRoute) -> Response<Body> {
 
 /// The service behind the rate-limit layer: an admitted request goes to its route's
 /// upstream, or is answered `200 ok` when no route takes its path.
+///
+/// Cloned for every request (the layer hands each its own), and so one handle per HTTP
+/// thread ([`Gateway::for_thread`]): the count a clone writes is then that thread's alone,
+/// not a cache line every thread takes in turn.
 #[derive(Clone)]
-pub(crate) struct Gateway {
+pub(crate) struct Gateway(Arc<GatewayParts>);
+
+struct GatewayParts {
     proxy: Arc<Proxy>,
     layer: RateLimitLayer,
 }
@@ -378,7 +384,12 @@ pub(crate) struct Gateway {
 impl Gateway {
     /// Serve admitted requests with `proxy`; `layer` gives the trusted proxies in force.
     pub(crate) fn new(proxy: Arc<Proxy>, layer: RateLimitLayer) -> Gateway {
-        Gateway { proxy, layer }
+        Gateway(Arc::new(GatewayParts { proxy, layer }))
+    }
+
+    /// The same gateway, through a handle of one thread's own.
+    pub(crate) fn for_thread(&self) -> Gateway {
+        Gateway::new(Arc::clone(&self.0.proxy), self.0.layer.clone())
     }
 }
 
@@ -392,13 +403,9 @@ impl tower::Service<Request<Body>> for Gateway {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let GatewayParts { proxy, layer } = &*self.0;
         let path = request.uri().path();
-        let Some(index) = self
-            .proxy
-            .upstreams
-            .iter()
-            .position(|u| u.route.matches(path))
-        else {
+        let Some(index) = proxy.upstreams.iter().position(|u| u.route.matches(path)) else {
             return GatewayFuture::Answered(std::future::ready(Ok(admitted())));
         };
         let peer = request
@@ -406,20 +413,21 @@ impl tower::Service<Request<Body>> for Gateway {
             .get::<ConnectInfo<SocketAddr>>()
             .map(|info| info.0.ip());
         let trusted = peer.is_some_and(|ip| {
-            let rules = self.layer.rules();
+            let rules = layer.rules_now();
             let proxies = &rules.identity_config().trusted_proxies;
             proxies.iter().any(|net| net.contains(&ip))
         });
-        let upstream = &self.proxy.upstreams[index];
+        let upstream = &proxy.upstreams[index];
         let prepared = match Proxy::prepare(upstream, request, peer, trusted) {
             Ok(prepared) => prepared,
             Err(failed) => {
-                let answer = self.proxy.failed(upstream, failed);
+                let answer = proxy.failed(upstream, failed);
                 return GatewayFuture::Answered(std::future::ready(Ok(answer)));
             }
         };
-        let proxy = Arc::clone(&self.proxy);
+        let gateway = self.clone();
         GatewayFuture::Forwarded(Box::pin(async move {
+            let proxy = &gateway.0.proxy;
             let upstream = &proxy.upstreams[index];
             Ok(proxy.forward(upstream, prepared).await)
         }))

@@ -469,7 +469,12 @@ fn start_http_threads(
     let mut threads = Vec::new();
     for i in 0..http_thread_count() {
         let (send, mut received) = tokio::sync::mpsc::unbounded_channel::<Accepted>();
-        let (app, proxy, stopped) = (Arc::clone(app), Arc::clone(proxy), stopped.clone());
+        // The thread's own app, whose counts only this thread writes.
+        let (app, proxy, stopped) = (
+            Arc::new(app.for_thread()),
+            Arc::clone(proxy),
+            stopped.clone(),
+        );
         let serve = async move {
             while let Some(accepted) = received.recv().await {
                 tokio::spawn(serve_accepted(

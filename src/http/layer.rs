@@ -158,6 +158,15 @@ impl RateLimitLayer {
         self.shared.rules.load_full()
     }
 
+    /// The rules in force, borrowed for a moment: unlike [`RateLimitLayer::rules`], no count
+    /// shared by every thread is written (a thread of its own holds the loan), so threads
+    /// deciding at once do not take turns over one cache line. Not to be held across an
+    /// `.await`.
+    #[cfg(feature = "node")]
+    pub(crate) fn rules_now(&self) -> arc_swap::Guard<Arc<Rules>> {
+        self.shared.rules.load()
+    }
+
     /// Read the layer's clock (nanoseconds), for decisions made beside the layer (Envoy's
     /// rate limit service API in a node).
     pub fn now_ns(&self) -> crate::clock::Nanos {
@@ -415,6 +424,12 @@ impl<S> RateLimitService<S> {
     {
         self.layer.respond(self.inner.clone(), request)
     }
+
+    /// The inner service.
+    #[cfg(feature = "node")]
+    pub(crate) fn inner(&self) -> &S {
+        &self.inner
+    }
 }
 
 /// A boxed response future of a [`RateLimitService`].
@@ -435,7 +450,8 @@ impl RateLimitLayer {
         ResBody: HttpBody<Data = Bytes> + Send + 'static,
         ResBody::Error: Into<axum::BoxError>,
     {
-        let rules = self.shared.rules.load_full();
+        // Borrowed (no shared count written), and taken whole only by a decision that waits.
+        let rules = self.shared.rules.load();
         if !rules.needs_io() {
             // Decided now, from the request as it stands (nothing copied out of it), and
             // handed on at once unless a shaping policy delays it: the future holds no part
@@ -466,7 +482,7 @@ impl RateLimitLayer {
             });
         }
         let layer = self.clone();
-        let prepared = match layer.prepare(&request, rules) {
+        let prepared = match layer.prepare(&request, arc_swap::Guard::into_inner(rules)) {
             Ok(prepared) => prepared,
             Err(too_long) => return Box::pin(async move { Ok(identity_too_long(&too_long)) }),
         };
