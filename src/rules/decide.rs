@@ -15,6 +15,10 @@ use crate::decision::{Decision, Verdict};
 use crate::limiter::{Charges, decide_in_layers};
 use crate::local::Charge;
 
+/// (policy, key) of each layer a request passes, inline for the few a request usually has
+/// (no allocation on the request path).
+type Keyed = smallvec::SmallVec<[(usize, u64); 4]>;
+
 /// The name reported (headers, JSON body, metrics) for a client refused because it matches
 /// no tier and the file says `no_tier = "refuse"`.
 pub const NO_TIER_POLICY: &str = "no_tier";
@@ -30,8 +34,8 @@ pub(super) struct Plan<'a> {
     route: Option<&'a CompiledRoute>,
     cost: u64,
     /// (policy, key) of the layers decided on this node, the tier's then the route's.
-    enforced: Vec<(usize, u64)>,
-    shadow: Vec<(usize, u64)>,
+    enforced: Keyed,
+    shadow: Keyed,
     /// The request's `mesh` policy, if any.
     global: Option<(usize, u64)>,
     /// The request's `redis` policy, if any.
@@ -44,7 +48,7 @@ struct Passage<'r> {
     plan: Plan<'r>,
     now: Nanos,
     /// The layers charged on this node, in order, and what each took.
-    local: Vec<(usize, u64)>,
+    local: Keyed,
     charges: Charges,
     reports: Vec<PolicyReport>,
     /// The tightest admission so far, or the denial.
