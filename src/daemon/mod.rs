@@ -347,7 +347,7 @@ impl App {
     /// counts, request after request.
     pub(crate) fn for_thread(&self) -> App {
         let mut app = self.clone();
-        app.front.gateway = self.layer.layer(self.front.gateway.inner().for_thread());
+        app.front.gateway = self.front.gateway.map_inner(Gateway::for_thread);
         app
     }
 

@@ -425,10 +425,13 @@ impl<S> RateLimitService<S> {
         self.layer.respond(self.inner.clone(), request)
     }
 
-    /// The inner service.
+    /// The same layer around `f` of the inner service.
     #[cfg(feature = "node")]
-    pub(crate) fn inner(&self) -> &S {
-        &self.inner
+    pub(crate) fn map_inner(&self, f: impl FnOnce(&S) -> S) -> RateLimitService<S> {
+        RateLimitService {
+            layer: self.layer.clone(),
+            inner: f(&self.inner),
+        }
     }
 }
 

@@ -15,8 +15,8 @@ use crate::decision::{Decision, Verdict};
 use crate::limiter::{Charges, decide_in_layers};
 use crate::local::Charge;
 
-/// (policy, key) of each layer a request passes, inline for the few a request usually has
-/// (no allocation on the request path).
+/// (policy, key) of each layer a request passes, inline for the few a request usually has,
+/// so that listing them allocates nothing.
 type Keyed = smallvec::SmallVec<[(usize, u64); 4]>;
 
 /// The name reported (headers, JSON body, metrics) for a client refused because it matches
