@@ -7,6 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -199,7 +204,7 @@ impl LocalCluster {
     pub async fn wait_healthy(&self, index: usize, limit: Duration) -> Option<Duration> {
         let started = Instant::now();
         let url = format!("http://{}/health", self.nodes[index].http);
-        let client = super::demo::http_client();
+        let client = http_client(1);
         while started.elapsed() < limit {
             if let Ok(uri) = url.parse::<http::Uri>()
                 && let Ok(Ok(response)) =
@@ -245,4 +250,12 @@ impl Drop for LocalCluster {
             }
         }
     }
+}
+
+/// An HTTP/1.1 client for the nodes' HTTP ports: keep-alive, at most `idle` idle
+/// connections per node address.
+pub fn http_client(idle: usize) -> Client<HttpConnector, Empty<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(idle)
+        .build_http()
 }

@@ -20,12 +20,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use clap::Args;
 use http_body_util::Empty;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 
-use super::cluster::LocalCluster;
+use super::cluster::{LocalCluster, http_client};
 
 const API_KEY: &str = "demo-tenant";
 const TICK: Duration = Duration::from_millis(2);
@@ -54,13 +51,6 @@ pub struct DemoArgs {
     /// Where to write the SVG plot.
     #[arg(long, default_value = "ratemesh-demo.svg")]
     plot: PathBuf,
-}
-
-/// The HTTP client of the load generator (keep-alive, one pool per node address).
-pub fn http_client() -> Client<HttpConnector, Empty<Bytes>> {
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(MAX_IN_FLIGHT)
-        .build_http()
 }
 
 /// One request's fate.
@@ -326,7 +316,8 @@ async fn drive(
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::new(Mutex::new(Vec::new()));
     let offered: Arc<Mutex<Vec<(usize, u64)>>> = Arc::new(Mutex::new(Vec::new()));
     let plans = phases(nodes);
-    let client = http_client();
+    // The load generator's client: keep-alive, room for every request in flight.
+    let client = http_client(MAX_IN_FLIGHT);
     let uris: Vec<http::Uri> = cluster
         .nodes
         .iter()

@@ -34,10 +34,7 @@ pub enum CertError {
     },
 }
 
-/// The DNS name a node's certificate carries.
-pub fn node_name(id: NodeId) -> String {
-    format!("node-{id}.ratemesh")
-}
+pub use crate::net::tls::node_name;
 
 /// A CA and the certificates of nodes `1..=nodes`, PEM-encoded.
 #[derive(Debug, Clone)]

@@ -16,7 +16,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 
 use crate::mesh::NodeId;
-use crate::net::certs::node_name;
+
+/// The DNS name a node's certificate carries: `node-<id>.ratemesh`.
+pub fn node_name(id: NodeId) -> String {
+    format!("node-{id}.ratemesh")
+}
 
 /// Why the TLS configuration could not be built.
 #[derive(Debug, thiserror::Error)]
