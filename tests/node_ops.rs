@@ -159,6 +159,50 @@ async fn sigterm_answers_503_on_health_while_still_serving_then_exits_cleanly() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_alive_connections_are_closed_when_the_grace_ends_not_at_the_drain_s_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster(dir.path(), 1);
+    // Timeouts and a drain far longer than the test waits: only the stop signal can close
+    // the idle connection in time.
+    edit_file(&files[0], |text| {
+        with_http_table(
+            &text.replace("drain = \"2s\"", "drain = \"60s\""),
+            "idle_timeout = \"60s\"\n",
+        )
+    });
+    let mut node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let addr = node.http;
+    let idle = tokio::task::spawn_blocking(move || {
+        let mut idle = std::net::TcpStream::connect(addr).unwrap();
+        idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut head = [0u8; 12];
+        idle.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        idle
+    })
+    .await
+    .unwrap();
+    let started = Instant::now();
+    signal(&node, libc::SIGTERM);
+    tokio::task::spawn_blocking(move || {
+        let mut idle = idle;
+        wait_closed(&mut idle, Duration::from_secs(20));
+    })
+    .await
+    .unwrap();
+    let status = exit_of(&mut node, Duration::from_secs(20)).await;
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the drain waited for the idle connection: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_or_a_sigint_ends_the_drain_at_once() {
     let client = client();
     for second in [libc::SIGTERM, libc::SIGINT] {

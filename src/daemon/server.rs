@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -116,9 +116,33 @@ pub(crate) fn raise_open_file_limit() -> Option<u64> {
     }
 }
 
-/// What the watchdog of one connection reads: times in nanoseconds since `epoch`.
+/// The monotonic clock in nanoseconds, read as cheaply as the system allows: on Linux
+/// `CLOCK_MONOTONIC_COARSE` (the kernel tick's resolution, a few milliseconds, and about a
+/// quarter of a precise read's cost), which is plenty for timeouts of seconds and is read
+/// twice a request.
+fn coarse_now_ns() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid timespec for the call to write.
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) } == 0 {
+            let secs = u64::try_from(now.tv_sec).unwrap_or(0);
+            let nanos = u64::try_from(now.tv_nsec).unwrap_or(0);
+            return secs.saturating_mul(1_000_000_000).saturating_add(nanos);
+        }
+    }
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What the watchdog of one connection reads: times in nanoseconds since `epoch`, on the
+/// coarse clock ([`coarse_now_ns`]).
 struct Activity {
-    epoch: Instant,
+    epoch: u64,
     /// Requests dispatched and not yet answered.
     in_flight: AtomicUsize,
     /// Requests answered on this connection.
@@ -134,7 +158,7 @@ struct Activity {
 impl Activity {
     fn new() -> Activity {
         Activity {
-            epoch: Instant::now(),
+            epoch: coarse_now_ns(),
             in_flight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
@@ -144,9 +168,7 @@ impl Activity {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos())
-            .unwrap_or(u64::MAX)
-            .max(1)
+        coarse_now_ns().saturating_sub(self.epoch).max(1)
     }
 
     fn begin(&self) {
@@ -569,14 +591,13 @@ async fn serve_connection(
             None if request.body().is_end_stream() => {
                 Next::Answer(app.call(with_peer(request.map(|_| Body::empty()), &app, peer)))
             }
-            None => Next::Read(Box::new(request)),
+            None => Next::Read(Box::new(request), Arc::clone(&app)),
         };
-        let app = Arc::clone(&app);
         async move {
             let response = match next {
                 Next::Answer(answer) => answer.await,
                 Next::Refused(refusal) => Ok(*refusal),
-                Next::Read(request) => match bounded_body(*request, &limits).await {
+                Next::Read(request, app) => match bounded_body(*request, &limits).await {
                     Ok(request) => app.call(with_peer(request, &app, peer)).await,
                     Err(refusal) => Ok(refusal),
                 },
@@ -595,25 +616,39 @@ async fn serve_connection(
     if draining {
         connection.as_mut().graceful_shutdown();
     }
+    // A second handle on the stop signal, to tell whether it changed without polling it.
+    let probe = stopped.clone();
     loop {
         let wait = match activity.deadline(&limits) {
             None => limits.header_read_timeout,
             Some((at, _)) => Duration::from_nanos(at.saturating_sub(activity.now())),
         };
-        tokio::select! {
-            result = connection.as_mut() => {
+        let event = {
+            let changed = stopped.changed();
+            let timer = tokio::time::sleep(wait);
+            tokio::pin!(changed, timer);
+            tokio::select! {
+                biased;
+                result = connection.as_mut() => Event::Ended(result),
+                changed = Gated::new(changed.as_mut(), |_| probe.has_changed().unwrap_or(true)),
+                    if !draining => Event::Stop(changed.is_err()),
+                () = Gated::new(timer.as_mut(), |timer| timer.is_elapsed()) => Event::Timer,
+            }
+        };
+        match event {
+            Event::Ended(result) => {
                 if let Err(error) = result {
                     tracing::debug!(%error, %peer, "connection ended");
                 }
                 return;
             }
-            changed = stopped.changed(), if !draining => {
-                if changed.is_err() || *stopped.borrow() {
+            Event::Stop(closed) => {
+                if closed || *stopped.borrow() {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
                 }
             }
-            () = tokio::time::sleep(wait) => {
+            Event::Timer => {
                 if let Some((at, reason)) = activity.deadline(&limits)
                     && activity.now() >= at
                 {
@@ -627,13 +662,59 @@ async fn serve_connection(
     }
 }
 
+/// What woke a connection's watch: its end, the node's stop signal (or the signal's sender
+/// gone), or its timer.
+enum Event<E> {
+    Ended(Result<(), E>),
+    Stop(bool),
+    Timer,
+}
+
+/// A future that, once polled, is polled again only when `may_be_ready` says it may be
+/// ready. For a future that keeps the waker of its first poll (a task's waker stays the
+/// same): a connection woken for its socket then skips polling its stop signal (whose poll
+/// takes a lock that every connection shares) and its timer, request after request.
+struct Gated<F, G> {
+    future: F,
+    may_be_ready: G,
+    polled: bool,
+}
+
+impl<F, G: FnMut(&F) -> bool> Gated<F, G> {
+    fn new(future: F, may_be_ready: G) -> Self {
+        Gated {
+            future,
+            may_be_ready,
+            polled: false,
+        }
+    }
+}
+
+impl<F, G> std::future::Future for Gated<F, G>
+where
+    F: std::future::Future + Unpin,
+    G: FnMut(&F) -> bool + Unpin,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        if this.polled && !(this.may_be_ready)(&this.future) {
+            return Poll::Pending;
+        }
+        this.polled = true;
+        Pin::new(&mut this.future).poll(cx)
+    }
+}
+
 /// What a request's service does next: await the app's answer, answer a refusal, or read
 /// the body first.
 enum Next {
     Answer(crate::daemon::AppFuture),
     Refused(Box<Response<Body>>),
-    /// (boxed: the request is large, the answer's future small)
-    Read(Box<Request<Incoming>>),
+    /// (boxed: the request is large, the answer's future small), with the app that answers
+    /// it then
+    Read(Box<Request<Incoming>>, Arc<App>),
 }
 
 /// `request` with the client's address attached, when the app reads it.
