@@ -67,11 +67,17 @@ impl KeyHasher {
     fn hash(&self, domain: Domain, parts: &[&[u8]]) -> u64 {
         let mut hasher = SipHasher13::new_with_key(&self.key);
         hasher.write_u8(domain as u8);
-        for part in parts {
-            hasher.write_usize(part.len());
-            hasher.write(part);
-        }
+        absorb(&mut hasher, parts);
         hasher.finish()
+    }
+
+    /// Hash the first `parts` of keys once (the environment and the identity source, the
+    /// same for most requests), for [`KeyPrefix::key`] to finish with the rest.
+    pub(crate) fn key_prefix(&self, parts: &[&[u8]]) -> KeyPrefix {
+        let mut hasher = SipHasher13::new_with_key(&self.key);
+        hasher.write_u8(Domain::Key as u8);
+        absorb(&mut hasher, parts);
+        KeyPrefix(hasher)
     }
 
     /// Return the key of the counters named by `parts` (e.g. environment, identity source,
@@ -95,12 +101,46 @@ impl KeyHasher {
     }
 }
 
+/// Length-prefix each of `parts` into `hasher`.
+fn absorb(hasher: &mut SipHasher13, parts: &[&[u8]]) {
+    for part in parts {
+        hasher.write_usize(part.len());
+        hasher.write(part);
+    }
+}
+
+/// Keys' first parts, hashed ([`KeyHasher::key_prefix`]).
+#[derive(Clone, Debug)]
+pub(crate) struct KeyPrefix(SipHasher13);
+
+impl KeyPrefix {
+    /// Return the key of the first parts followed by `parts`: what [`KeyHasher::key`] returns
+    /// for all of them, with the first parts' share of the work already done.
+    pub(crate) fn key(&self, parts: &[&[u8]]) -> u64 {
+        let mut hasher = self.0;
+        absorb(&mut hasher, parts);
+        hasher.finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Fixed vectors: nodes of different builds (and Redis keys written by them) must agree,
     /// so a change here is a change of the wire format.
+    #[test]
+    fn a_prefix_finishes_as_the_whole_key() {
+        let hasher = KeyHasher::from_secret("ratemesh-cluster");
+        let prefix = hasher.key_prefix(&[b"prod", b"api_key"]);
+        assert_eq!(prefix.key(&[b"tenant-42"]), KEY_VECTOR);
+        assert_eq!(
+            prefix.key(&[b"tenant-42", b"/upload"]),
+            hasher.key(&[b"prod", b"api_key", b"tenant-42", b"/upload"])
+        );
+        assert_eq!(hasher.key_prefix(&[]).key(&[b"x"]), hasher.key(&[b"x"]));
+    }
+
     #[test]
     fn keys_are_stable_across_processes_and_keyed() {
         let hasher = KeyHasher::from_secret("ratemesh-cluster");

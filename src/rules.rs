@@ -22,8 +22,8 @@ use crate::backend::exact::ExactLimits;
 use crate::backend::mesh::GlobalLimits;
 #[cfg(feature = "redis")]
 use crate::backend::redis::{BackendError, RedisLimits};
-use crate::config::{GatewayConfig, IdentityConfig};
-use crate::ids::KeyHasher;
+use crate::config::{GatewayConfig, IdentityConfig, IdentitySource};
+use crate::ids::{KeyHasher, KeyPrefix};
 use crate::limiter::MAX_POLICIES;
 use compile::{CompiledPolicy, CompiledRoute, Counted, Layers, compile};
 pub use decide::NO_TIER_POLICY;
@@ -132,7 +132,7 @@ pub enum RulesError {
 /// let denied = rules.decide(&facts, now);
 /// assert!(!denied.allowed);
 /// let by = denied.denied_by().unwrap();
-/// assert_eq!(&*by.name, "per_minute");
+/// assert_eq!(by.name, "per_minute");
 /// assert!(by.decision.retry_after_ns > 0); // for `Retry-After`
 /// # Ok(()) }
 /// ```
@@ -143,6 +143,9 @@ pub struct Rules {
     /// `exact` was given by the caller rather than made from the file's `[redis]` section.
     exact_given: bool,
     hasher: KeyHasher,
+    /// The environment and each identity source hashed, for a client's key to finish with
+    /// the identity ([`client_keys_slot`]).
+    client_keys: [KeyPrefix; 4],
     policies: Vec<CompiledPolicy>,
     tiers: BTreeMap<String, Layers>,
     routes: Vec<CompiledRoute>,
@@ -153,6 +156,24 @@ pub struct Rules {
     exact_policies: bool,
     /// Some policy is decided by the mesh (`backend = "mesh"` with a mesh).
     mesh_policies: bool,
+}
+
+/// The identity sources, in the order of [`Rules`]' client key prefixes.
+const CLIENT_KEY_SOURCES: [IdentitySource; 4] = [
+    IdentitySource::User,
+    IdentitySource::ApiKey,
+    IdentitySource::Device,
+    IdentitySource::Ip,
+];
+
+/// Where the key prefix of `source` is among [`CLIENT_KEY_SOURCES`].
+fn client_keys_slot(source: IdentitySource) -> usize {
+    match source {
+        IdentitySource::User => 0,
+        IdentitySource::ApiKey => 1,
+        IdentitySource::Device => 2,
+        IdentitySource::Ip => 3,
+    }
 }
 
 impl std::fmt::Debug for Rules {
@@ -288,6 +309,8 @@ impl Rules {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let client_keys = CLIENT_KEY_SOURCES
+            .map(|source| hasher.key_prefix(&[config.env.as_bytes(), source.name().as_bytes()]));
         let exact_policies = exact.is_some() && !config.redis_policies().is_empty();
         let mesh_policies = mesh.is_some() && !config.mesh_policies().is_empty();
         Ok(Rules {
@@ -298,6 +321,7 @@ impl Rules {
             exact,
             exact_given,
             hasher,
+            client_keys,
             policies: compiled.policies,
             tiers: compiled.tiers,
             routes: compiled.routes,
@@ -331,9 +355,9 @@ impl Rules {
         let cached = self
             .policies
             .get(report.index as usize)
-            .filter(|p| Arc::ptr_eq(&p.name, &report.name))
+            .filter(|p| std::ptr::eq(p.name, report.name))
             .map(|p| &p.counters);
-        compile::count(cached, &report.name, counted);
+        compile::count(cached, report.name, counted);
     }
 
     /// Return a short, secret-free label of `identity` for logs: `api_key:9f2c41d07ab3e6f1`.

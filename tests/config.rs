@@ -195,7 +195,7 @@ fn a_reload_keeps_the_counters_of_unchanged_policies_only() {
     assert!(!after.shares_counters_with(&before, "daily"));
     let outcome = after.decide(&facts(&alice, &get), clock.now_ns());
     assert!(!outcome.allowed, "alice's spent burst survived the reload");
-    assert_eq!(&*outcome.denied_by().unwrap().name, "burst");
+    assert_eq!(outcome.denied_by().unwrap().name, "burst");
 
     // A broken file is refused and the rules in force stay.
     let dir = std::env::temp_dir().join(format!("ratemesh-reload-{}", std::process::id()));
@@ -230,7 +230,7 @@ fn a_daily_quota_resets_at_midnight_in_its_time_zone() {
     }
     let denied = decide(evening);
     assert!(!denied.allowed);
-    assert_eq!(&*denied.denied_by().unwrap().name, "daily");
+    assert_eq!(denied.denied_by().unwrap().name, "daily");
     assert_eq!(denied.denied_by().unwrap().decision.retry_after_ns, HOUR);
     // 15:00 UTC is midnight in Tokyo: a new day, hours before midnight UTC.
     assert!(decide(evening + HOUR).allowed);

@@ -354,7 +354,7 @@ async fn a_denial_hook_shapes_the_response_and_keeps_the_fields() {
     let layer = layer_at(config(""), &clock).on_denied(|outcome| {
         let mut response = Response::new(axum::body::Body::from(format!(
             "slow down ({})",
-            outcome.denied_by().map_or("?", |r| &*r.name)
+            outcome.denied_by().map_or("?", |r| r.name)
         )));
         *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
         response

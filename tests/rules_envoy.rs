@@ -145,7 +145,7 @@ fn statuses_carry_the_limit_what_is_left_and_the_time_to_the_window_end() {
     let first = decide(&rules, "edge", &[query(&[("remote_address", "a")], 1)]);
     let status = &first.statuses[0];
     let limit = status.limit.as_ref().unwrap();
-    assert_eq!(&*limit.name, "edge/remote_address");
+    assert_eq!(limit.name, "edge/remote_address");
     assert_eq!(limit.requests_per_unit, 2);
     assert_eq!(
         limit.unit.map(|u| u.name()),
@@ -161,7 +161,7 @@ fn statuses_carry_the_limit_what_is_left_and_the_time_to_the_window_end() {
     assert_eq!(over.statuses[0].remaining, 0);
     assert_eq!(over.statuses[0].reset_after_ns, Some(45_000_000_000));
     assert_eq!(
-        over.outcome.denied_by().unwrap().name.as_ref(),
+        over.outcome.denied_by().unwrap().name,
         "edge/remote_address"
     );
     // A token bucket of the file: its burst, and an hour's unit is its refill time (3 h).

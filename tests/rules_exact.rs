@@ -177,7 +177,7 @@ async fn an_exact_denial_gives_back_the_local_charges() {
         assert!(!outcome.allowed);
         let denial = outcome.denied_by().unwrap();
         assert_eq!(
-            (&*denial.name, denial.decision.verdict),
+            (denial.name, denial.decision.verdict),
             ("money", Verdict::Denied)
         );
         assert_eq!(local_left(&outcome), 2, "charged before the exact denial");
@@ -198,7 +198,7 @@ async fn failing_closed_refuses_as_unavailable_and_leaves_no_charge() {
     for _ in 0..3 {
         let outcome = decide(&rules, "api", "/").await;
         assert!(!outcome.allowed);
-        assert_eq!(outcome.backend_unavailable.as_deref(), Some("money"));
+        assert_eq!(outcome.backend_unavailable, Some("money"));
         assert_eq!(outcome.enforced.len(), 1, "the local layer only");
         assert_eq!(
             local_left(&outcome),

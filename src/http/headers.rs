@@ -30,7 +30,7 @@ fn list<'a>(
     reports: impl Iterator<Item = &'a PolicyReport> + Clone,
     params: impl Fn(&PolicyReport) -> [(&'static str, u64); 2] + Clone,
 ) -> Option<HeaderValue> {
-    crate::http::sf::item_list(reports.map(move |r| (&*r.sf_name, params(r))))
+    crate::http::sf::item_list(reports.map(move |r| (r.sf_name, params(r))))
 }
 
 /// The policy that speaks for the response: the one that denied, else the one with the
@@ -96,7 +96,7 @@ pub(crate) fn denial_body(outcome: &Outcome) -> String {
     if denial.decision.verdict == crate::Verdict::CannotFit {
         return serde_json::json!({
             "error": "cost_exceeds_limit",
-            "policy": &*denial.name,
+            "policy": denial.name,
             "cost": outcome.cost,
             "limit": denial.decision.limit,
         })
@@ -104,7 +104,7 @@ pub(crate) fn denial_body(outcome: &Outcome) -> String {
     }
     serde_json::json!({
         "error": "rate_limited",
-        "policy": &*denial.name,
+        "policy": denial.name,
         "retry_after_seconds": ceil_seconds(denial.decision.retry_after_ns).max(1),
     })
     .to_string()
@@ -113,7 +113,7 @@ pub(crate) fn denial_body(outcome: &Outcome) -> String {
 /// The JSON body of a 503 when a fail-closed backend is down: the limit could not be checked,
 /// which is the service's fault, not the client's.
 pub(crate) fn unavailable_body(outcome: &Outcome) -> String {
-    let policy = outcome.backend_unavailable.as_deref().unwrap_or("");
+    let policy = outcome.backend_unavailable.unwrap_or("");
     serde_json::json!({
         "error": "temporary-reduced-capacity",
         "detail": format!("the rate-limit backend of policy `{policy}` is unavailable"),

@@ -29,8 +29,8 @@ pub(super) enum Remote {
 
 pub(super) struct CompiledPolicy {
     pub(super) named: NamedPolicy,
-    pub(super) name: Arc<str>,
-    pub(super) sf_name: Arc<str>,
+    pub(super) name: &'static str,
+    pub(super) sf_name: &'static str,
     /// This node's counters: the policy itself when local, the fail-open fallback when exact.
     pub(super) store: Arc<Store<u64>>,
     /// Where the policy is decided when not by `store` alone.
@@ -65,16 +65,33 @@ impl Counted {
     }
 }
 
+/// `name`, kept for the life of the process: the names of policies and routes (and their
+/// `RateLimit-Policy` items), so that a decision's report copies a `&'static str` instead
+/// of writing an `Arc`'s count, a cache line that every HTTP thread would take in turn.
+/// Each distinct text is kept once, however often the file is reloaded: what is kept grows
+/// only with the names the operator writes.
+pub(super) fn intern(name: &str) -> &'static str {
+    static KEPT: OnceLock<std::sync::Mutex<std::collections::HashSet<&'static str>>> =
+        OnceLock::new();
+    let mut kept = KEPT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&known) = kept.get(name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(Box::from(name));
+    kept.insert(leaked);
+    leaked
+}
+
 /// Count one decision of the policy named `name` as `counted`, through `cached` when given.
 pub(super) fn count(
     cached: Option<&[OnceLock<metrics::Counter>; 3]>,
-    name: &Arc<str>,
+    name: &'static str,
     counted: Counted,
 ) {
-    let register = || {
-        let policy = metrics::SharedString::from_shared(Arc::clone(name));
-        metrics::counter!("ratemesh_decisions_total", "policy" => policy, "outcome" => counted.label())
-    };
+    let register = || metrics::counter!("ratemesh_decisions_total", "policy" => name, "outcome" => counted.label());
     match cached {
         Some(counters) => counters[counted as usize]
             .get_or_init(register)
@@ -102,7 +119,11 @@ impl CompiledPolicy {
         let window_s = self.named.policy.window_ns().div_ceil(1_000_000_000);
         let field = || {
             let item = [("q", decision.limit), ("w", window_s)];
-            crate::http::sf::item_list(std::iter::once((&*self.sf_name, item)))
+            let value = crate::http::sf::item_list(std::iter::once((self.sf_name, item)))?;
+            // Kept like the name: a report's copy of it writes no count shared by threads.
+            let kept = intern(value.to_str().ok()?);
+            http::HeaderValue::from_maybe_shared(bytes::Bytes::from_static(kept.as_bytes()))
+                .ok()
                 .map(|value| (decision.limit, value))
         };
         let policy_field = match self.policy_field.get() {
@@ -110,8 +131,8 @@ impl CompiledPolicy {
             None => field().map(|made| self.policy_field.get_or_init(|| made)),
         };
         PolicyReport {
-            name: Arc::clone(&self.name),
-            sf_name: Arc::clone(&self.sf_name),
+            name: self.name,
+            sf_name: self.sf_name,
             decision,
             window_s,
             shadow: self.named.shadow,
@@ -137,7 +158,7 @@ pub(super) struct Layers {
 }
 
 pub(super) struct CompiledRoute {
-    pub(super) name: Arc<str>,
+    pub(super) name: &'static str,
     method: Option<Method>,
     path_prefix: String,
     pub(super) cost: u64,
@@ -198,8 +219,8 @@ pub(super) fn compile(
             };
             CompiledPolicy {
                 named: named.clone(),
-                name: Arc::from(named.name.as_str()),
-                sf_name: Arc::from(crate::http::sf::sf_string(&named.name)),
+                name: intern(&named.name),
+                sf_name: intern(&crate::http::sf::sf_string(&named.name)),
                 store: kept.unwrap_or_else(|| Arc::new(Store::new(named.policy, DEFAULT_MAX_KEYS))),
                 remote,
                 index: index as u32,
@@ -218,7 +239,7 @@ pub(super) fn compile(
         .routes
         .iter()
         .map(|route| CompiledRoute {
-            name: Arc::from(route.name.as_str()),
+            name: intern(&route.name),
             method: route.method.clone(),
             path_prefix: route.path_prefix.clone(),
             cost: route.cost,

@@ -3,8 +3,6 @@
 //! any denial, give the local charges back. One path for every kind of policy, and one place
 //! that refunds ([`Passage::refund`], through the same [`Charges`] as a local denial).
 
-use std::sync::Arc;
-
 use super::Rules;
 use super::compile::{CompiledRoute, Layers, Remote};
 use super::request::{Outcome, PolicyReport, RequestFacts};
@@ -22,6 +20,9 @@ type Keyed = smallvec::SmallVec<[(usize, u64); 4]>;
 /// The name reported (headers, JSON body, metrics) for a client refused because it matches
 /// no tier and the file says `no_tier = "refuse"`.
 pub const NO_TIER_POLICY: &str = "no_tier";
+
+/// [`NO_TIER_POLICY`] as a structured-field string.
+const NO_TIER_SF_NAME: &str = "\"no_tier\"";
 
 /// How long a request that the mesh cannot decide at once is denied for, when the rules
 /// decide without waiting.
@@ -54,7 +55,7 @@ struct Passage<'r> {
     /// The tightest admission so far, or the denial.
     decision: Decision,
     /// A `redis` policy that fails closed could not be decided.
-    unavailable: Option<Arc<str>>,
+    unavailable: Option<&'static str>,
 }
 
 impl<'r> Passage<'r> {
@@ -129,7 +130,7 @@ impl<'r> Passage<'r> {
             .plan
             .route
             .filter(|r| r.layers.exact.contains(&p))
-            .map(|r| &*r.name);
+            .map(|r| r.name);
         Some((p, key, exact.decide(number, key, route, self.plan.cost)))
     }
 
@@ -147,12 +148,12 @@ impl<'r> Passage<'r> {
         let policy = &self.rules.policies[p];
         let (cost, at) = (self.plan.cost, policy.local_now(self.now));
         let fallback = || policy.store.decide(&key, at, cost);
-        match fail_over(&policy.name, policy.named.fail_mode, answer, fallback) {
+        match fail_over(policy.name, policy.named.fail_mode, answer, fallback) {
             ExactDecision::Exact(decision) | ExactDecision::Fallback(decision) => {
                 self.settle(p, decision)
             }
             ExactDecision::Unavailable => {
-                self.unavailable = Some(Arc::clone(&policy.name));
+                self.unavailable = Some(policy.name);
                 self.refund();
             }
         }
@@ -189,12 +190,13 @@ impl Rules {
             .find(|r| r.matches(facts.method, facts.path));
         let cost = route.map_or(1, |r| r.cost);
         let tier = self.tier_of(facts);
-        let env = self.config.env.as_bytes();
-        let source = facts.identity.source.name().as_bytes();
+        // The key of (environment, source, identity[, route]), its first two parts hashed
+        // when the rules were made.
+        let prefix = &self.client_keys[super::client_keys_slot(facts.identity.source)];
         let value = facts.identity.value.as_bytes();
-        let client_key = self.hasher.key(&[env, source, value]);
+        let client_key = prefix.key(&[value]);
         let route_key = route
-            .map(|r| self.hasher.key(&[env, source, value, r.name.as_bytes()]))
+            .map(|r| prefix.key(&[value, r.name.as_bytes()]))
             .unwrap_or(client_key);
         // (policy index, key) of each layer: the tier's under the client's key, then the
         // route's under the client's and the route's.
@@ -269,7 +271,7 @@ impl Rules {
         Outcome {
             allowed,
             cost: plan.cost,
-            route: plan.route.map(|r| Arc::clone(&r.name)),
+            route: plan.route.map(|r| r.name),
             enforced,
             shadow: if allowed {
                 self.count_shadow(plan, now)
@@ -285,8 +287,8 @@ impl Rules {
     /// [`NO_TIER_POLICY`], a limit of zero that no retry can meet (nothing is charged).
     fn refused(&self, plan: &Plan<'_>) -> Outcome {
         let report = PolicyReport {
-            name: Arc::from(NO_TIER_POLICY),
-            sf_name: Arc::from(crate::http::sf::sf_string(NO_TIER_POLICY)),
+            name: NO_TIER_POLICY,
+            sf_name: NO_TIER_SF_NAME,
             decision: Decision::cannot_fit(0),
             window_s: 0,
             shadow: false,
@@ -335,5 +337,37 @@ impl Rules {
             passage.settle_exact(p, key, answer);
         }
         passage.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_s_key_is_the_hash_of_its_environment_source_and_identity() {
+        use crate::config::GatewayConfig;
+        let config = GatewayConfig::from_toml_str(
+            "env = \"prod\"\nkey_secret = \"s\"\ndefault_tier = \"t\"\n[policies.p]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1m\"\n\
+             [tiers.t]\npolicies = [\"p\"]\n",
+            "test.toml",
+        )
+        .unwrap();
+        let rules = Rules::new(config).unwrap();
+        for source in super::super::CLIENT_KEY_SOURCES {
+            let slot = super::super::client_keys_slot(source);
+            assert_eq!(super::super::CLIENT_KEY_SOURCES[slot], source);
+            assert_eq!(
+                rules.client_keys[slot].key(&[b"k-1"]),
+                rules
+                    .hasher
+                    .key(&[b"prod", source.name().as_bytes(), b"k-1"])
+            );
+        }
+    }
+
+    #[test]
+    fn the_no_tier_name_is_serialized_as_a_string() {
+        assert_eq!(NO_TIER_SF_NAME, crate::http::sf::sf_string(NO_TIER_POLICY));
     }
 }

@@ -18,8 +18,6 @@
 
 mod matcher;
 
-use std::sync::Arc;
-
 use super::Rules;
 use super::compile::Remote;
 use super::request::{Outcome, PolicyReport};
@@ -121,7 +119,7 @@ struct Run<'r> {
     admitted: Vec<PolicyReport>,
     denied: Vec<PolicyReport>,
     shadow_reports: Vec<PolicyReport>,
-    unavailable: Option<Arc<str>>,
+    unavailable: Option<&'static str>,
 }
 
 impl Rules {
@@ -350,7 +348,7 @@ impl<'r> Run<'r> {
             let answer = exact.decide(number, pending.key, None, pending.cost).await;
             let at = policy.local_now(self.now);
             let fallback = || policy.store.decide(&pending.key, at, pending.cost);
-            match fail_over(&policy.name, policy.named.fail_mode, answer, fallback) {
+            match fail_over(policy.name, policy.named.fail_mode, answer, fallback) {
                 ExactDecision::Exact(decision) | ExactDecision::Fallback(decision) => {
                     self.settle(pending, decision);
                     if !decision.is_allowed() {
@@ -358,7 +356,7 @@ impl<'r> Run<'r> {
                     }
                 }
                 ExactDecision::Unavailable => {
-                    self.unavailable = Some(Arc::clone(&policy.name));
+                    self.unavailable = Some(policy.name);
                     self.refund();
                 }
             }

@@ -1,8 +1,6 @@
 //! What a request brings to the rules (who asks, for what) and what it takes away (the
 //! outcome, with each policy's part for the response headers).
 
-use std::sync::Arc;
-
 use http::Method;
 
 use crate::clock::Nanos;
@@ -63,10 +61,11 @@ pub struct RequestFacts<'a> {
 /// One policy's part in a decision, for the response headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyReport {
-    /// The policy's name.
-    pub name: Arc<str>,
+    /// The policy's name (kept for the life of the process, so that a report copies it
+    /// without writing a count that every thread shares).
+    pub name: &'static str,
     /// The name serialized as a structured-field string (with its quotes).
-    pub sf_name: Arc<str>,
+    pub sf_name: &'static str,
     /// Its decision.
     pub decision: Decision,
     /// Its window in whole seconds (a bucket's time to refill from empty), for `w=`.
@@ -88,7 +87,7 @@ pub struct Outcome {
     /// The request's cost in tokens.
     pub cost: u64,
     /// The matched route, if any.
-    pub route: Option<Arc<str>>,
+    pub route: Option<&'static str>,
     /// The enforced policies that were checked, in order; on a denial, the last is the one
     /// that denied.
     pub enforced: Vec<PolicyReport>,
@@ -98,7 +97,7 @@ pub struct Outcome {
     pub delay_ns: Nanos,
     /// A `redis` policy that fails closed could not reach Redis: the request is refused
     /// because the backend failed, not the client (answer 503, not 429).
-    pub backend_unavailable: Option<Arc<str>>,
+    pub backend_unavailable: Option<&'static str>,
 }
 
 impl Outcome {

@@ -7,7 +7,6 @@
 //! limit, or goes deeper than the tree, matches nothing.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use crate::config::{DescriptorLimit, EnvoyConfig, EnvoyDescriptor, RateLimitUnit};
 use crate::rules::compile::CompiledPolicy;
@@ -34,7 +33,7 @@ pub(in crate::rules) enum Target {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CurrentLimit {
     /// The policy's name.
-    pub name: Arc<str>,
+    pub name: &'static str,
     /// Requests per unit: the policy's capacity (the limit of a window, a bucket's burst).
     pub requests_per_unit: u64,
     /// The unit: the one written, or the one as long as the policy's window (a bucket's time
@@ -146,7 +145,7 @@ fn target(limit: &DescriptorLimit, policies: &[CompiledPolicy]) -> Target {
                 index,
                 shadow: *shadow,
                 limit: CurrentLimit {
-                    name: Arc::clone(&policies[index].name),
+                    name: policies[index].name,
                     requests_per_unit: policy.capacity(),
                     unit: unit.or_else(|| RateLimitUnit::of_window(policy.window_ns())),
                 },
