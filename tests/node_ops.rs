@@ -176,11 +176,7 @@ async fn kept_alive_connections_are_closed_when_the_grace_ends_not_at_the_drain_
     let addr = node.http;
     let idle = tokio::task::spawn_blocking(move || {
         let mut idle = std::net::TcpStream::connect(addr).unwrap();
-        idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut head = [0u8; 12];
-        idle.read_exact(&mut head).unwrap();
-        assert_eq!(&head, b"HTTP/1.1 200");
+        assert_eq!(get_health(&mut idle), 200);
         idle
     })
     .await
