@@ -73,6 +73,7 @@ impl KeyHasher {
 
     /// Hash the first `parts` of keys once (the environment and the identity source, the
     /// same for most requests), for [`KeyPrefix::key`] to finish with the rest.
+    #[cfg(feature = "http")]
     pub(crate) fn key_prefix(&self, parts: &[&[u8]]) -> KeyPrefix {
         let mut hasher = SipHasher13::new_with_key(&self.key);
         hasher.write_u8(Domain::Key as u8);
@@ -110,9 +111,19 @@ fn absorb(hasher: &mut SipHasher13, parts: &[&[u8]]) {
 }
 
 /// Keys' first parts, hashed ([`KeyHasher::key_prefix`]).
-#[derive(Clone, Debug)]
+#[cfg(feature = "http")]
+#[derive(Clone)]
 pub(crate) struct KeyPrefix(SipHasher13);
 
+#[cfg(feature = "http")]
+impl std::fmt::Debug for KeyPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The hasher's state holds the secret key.
+        f.write_str("KeyPrefix(<secret>)")
+    }
+}
+
+#[cfg(feature = "http")]
 impl KeyPrefix {
     /// Return the key of the first parts followed by `parts`: what [`KeyHasher::key`] returns
     /// for all of them, with the first parts' share of the work already done.
@@ -130,6 +141,7 @@ mod tests {
     /// Fixed vectors: nodes of different builds (and Redis keys written by them) must agree,
     /// so a change here is a change of the wire format.
     #[test]
+    #[cfg(feature = "http")]
     fn a_prefix_finishes_as_the_whole_key() {
         let hasher = KeyHasher::from_secret("ratemesh-cluster");
         let prefix = hasher.key_prefix(&[b"prod", b"api_key"]);
