@@ -19,6 +19,7 @@
 //! SIGTERM, or a SIGINT (Ctrl-C) at any time, skips what is left of the grace and the drain
 //! (the keys are still handed over).
 
+mod activity;
 pub(crate) mod config;
 mod envoy_rls;
 mod forward_auth;
