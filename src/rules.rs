@@ -21,7 +21,9 @@ use std::sync::Arc;
 use crate::backend::exact::ExactLimits;
 use crate::backend::mesh::GlobalLimits;
 #[cfg(feature = "redis")]
-use crate::backend::redis::{BackendError, RedisLimits};
+use crate::backend::redis::BackendError;
+#[cfg(feature = "redis")]
+use crate::backend::redis_limits::RedisLimits;
 use crate::config::{GatewayConfig, IdentityConfig, IdentitySource};
 use crate::ids::{KeyHasher, KeyPrefix};
 use crate::limiter::MAX_POLICIES;

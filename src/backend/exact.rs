@@ -3,7 +3,7 @@
 //!
 //! [`ExactLimits`] is the seam through which [`crate::rules::Rules`] asks it, as
 //! [`GlobalLimits`](super::mesh::GlobalLimits) is the mesh's: the Redis backend
-//! ([`crate::backend::redis::RedisLimits`]) implements it, and so can a test double.
+//! ([`crate::backend::redis_limits::RedisLimits`]) implements it, and so can a test double.
 //! [`fail_over`] is the one place a failure meets its policy's fail mode, for the rules and
 //! for [`crate::backend::redis::ExactLimiter`] alike.
 

@@ -6,7 +6,7 @@
 //! [`exact`] ([`exact::ExactLimits`]) is a limit kept exactly in one remote store, with a
 //! fail mode per policy. [`redis`] is that store: one atomic Lua script per decision, time
 //! from Redis's own clock, for low-volume money paths; [`token_cache`] spares it calls for
-//! hot keys.
+//! hot keys; [`redis_limits`] is a policy file's `redis` policies on it.
 
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
@@ -15,6 +15,9 @@ pub mod mesh;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis_limits;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod token_cache;

@@ -6,9 +6,9 @@
 //! braces are a Redis Cluster hash tag, so every key of one client's decisions lives in one
 //! slot (no CROSSSLOT), and the identity inside them is already a keyed hash (no secret).
 //!
-//! [`RedisLimits`] is a policy file's `redis` policies on one deployment, the
-//! [`ExactLimits`] that the rules ask; [`ExactLimiter`] is one policy with its fail mode, for
-//! callers without a policy file.
+//! [`ExactLimiter`] is one policy with its fail mode, for callers without a policy file; a
+//! policy file's `redis` policies on one deployment are
+//! [`RedisLimits`](crate::backend::redis_limits::RedisLimits).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,10 +16,8 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
-use crate::backend::exact::{ExactError, ExactFuture, ExactLimits, fail_over};
-use crate::backend::token_cache::TokenCache;
+use crate::backend::exact::fail_over;
 use crate::clock::Nanos;
-use crate::config::GatewayConfig;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
 
@@ -370,98 +368,6 @@ impl ExactLimiter {
         let name = self.redis.policy().algorithm().name();
         fail_over(name, self.fail_mode, answer, || {
             self.fallback.check(key, cost)
-        })
-    }
-}
-
-/// One `redis` policy of a file: its script, and its token cache if the file asks for one.
-struct RedisPolicy {
-    name: String,
-    limiter: RedisLimiter,
-    cache: Option<TokenCache>,
-}
-
-/// The `redis` policies of a policy file on the deployment its `[redis]` section names: what
-/// [`crate::rules::Rules`] asks through [`ExactLimits`] (fail modes are the rules' part).
-pub struct RedisLimits {
-    env: String,
-    /// In the order of [`GatewayConfig::redis_policies`].
-    policies: Vec<RedisPolicy>,
-}
-
-impl std::fmt::Debug for RedisLimits {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisLimits")
-            .field(
-                "policies",
-                &self.policies.iter().map(|p| &p.name).collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-impl RedisLimits {
-    /// Prepare the `redis` policies of `config` (connecting lazily, inside a tokio runtime);
-    /// `None` if the file has no `[redis]` section.
-    pub fn from_config(config: &GatewayConfig) -> Result<Option<Self>, BackendError> {
-        let Some(redis) = &config.redis else {
-            return Ok(None);
-        };
-        let connection = RedisConnection::from_config(redis)?;
-        let policies = config
-            .redis_policies()
-            .into_iter()
-            .map(|named| {
-                let limiter = RedisLimiter::new(connection.clone(), named.policy)?;
-                let cache = match named.token_cache {
-                    Some(cache) => Some(TokenCache::new(limiter.clone(), cache.batch, cache.ttl)?),
-                    None => None,
-                };
-                Ok(RedisPolicy {
-                    name: named.name.clone(),
-                    limiter,
-                    cache,
-                })
-            })
-            .collect::<Result<_, BackendError>>()?;
-        Ok(Some(RedisLimits {
-            env: config.env.clone(),
-            policies,
-        }))
-    }
-
-    async fn check(
-        &self,
-        policy: u32,
-        key: u64,
-        route: Option<&str>,
-        cost: u64,
-    ) -> Result<Decision, BackendError> {
-        let named = usize::try_from(policy)
-            .ok()
-            .and_then(|p| self.policies.get(p))
-            .ok_or(BackendError::UnknownPolicy(policy))?;
-        let identity = format!("{key:016x}");
-        let rkey = redis_key(&self.env, &named.name, &identity, route);
-        match &named.cache {
-            Some(cache) => cache.check(&rkey, cost).await,
-            None => named.limiter.check(&rkey, cost).await,
-        }
-    }
-}
-
-impl ExactLimits for RedisLimits {
-    fn decide<'a>(
-        &'a self,
-        policy: u32,
-        key: u64,
-        route: Option<&'a str>,
-        cost: u64,
-    ) -> ExactFuture<'a> {
-        Box::pin(async move {
-            self.check(policy, key, route, cost)
-                .await
-                .map_err(ExactError::new)
         })
     }
 }

@@ -1,0 +1,101 @@
+//! A policy file's `redis` policies on the deployment its `[redis]` section names, each with
+//! its script and, when the file asks for one, its token cache: the [`ExactLimits`] that
+//! [`crate::rules::Rules`] asks (fail modes are the rules' part).
+
+use crate::backend::exact::{ExactError, ExactFuture, ExactLimits};
+use crate::backend::redis::{BackendError, RedisConnection, RedisLimiter, redis_key};
+use crate::backend::token_cache::TokenCache;
+use crate::config::GatewayConfig;
+use crate::decision::Decision;
+
+/// One `redis` policy of a file: its script, and its token cache if the file asks for one.
+struct RedisPolicy {
+    name: String,
+    limiter: RedisLimiter,
+    cache: Option<TokenCache>,
+}
+
+/// The `redis` policies of a policy file on the deployment its `[redis]` section names: what
+/// [`crate::rules::Rules`] asks through [`ExactLimits`] (fail modes are the rules' part).
+pub struct RedisLimits {
+    env: String,
+    /// In the order of [`GatewayConfig::redis_policies`].
+    policies: Vec<RedisPolicy>,
+}
+
+impl std::fmt::Debug for RedisLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimits")
+            .field(
+                "policies",
+                &self.policies.iter().map(|p| &p.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl RedisLimits {
+    /// Prepare the `redis` policies of `config` (connecting lazily, inside a tokio runtime);
+    /// `None` if the file has no `[redis]` section.
+    pub fn from_config(config: &GatewayConfig) -> Result<Option<Self>, BackendError> {
+        let Some(redis) = &config.redis else {
+            return Ok(None);
+        };
+        let connection = RedisConnection::from_config(redis)?;
+        let policies = config
+            .redis_policies()
+            .into_iter()
+            .map(|named| {
+                let limiter = RedisLimiter::new(connection.clone(), named.policy)?;
+                let cache = match named.token_cache {
+                    Some(cache) => Some(TokenCache::new(limiter.clone(), cache.batch, cache.ttl)?),
+                    None => None,
+                };
+                Ok(RedisPolicy {
+                    name: named.name.clone(),
+                    limiter,
+                    cache,
+                })
+            })
+            .collect::<Result<_, BackendError>>()?;
+        Ok(Some(RedisLimits {
+            env: config.env.clone(),
+            policies,
+        }))
+    }
+
+    async fn check(
+        &self,
+        policy: u32,
+        key: u64,
+        route: Option<&str>,
+        cost: u64,
+    ) -> Result<Decision, BackendError> {
+        let named = usize::try_from(policy)
+            .ok()
+            .and_then(|p| self.policies.get(p))
+            .ok_or(BackendError::UnknownPolicy(policy))?;
+        let identity = format!("{key:016x}");
+        let rkey = redis_key(&self.env, &named.name, &identity, route);
+        match &named.cache {
+            Some(cache) => cache.check(&rkey, cost).await,
+            None => named.limiter.check(&rkey, cost).await,
+        }
+    }
+}
+
+impl ExactLimits for RedisLimits {
+    fn decide<'a>(
+        &'a self,
+        policy: u32,
+        key: u64,
+        route: Option<&'a str>,
+        cost: u64,
+    ) -> ExactFuture<'a> {
+        Box::pin(async move {
+            self.check(policy, key, route, cost)
+                .await
+                .map_err(ExactError::new)
+        })
+    }
+}
