@@ -11,8 +11,13 @@ use std::hash::{BuildHasher, Hasher};
 use siphasher::sip::SipHasher13;
 use siphasher::sip128::SipHasher13 as SipHasher13x128;
 
-/// A node's identity in the cluster (from its certificate in the QUIC driver).
+/// A node's identity in the cluster (from its certificate in the QUIC driver): 1 to
+/// [`MAX_NODE_ID`].
 pub type NodeId = u64;
+
+/// The largest node id (2^63 − 1): the mesh names the records of departed holders with the
+/// ids above.
+pub const MAX_NODE_ID: NodeId = (1 << 63) - 1;
 
 /// What a hash is for: the same parts hash differently for each use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratemesh::Policy;
-use ratemesh::sim::{self, Crash, Partition, SimConfig, SimReport, Traffic};
+use ratemesh::sim::{self, Crash, Drain, Partition, SimConfig, SimReport, Traffic};
 
 fn policy(algorithm: u8, limit: u64, window_ms: u64) -> Policy {
     let window = Duration::from_millis(window_ms);
@@ -74,9 +74,13 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
         }
         _ => 1.0 / config.keys as f64,
     };
+    // Drains and starts are ordinary: nothing changes for them. (With clocks further apart
+    // than a twentieth of a window, not measurable: a key's windows follow its first owner's
+    // clock, and after a drain another's clock may run them, apart from the oracle's.)
     if config.loss == 0.0
         && config.partition.is_none()
         && config.crashes.is_empty()
+        && (config.drains.is_empty() || 20 * config.skew_ns < config.policy.window_ns())
         && config.gossip_budget_bytes_per_s
             == SimConfig::new(config.policy).gossip_budget_bytes_per_s
         && config.demand * top_share * (config.keys as f64) <= 1.0
@@ -84,6 +88,49 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
         prop_assert!(
             report.false_denials_with_room == 0,
             "denied with room in {:?}: {:?}",
+            config,
+            report
+        );
+    }
+    // Once drains and starts, or a crash, are over, what the cluster still admits for a key
+    // is what one central limiter that admitted what it admitted would have: within 1% of
+    // the limit, and a crash may lose what the crashed node's lease held. Measured where
+    // every key's demand exhausts its windows (a denial before that says nothing of the
+    // budget), without loss (a late answer at a window's end looks like lost budget: those
+    // are left to the false-denial checks), with clocks within a twentieth of a window of
+    // each other (further apart, the oracle's windows and the cluster's part far enough that
+    // a window's last decision is not the budget's), and where the cluster can grant in the
+    // end: the nodes down at the end leave a majority of the members standing (a clean
+    // leave lowers the count of members). A healed partition's budget has tests of its own
+    // (`tests/node_membership.rs`, and the partition tests below).
+    let exhausting = config.demand >= 1.2 && !matches!(config.traffic, Traffic::Zipf { .. });
+    let left = config
+        .drains
+        .iter()
+        .filter(|d| d.restart_ns.is_none())
+        .count();
+    let back_in_time =
+        |restart: Option<u64>| restart.is_some_and(|r| r + 1_000_000_000 < config.duration_ns);
+    let down = config
+        .crashes
+        .iter()
+        .filter(|c| !back_in_time(c.restart_ns))
+        .count();
+    let members = config.nodes - left;
+    let majority_up = members > down && members - down > members / 2;
+    let close_clocks = 20 * config.skew_ns < config.policy.window_ns();
+    if config.partition.is_none()
+        && (config.drains.is_empty() || config.crashes.is_empty())
+        && close_clocks
+        && exhausting
+        && majority_up
+        && config.loss == 0.0
+    {
+        prop_assert!(
+            report.budget_lost <= 0.01 + report.crash_loss + 1e-9,
+            "budget lost {} (crash loss {}) in {:?}: {:?}",
+            report.budget_lost,
+            report.crash_loss,
             config,
             report
         );
@@ -107,7 +154,9 @@ proptest! {
     // longer hunt over random ones.
     #![proptest_config(ProptestConfig {
         cases: std::env::var("RATEMESH_SIM_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
-        rng_seed: if std::env::var("RATEMESH_SIM_CASES").is_ok() {
+        rng_seed: if let Some(seed) = std::env::var("RATEMESH_SIM_SEED").ok().and_then(|v| v.parse().ok()) {
+            proptest::test_runner::RngSeed::Fixed(seed)
+        } else if std::env::var("RATEMESH_SIM_CASES").is_ok() {
             proptest::test_runner::RngSeed::Random
         } else {
             proptest::test_runner::RngSeed::Fixed(20_261_201)
@@ -138,6 +187,7 @@ proptest! {
         window_ms in 200u64..=1000,
         partition in prop::option::weighted(0.2, (0.3f64..1.5, 0.2f64..1.5, 1usize..=2)),
         crash in prop::option::weighted(0.2, (0.2f64..2.0, prop::option::of(0.05f64..1.5))),
+        drain in prop::option::weighted(0.3, (0.2f64..2.0, prop::option::of(0.05f64..1.0), 0usize..3)),
         budget in prop::option::weighted(0.2, 10_000u64..=300_000),
         first_credit in prop::sample::select(vec![0u64, 0, 1, 2]),
         seed in any::<u64>(),
@@ -172,7 +222,22 @@ proptest! {
                 minority: minority.min(nodes - 1),
             });
         }
-        if let Some((at, down)) = crash {
+        if let Some((at, down, rank)) = drain {
+            // The first key's owner, its successor, or the node after.
+            let node = sim::ranked(nodes, 0)[rank.min(nodes - 1)];
+            c.drains.push(Drain {
+                node,
+                at_ns: (at * 1e9) as u64,
+                restart_ns: down.map(|d| ((at + d) * 1e9) as u64 + sim::DRAIN_STOP_NS),
+            });
+        }
+        // A crash or a partition while a node drains or is away after a drain is a double
+        // fault the declared bound does not cover yet (a key's owner and the node that
+        // would take it over both gone at once): drains get schedules of their own.
+        if drain.is_some() {
+            c.partition = None;
+        }
+        if let Some((at, down)) = crash.filter(|_| drain.is_none()) {
             c.crashes.push(Crash {
                 node: (seed % nodes as u64) as usize,
                 at_ns: (at * 1e9) as u64,

@@ -190,7 +190,12 @@ fn a_bad_node_file_is_refused_with_file_line_and_field() {
         assert!(stderr.contains(&error.to_string()), "{stderr}");
         error
     };
-    let error = check(&good.replace("id = 1\n", "id = 0\n"), "id", "start at 1");
+    let error = check(&good.replace("id = 1\n", "id = 0\n"), "id", "1 to 2^63 - 1");
+    check(
+        &good.replace("id = 1\n", "id = 9223372036854775808\n"),
+        "id",
+        "1 to 2^63 - 1",
+    );
     assert_eq!(error.line, 1);
     check(
         &good.replace("listen = \"127.0.0.1:", "listen = \"localhost-"),

@@ -71,8 +71,11 @@ fn certs(
     cluster: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if !add.is_empty() {
-        if add.contains(&0) {
-            return Err("--add-node: node ids start at 1".into());
+        if add
+            .iter()
+            .any(|&id| id == 0 || id > ratemesh::ids::MAX_NODE_ID)
+        {
+            return Err("--add-node: node ids are 1 to 2^63 - 1".into());
         }
         for path in ratemesh::net::certs::add_nodes(out, cluster, add)? {
             println!("wrote {}", path.display());

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use ratemesh::Policy;
 use ratemesh::mesh::Admission;
-use ratemesh::sim::{self, Crash, Partition, SimConfig, SimReport, Traffic};
+use ratemesh::sim::{self, Crash, Drain, Partition, SimConfig, SimReport, Traffic};
 
 /// The algorithms a global policy can use.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -139,9 +139,27 @@ pub struct SimulateArgs {
     /// When the node crashes, s.
     #[arg(long, requires = "crash_node")]
     crash_at_s: Option<f64>,
-    /// Restart the crashed node at this second (default: it stays down).
-    #[arg(long, requires = "crash_node")]
+    /// Drain this node (0-based) as `ratemesh node` does on SIGTERM: it gives its leases
+    /// back, hands its keys over and leaves; its requests go to the other nodes.
+    #[arg(long, requires = "drain_at_s", conflicts_with = "crash_node")]
+    drain_node: Option<usize>,
+    /// When the node drains, s.
+    #[arg(long, requires = "drain_node")]
+    drain_at_s: Option<f64>,
+    /// Start the crashed or drained node again at this second (default: it stays down).
+    #[arg(long)]
     restart_at_s: Option<f64>,
+    /// A rolling restart: drain every node in turn, one every this many seconds (from
+    /// `--rolling-from-s`), each started again `--rolling-down-s` after its drain.
+    #[arg(long, conflicts_with_all = ["crash_node", "drain_node"])]
+    rolling_every_s: Option<f64>,
+    /// When the rolling restart begins, s.
+    #[arg(long, default_value_t = 1.0)]
+    rolling_from_s: f64,
+    /// How long each node of a rolling restart stays down, s (default: half of
+    /// `--rolling-every-s`).
+    #[arg(long)]
+    rolling_down_s: Option<f64>,
     /// Skip the baselines (faster for large runs).
     #[arg(long)]
     no_baselines: bool,
@@ -239,6 +257,36 @@ fn config(args: &SimulateArgs) -> Result<SimConfig, String> {
             minority,
         });
     }
+    if args.restart_at_s.is_some() && args.crash_node.is_none() && args.drain_node.is_none() {
+        return Err("--restart-at-s: with --crash-node or --drain-node".into());
+    }
+    if let (Some(node), Some(at)) = (args.drain_node, args.drain_at_s) {
+        if node >= args.nodes {
+            return Err("--drain-node: a node index below --nodes".into());
+        }
+        if args.restart_at_s.is_some_and(|r| r <= at) {
+            return Err("--restart-at-s must be after --drain-at-s".into());
+        }
+        c.drains.push(Drain {
+            node,
+            at_ns: ms(at * 1000.0),
+            restart_ns: args.restart_at_s.map(|r| ms(r * 1000.0)),
+        });
+    }
+    if let Some(every) = args.rolling_every_s {
+        let down = args.rolling_down_s.unwrap_or(every / 2.0);
+        if every <= 0.0 || down <= 0.0 || args.rolling_from_s < 0.0 {
+            return Err("--rolling-every-s and --rolling-down-s must be positive".into());
+        }
+        for node in 0..args.nodes {
+            let at = args.rolling_from_s + node as f64 * every;
+            c.drains.push(Drain {
+                node,
+                at_ns: ms(at * 1000.0),
+                restart_ns: Some(ms((at + down) * 1000.0)),
+            });
+        }
+    }
     if let (Some(node), Some(at)) = (args.crash_node, args.crash_at_s) {
         if node >= args.nodes {
             return Err("--crash-node: a node index below --nodes".into());
@@ -283,6 +331,9 @@ fn fields(r: &SimReport) -> serde_json::Value {
         "admitted": r.admitted,
         "oracle_admitted": r.oracle_admitted,
         "requests": r.requests,
+        "budget_lost": r.budget_lost,
+        "crash_loss": r.crash_loss,
+        "drains": r.drains,
     })
 }
 
@@ -320,6 +371,8 @@ fn median(runs: &[SimReport]) -> SimReport {
     out.admitted = u(|r| r.admitted);
     out.oracle_admitted = u(|r| r.oracle_admitted);
     out.requests = u(|r| r.requests);
+    out.budget_lost = f(|r| r.budget_lost);
+    out.crash_loss = f(|r| r.crash_loss);
     out
 }
 
@@ -456,12 +509,31 @@ pub fn run(args: &SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(capacity) = mesh.capacity_after_crash {
         println!(
             "crash: detected after {}; mesh admitted {:.1}% of the oracle's in the two windows \
-             after it; back at >= 95% {} after detection",
+             after it; back at >= 95% {} after detection; the crashed node held {:.2}% of the \
+             limit in a key's lease (counted as spent: the most the crash may lose)",
             mesh.detection_ms
                 .map_or("never".to_string(), |ms| format!("{ms:.0} ms")),
             capacity * 100.0,
             mesh.recovery_ms_after_detection
-                .map_or("never".to_string(), |ms| format!("{ms:.0} ms"))
+                .map_or("never".to_string(), |ms| format!("{ms:.0} ms")),
+            mesh.crash_loss * 100.0
+        );
+    }
+    if !config.drains.is_empty() || config.partition.is_some() || !config.crashes.is_empty() {
+        let drains = config.drains.len().max(1) as f64;
+        println!(
+            "budget lost: {:.2}% of the limit (worst key: the room one central limiter with the \
+             mesh's admissions still had at its last denial){}",
+            mesh.budget_lost * 100.0,
+            if config.drains.len() > 1 {
+                format!(
+                    "; {:.2}% per drain over {} drains",
+                    mesh.budget_lost * 100.0 / drains,
+                    config.drains.len()
+                )
+            } else {
+                String::new()
+            }
         );
     }
     if config.partition.is_some() {

@@ -250,8 +250,12 @@ impl NodeFile {
         let relative = |p: &str| base.join(p);
 
         let id = *raw.id.get_ref();
-        if id == 0 {
-            return Err(source.error(at(raw.id.span()), "id", "node ids start at 1"));
+        if id == 0 || id > crate::ids::MAX_NODE_ID {
+            return Err(source.error(
+                at(raw.id.span()),
+                "id",
+                "node ids are 1 to 2^63 - 1 (9223372036854775807)",
+            ));
         }
         let address = |spanned: &Spanned<String>, field: &str| {
             spanned.get_ref().parse::<SocketAddr>().map_err(|e| {
@@ -335,12 +339,13 @@ impl NodeFile {
             let peer = spanned.get_ref();
             let line = at(spanned.span());
             let field = |key: &str| format!("peers[{i}].{key}");
-            if !seen.insert(peer.id) || peer.id == 0 {
+            if !seen.insert(peer.id) || peer.id == 0 || peer.id > crate::ids::MAX_NODE_ID {
                 return Err(source.error(
                     line,
                     field("id"),
                     format!(
-                        "node {} is this node, a second entry, or 0; every peer has its own id ≥ 1",
+                        "node {} is this node, a second entry, or out of range; every peer has \
+                         its own id, 1 to 2^63 - 1",
                         peer.id
                     ),
                 ));

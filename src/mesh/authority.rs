@@ -34,6 +34,9 @@ use crate::mesh::timing::Offset;
 use crate::policy::{Algorithm, Policy};
 
 mod grants;
+mod records;
+
+pub(crate) use records::is_retired;
 
 /// Rounds of demand a lease covers when the budget is tight.
 pub(crate) const SHORT_LEASE_ROUNDS: u64 = 4;
@@ -307,55 +310,6 @@ impl Authority {
         self
     }
 
-    /// Fold in a state another node kept for the same key (a handoff back, or two
-    /// authorities after a disagreement): each holder keeps its largest counts, the bucket its
-    /// lowest level, the window the newer one.
-    pub(crate) fn merge(&mut self, other: &Authority) {
-        if other.kind.is_window() && other.window > self.window {
-            let mut merged = other.clone();
-            merged.version = self.version.max(other.version) + 1;
-            *self = merged;
-            return;
-        }
-        if other.kind.is_window() && other.window < self.window {
-            return;
-        }
-        // Records of the same holder's earlier incarnation or holding are retired, not lost.
-        let mut retired = Vec::new();
-        for theirs in &other.holders {
-            match self.holders.iter_mut().find(|h| h.node == theirs.node) {
-                Some(mine)
-                    if (mine.incarnation, mine.holding) == (theirs.incarnation, theirs.holding) =>
-                {
-                    mine.granted = mine.granted.max(theirs.granted);
-                    mine.returned = mine.returned.max(theirs.returned);
-                    mine.used = mine.used.max(theirs.used);
-                    mine.previous_held = mine.previous_held.max(theirs.previous_held);
-                    mine.previous_final &= theirs.previous_final;
-                    mine.closed |= theirs.closed;
-                }
-                Some(mine)
-                    if (mine.incarnation, mine.holding) < (theirs.incarnation, theirs.holding) =>
-                {
-                    retired.push(*mine);
-                    *mine = *theirs;
-                }
-                Some(_) => retired.push(*theirs),
-                None => self.holders.push(*theirs),
-            }
-        }
-        self.holders.sort_by_key(|h| h.node);
-        for h in retired {
-            self.retire(h);
-        }
-        self.previous = self.previous.max(other.previous);
-        self.level_ns = self.level_ns.min(other.level_ns);
-        self.end = self.end.min(other.end);
-        self.next_start = self.next_start.max(other.next_start);
-        self.capped_since = None;
-        self.version = self.version.max(other.version) + 1;
-    }
-
     /// Return the state to send to a successor or a new owner, with times on this clock.
     pub(crate) fn state(&self) -> AuthorityState {
         AuthorityState {
@@ -388,6 +342,7 @@ impl Authority {
                 let outstanding = state
                     .holders
                     .iter()
+                    .filter(|h| !is_retired(h))
                     .any(|h| h.granted.saturating_sub(h.returned).saturating_sub(h.used) > 0);
                 let level_at = offset.latest_local(state.level_at).min(now);
                 !outstanding && state.level_ns.min(w).saturating_add(now - level_at) >= w
@@ -492,6 +447,7 @@ impl Authority {
     fn outstanding(&self) -> u64 {
         self.holders
             .iter()
+            .filter(|h| !is_retired(h))
             .map(|h| h.granted.saturating_sub(h.returned).saturating_sub(h.used))
             .sum()
     }
@@ -640,226 +596,6 @@ impl Authority {
             .iter()
             .find(|h| h.node == node && h.holding == want.holding)
             .map_or(0, |h| h.granted.saturating_sub(seen))
-    }
-
-    fn record_mut(&mut self, node: NodeId, incarnation: u64) -> &mut HolderRecord {
-        let i = match self.holders.binary_search_by_key(&node, |h| h.node) {
-            Ok(i) => {
-                if self.holders[i].incarnation != incarnation {
-                    // A restarted holder: its old lease is spent for good.
-                    self.forget_holder_at(i);
-                    self.holders.insert(i, blank(node, incarnation));
-                }
-                i
-            }
-            Err(i) => {
-                self.holders.insert(i, blank(node, incarnation));
-                i
-            }
-        };
-        &mut self.holders[i]
-    }
-
-    /// A holder is gone (dead, or restarted): whatever it did not report counts as spent,
-    /// and a bucket's burst is no longer held back for it.
-    pub(crate) fn forget_holder(&mut self, node: NodeId) {
-        if let Ok(i) = self.holders.binary_search_by_key(&node, |h| h.node) {
-            self.forget_holder_at(i);
-            self.version += 1;
-        }
-        self.waiting.retain(|w| w.node != node);
-    }
-
-    fn forget_holder_at(&mut self, i: usize) {
-        let h = self.holders.remove(i);
-        self.retire(h);
-    }
-
-    /// A record no holder will report on again (the holder died, restarted or forgot its
-    /// holding): a window keeps what it leased counted under a ghost id.
-    fn retire(&mut self, h: HolderRecord) {
-        if self.kind.is_window() {
-            // Its lease stays counted in the window (it may have spent it): keep a record
-            // under a node id no member has, so the window's totals do not change.
-            // What it was leased is its count: a closed record would count its `used`,
-            // which the ghost does not keep (a lease closed at a window's end whose holder
-            // then died counted 0 in the window's roll, and the next window of a sliding
-            // window was granted in full on top of what it had spent).
-            let ghost = HolderRecord {
-                node: u64::MAX - h.node,
-                incarnation: 0,
-                demand: 0,
-                previous_final: true,
-                closed: false,
-                ..h
-            };
-            if ghost.granted > 0 || ghost.previous_held > 0 {
-                let at = self
-                    .holders
-                    .binary_search_by_key(&ghost.node, |r| r.node)
-                    .unwrap_or_else(|e| e);
-                match self.holders.get_mut(at) {
-                    Some(r) if r.node == ghost.node => {
-                        r.granted += ghost.granted.saturating_sub(ghost.returned);
-                        r.previous_held += ghost.previous_held;
-                    }
-                    _ => self.holders.insert(
-                        at,
-                        HolderRecord {
-                            returned: 0,
-                            granted: ghost.granted.saturating_sub(ghost.returned),
-                            used: 0,
-                            ..ghost
-                        },
-                    ),
-                }
-            }
-        }
-    }
-
-    /// Apply a holder's report (its cumulative counts and demand). Return whether it told
-    /// something the holder should see acknowledged (tokens given back, a final count).
-    pub(crate) fn report(
-        &mut self,
-        now: Nanos,
-        node: NodeId,
-        incarnation: u64,
-        want: &Want,
-    ) -> bool {
-        self.roll(now);
-        if self.kind == MeshKind::Bucket {
-            self.refill(now);
-        }
-        let kind = self.kind;
-        let window = self.window;
-        let interval = self.interval();
-        let mut previous_correction = 0;
-        let mut previous_raise = 0;
-        let mut returned_tokens = 0;
-        let mut granted_unseen = 0;
-        let mut spent = 0;
-        let mut news = false;
-        {
-            // A holding made afresh (the holder forgot the key while idle): the earlier
-            // holding's record is retired and the new one counts from zero.
-            if let Ok(i) = self.holders.binary_search_by_key(&node, |h| h.node)
-                && self.holders[i].incarnation == incarnation
-                && self.holders[i].holding < want.holding
-            {
-                self.forget_holder_at(i);
-                self.asked_mut(node).seq = 0;
-            }
-            let asked = self.asked_mut(node);
-            if want.smallest > 0 {
-                asked.smallest = want.smallest;
-            }
-            asked.seq = asked.seq.max(want.seq);
-            let known = self
-                .holders
-                .iter()
-                .any(|h| h.node == node && h.incarnation == incarnation);
-            let r = self.record_mut(node, incarnation);
-            r.holding = r.holding.max(want.holding);
-            r.demand = want.demand;
-            if !kind.is_window() || want.window == window {
-                // A bucket taken over from a backup learns here of grants made after the
-                // backup: those tokens left the bucket too (a window counts its holders'
-                // grants, so the maximum below is enough there).
-                if kind == MeshKind::Bucket && known && want.granted > r.granted {
-                    granted_unseen = want.granted - r.granted;
-                }
-                // A holder this state has no record of (a fresh authority, or one taken
-                // over from a backup made before the holder's first grant): what it gave
-                // back went back into another state's bucket, and what it still holds is
-                // out of this one.
-                if kind == MeshKind::Bucket && !known {
-                    granted_unseen = want
-                        .granted
-                        .saturating_sub(want.returned)
-                        .saturating_sub(want.used);
-                    r.returned = want.returned;
-                }
-                // The holder's counts are authoritative for what it received and gave back:
-                // a grant is always made on top of its latest report.
-                r.granted = r.granted.max(want.granted);
-                if want.returned > r.returned {
-                    returned_tokens = want.returned - r.returned;
-                    r.returned = want.returned;
-                }
-                if known && want.used > r.used {
-                    spent = want.used - r.used;
-                }
-                r.used = r.used.max(want.used);
-                if kind.is_window() && want.closed && !r.closed {
-                    r.closed = true;
-                    news = true;
-                }
-            }
-            // The holder's final count of the window before ours, if it knows it.
-            let previous_final = if want.window + 1 == window && want.closed {
-                Some(want.used)
-            } else if want.window == window {
-                want.previous_used
-            } else {
-                None
-            };
-            if kind.is_window() && !r.previous_final {
-                match previous_final {
-                    Some(final_used) => {
-                        news = true;
-                        if final_used < r.previous_held {
-                            previous_correction = r.previous_held - final_used;
-                            r.previous_held = final_used;
-                        }
-                        r.previous_final = true;
-                    }
-                    None if want.window + 1 == window => {
-                        // What it held then, as it reports it: an upper bound of its count.
-                        let held = want.granted.saturating_sub(want.returned);
-                        if held > r.previous_held {
-                            previous_raise = held - r.previous_held;
-                            r.previous_held = held;
-                        }
-                    }
-                    None => {}
-                }
-            }
-        }
-        self.previous = self
-            .previous
-            .saturating_sub(previous_correction)
-            .saturating_add(previous_raise);
-        if granted_unseen > 0 {
-            self.level_ns = self
-                .level_ns
-                .saturating_sub(granted_unseen.saturating_mul(interval));
-        }
-        if kind == MeshKind::Bucket && returned_tokens > 0 {
-            self.level_ns = self
-                .level_ns
-                .saturating_add(returned_tokens.saturating_mul(interval))
-                .min(self.policy.window_ns());
-        }
-        if kind == MeshKind::Bucket && spent > 0 {
-            self.credit_spent(now, spent, want.spent_ago);
-        }
-        self.version += 1;
-        news || returned_tokens > 0
-    }
-}
-
-fn blank(node: NodeId, incarnation: u64) -> HolderRecord {
-    HolderRecord {
-        node,
-        incarnation,
-        holding: 0,
-        granted: 0,
-        returned: 0,
-        used: 0,
-        demand: 0,
-        previous_held: 0,
-        previous_final: true,
-        closed: false,
     }
 }
 

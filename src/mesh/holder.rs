@@ -39,6 +39,10 @@ const WAKE_SPREAD_ROUNDS: u64 = 16;
 /// Rounds between reports of a holder's count when nothing else is sent.
 pub(crate) const REPORT_ROUNDS: u64 = 4;
 
+/// How many times a holder at rest tells counts its authority has not confirmed before it
+/// stops waiting (each `REPORT_ROUNDS` apart: 640 ms at 20 ms rounds).
+const CONFIRM_TRIES: u8 = 8;
+
 /// A request waiting for tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Waiting {
@@ -110,6 +114,14 @@ pub(crate) struct Holding {
     want_sent_at: Option<Nanos>,
     want_need: u64,
     want_seq: u32,
+    /// The counts the authority must see before the holding may be forgotten (what it gave
+    /// back; a bucket's: and what it spent): those of the last want sent, with its `seq`,
+    /// and those of the newest want the authority answered.
+    sent: (u32, (u64, u64)),
+    confirmed: (u64, u64),
+    /// Reports of the same unconfirmed counts sent at rest (the holder stops waiting after
+    /// [`CONFIRM_TRIES`]: an owner that never confirms, such as one of an earlier version).
+    confirm_tries: u8,
     idle_rounds: u32,
     /// The last round with requests, and how many rounds before it the one before came
     /// (`u64::MAX`: none).
@@ -168,6 +180,9 @@ impl Holding {
             want_sent_at: None,
             want_need: 0,
             want_seq: 0,
+            sent: (0, (0, 0)),
+            confirmed: (0, 0),
+            confirm_tries: 0,
             idle_rounds: 0,
             busy_round: None,
             busy_gap: u64::MAX,
@@ -199,6 +214,12 @@ impl Holding {
     /// longer holds: the next request asks again.
     pub(crate) fn set_policy(&mut self, policy: Policy) {
         self.policy = policy;
+        self.denied_until = 0;
+    }
+
+    /// Forget the authority's last denial: the room it was about changed (a member that
+    /// left gave its lease back); the next request asks again.
+    pub(crate) fn forget_denial(&mut self) {
         self.denied_until = 0;
     }
 
@@ -348,6 +369,27 @@ impl Holding {
         }
     }
 
+    /// The counts the authority must have before the holding is forgotten: what it gave
+    /// back, and for a bucket what it spent (`used`); a window counts its leases as spent
+    /// until told what came back.
+    fn counts(&self, used: u64) -> (u64, u64) {
+        if self.kind.is_window() {
+            (self.returned, 0)
+        } else {
+            (self.returned, used)
+        }
+    }
+
+    /// Tell whether the authority has not confirmed the holding's latest counts: what it
+    /// gave back or (a bucket) spent would otherwise stay counted as leased if the report
+    /// went missing (a lost datagram, an owner that could not take it then). A window's
+    /// lease that ended has nothing left to confirm.
+    pub(crate) fn unconfirmed(&self) -> bool {
+        self.granted > 0
+            && !(self.kind.is_window() && self.closed)
+            && self.counts(self.used()) != self.confirmed
+    }
+
     /// Return the lease's window and, for windows, its local expiry.
     pub(crate) fn lease(&self) -> (u64, Nanos) {
         (self.window, self.expiry)
@@ -495,6 +537,7 @@ impl Holding {
         self.reported_round = round;
         self.report_due = false;
         self.reported_demand = self.demand;
+        self.sent = (self.want_seq, self.counts(used));
         Want {
             key: self.key,
             window: self.window,
@@ -540,6 +583,11 @@ impl Holding {
             self.want_need = self.need();
             return;
         }
+        // The authority saw the counts of the wants this answers.
+        if (grant.answers.wrapping_sub(self.sent.0) as i32) >= 0 && self.sent.0 != 0 {
+            self.confirmed = self.sent.1;
+            self.confirm_tries = 0;
+        }
         // The authority's retry time counts from its decision, a trip before now: from the
         // oldest want not answered yet, if this answers one of those.
         let decided_at = if (grant.answers.wrapping_sub(self.answered) as i32) > 0 {
@@ -564,6 +612,7 @@ impl Holding {
                 self.used_at_tick = 0;
                 // The authority's record of the new window starts at 0 too.
                 self.reported_used = 0;
+                self.confirmed = (0, 0);
                 self.window = grant.window;
                 self.granted = grant.granted;
                 self.returned = 0;
@@ -733,9 +782,11 @@ impl Holding {
     }
 
     /// The round's bookkeeping at `now`: expire a window lease, update the demand, give an
-    /// idle lease back. Return whether the authority should hear from this holder now and
-    /// whether to ask for a longer lease.
-    pub(crate) fn tick(&mut self, now: Nanos, round: u64) -> (bool, bool) {
+    /// idle lease back. `owner_answers`: the key's owner is heard (a holder stops waiting
+    /// for the confirmation of its counts only from an owner that answers without giving
+    /// it, never from one it cannot reach). Return whether the authority should hear from
+    /// this holder now and whether to ask for a longer lease.
+    pub(crate) fn tick(&mut self, now: Nanos, round: u64, owner_answers: bool) -> (bool, bool) {
         let was_closed = self.closed;
         self.expire(now);
         let used = self.see_used(now);
@@ -791,6 +842,20 @@ impl Holding {
         if self.report_due && (self.granted > 0 || !self.waiting.is_empty()) {
             tell = true;
         }
+        // Counts at rest that the authority has not confirmed: told again until it does (or
+        // until the holder stops waiting).
+        if self.idle_rounds > 0
+            && self.unconfirmed()
+            && round >= self.reported_round + REPORT_ROUNDS
+        {
+            if self.confirm_tries >= CONFIRM_TRIES {
+                self.confirmed = self.counts(self.used());
+                self.confirm_tries = 0;
+            } else {
+                self.confirm_tries += u8::from(owner_answers);
+                tell = true;
+            }
+        }
         (tell || refill, refill)
     }
 
@@ -822,6 +887,7 @@ impl Holding {
             && now >= self.keep_until
             && (self.closed || self.cell.remaining() == 0)
             && self.previous_used.is_none()
+            && !self.unconfirmed()
     }
 
     /// The key's owner may have changed: report to it at the next round, so a new

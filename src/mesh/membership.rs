@@ -350,6 +350,48 @@ impl Membership {
         self.leaving = true;
     }
 
+    /// Tell whether this node is leaving the cluster.
+    pub(crate) fn is_leaving(&self) -> bool {
+        self.leaving
+    }
+
+    /// Tell whether `id` answers at `now`: this node, or a live member heard since this
+    /// node started and within the last quarter of `dead_after` (every live peer sends a
+    /// frame every round). A key's state sent to a member that does not may be lost with
+    /// it: it may have died a moment ago.
+    pub(crate) fn is_responsive(&self, id: NodeId, now: Nanos) -> bool {
+        id == self.me
+            || self.peers.get(&id).is_some_and(|p| {
+                p.alive
+                    && !p.left
+                    && p.incarnation.is_some()
+                    && now.saturating_sub(p.heard_at) < self.dead_after_ns / 4
+            })
+    }
+
+    /// The live members by rendezvous weight for `key`, highest first (all of them).
+    pub(crate) fn ranked_all(&self, key: u64) -> Vec<NodeId> {
+        let mut ranked: Vec<(u64, NodeId)> = self
+            .live
+            .iter()
+            .map(|&(pre, id)| (mix(key ^ pre), id))
+            .collect();
+        ranked.sort_unstable_by(|a, b| b.cmp(a));
+        ranked.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Tell whether `id`'s run `incarnation` is a live member's: this node's own run, or a
+    /// peer counted alive whose incarnation is that one (or not heard yet). A holding of any
+    /// other run is over.
+    pub(crate) fn is_live_run(&self, id: NodeId, incarnation: u64) -> bool {
+        if id == self.me {
+            return incarnation == self.incarnation;
+        }
+        self.peers
+            .get(&id)
+            .is_some_and(|p| p.alive && !p.left && p.incarnation.is_none_or(|i| i == incarnation))
+    }
+
     /// Mark this node as syncing (its headers ask peers for what it should hold) or not.
     pub(crate) fn set_syncing(&mut self, syncing: bool) {
         self.syncing = syncing;

@@ -259,6 +259,12 @@ pub struct Node {
     answered_sync: FixedMap<NodeId, u64>,
     /// How many times each peer had declared this node dead when it last checked.
     deaths_seen: BTreeMap<NodeId, u32>,
+    /// Keys whose authority this node keeps for an owner that does not answer yet
+    /// ([`Node::hand_off`]): looked at again every round.
+    held: Vec<KeyRef>,
+    /// Members that left lately, and until when (local time) their handoffs are awaited: a
+    /// key one of them ranked above this node for gets no authority made here meanwhile.
+    departed: Vec<(NodeId, Nanos)>,
     /// Keys this node owns whose authority it handed to the peer that had declared it dead,
     /// to merge and hand back: no fresh authority is made for them meanwhile.
     returning: FixedMap<KeyRef, NodeId>,
@@ -310,6 +316,13 @@ impl Node {
                 });
             }
             kinds.push(kind);
+        }
+        let max = crate::ids::MAX_NODE_ID;
+        if config.id > max || config.seeds.iter().any(|&s| s > max) {
+            return Err(MeshError::Invalid {
+                field: "id",
+                reason: "node ids are at most 2^63 - 1",
+            });
         }
         if config.gossip_interval_ns == 0 {
             return Err(MeshError::Invalid {
@@ -398,6 +411,8 @@ impl Node {
             sync_waiting,
             answered_sync: FixedMap::default(),
             deaths_seen: BTreeMap::new(),
+            held: Vec::new(),
+            departed: Vec::new(),
             returning: FixedMap::default(),
             declared_dead_at: None,
             join: join::Join::new(&config, now),
@@ -629,21 +644,49 @@ impl Node {
 
     /// Send the key's owner this node's lease state (and what its waiting requests need).
     fn ask(&mut self, key: KeyRef, now: Nanos, refill: bool) {
+        let last = self.membership.is_leaving();
+        self.ask_with(key, now, refill, last);
+    }
+
+    /// [`Node::ask`]; `last`: a leaving node's report, which must arrive (it goes on a
+    /// reliable frame).
+    fn ask_with(&mut self, key: KeyRef, now: Nanos, refill: bool, last: bool) {
         self.touched.push(key);
         let round = self.round;
+        let leaving_owner = self
+            .membership
+            .is_leaving()
+            .then(|| self.rightful_owner(key.key, now));
         let Some(h) = self.holdings.get_mut(&key) else {
             return;
         };
         // Rounds it skipped at rest since it was last looked at count before it reports.
         h.catch_up_to(self.rounds_done);
-        let owner = self.membership.owner_and_successor_in(key.key, h.rank()).0;
+        let owner = leaving_owner
+            .unwrap_or_else(|| self.membership.owner_and_successor_in(key.key, h.rank()).0);
         let resend = resend_after(&self.membership, &self.config, owner, now);
         let want = h.want(now, round, refill, resend);
         if owner == self.config.id {
             let incarnation = self.membership.incarnation();
             self.on_want(now, owner, incarnation, want);
+        } else if last {
+            self.outbox.push_reliable(owner, Item::Want(want));
         } else {
             self.outbox.push(owner, Item::Want(want));
+        }
+    }
+
+    /// Give back what every lease holds (those with no request waiting) and report it to
+    /// the keys' owners on reliable frames, with what was spent since the last report: a
+    /// leaving node's last reports.
+    fn give_back_all(&mut self, now: Nanos) {
+        let keys: Vec<KeyRef> = self.holdings.keys().copied().collect();
+        for key in keys {
+            if let Some(h) = self.holdings.get_mut(&key)
+                && (h.give_back(0) > 0 || h.unconfirmed())
+            {
+                self.ask_with(key, now, false, true);
+            }
         }
     }
 
@@ -654,7 +697,9 @@ impl Node {
             return false;
         };
         let (owner, successor) = self.membership.owner_and_successor_in(key, a.rank());
-        owner == self.config.id && self.lease_holds(key, successor, Some(a.rank()), now)
+        owner == self.config.id
+            && !self.membership.is_leaving()
+            && self.lease_holds(key, successor, Some(a.rank()), now)
     }
 
     /// Return the backup this node keeps of a key's authority, if any.
@@ -686,6 +731,15 @@ impl Node {
         let again = h.should_ask(now);
         for (id, decision) in self.decided.drain(..) {
             self.events.push_back(Event::Decided { id, decision });
+        }
+        if self.membership.is_leaving() {
+            // A leaving node admits nothing more: what it was granted goes back.
+            if let Some(h) = self.holdings.get_mut(&grant.key)
+                && h.give_back(0) > 0
+            {
+                self.ask(grant.key, now, false);
+            }
+            return;
         }
         // A grant from this node's own authority re-asks in the same call; the depth cap
         // keeps a holder and its local authority from echoing each other without end (the
@@ -760,7 +814,7 @@ impl Node {
         let to_earlier_run = frame.header.to_incarnation != 0
             && frame.header.to_incarnation != self.membership.incarnation();
         if frame.header.syncing && self.answered_sync.get(&from) != Some(&incarnation) {
-            self.answer_sync(from, incarnation);
+            self.answer_sync(now, from, incarnation);
         }
         for item in frame.items {
             match item {
@@ -850,23 +904,42 @@ impl Node {
     }
 
     /// Leave the cluster at `now` (a drain): give every lease back, hand every authority to
-    /// its next owner, and say so in every frame from now on.
+    /// its next owner, and say so in every frame from now on. Until it stops, the node gives
+    /// back whatever it is granted still, and passes on whatever authority reaches it.
     pub fn leave(&mut self, now: Nanos) {
+        // Given back first: the leases of keys it owns go back into their authorities
+        // here, before those are handed over; the others' owners get the reports on reliable
+        // frames.
+        self.give_back_all(now);
         self.membership.leave();
-        let keys: Vec<KeyRef> = self.holdings.keys().copied().collect();
-        for key in &keys {
-            if let Some(h) = self.holdings.get_mut(key)
-                && h.give_back(0) > 0
-            {
-                self.ask(*key, now, false);
-            }
+        // The backups of owners that do not answer (one that died a moment ago, not
+        // declared dead yet) may be all that is left of their authorities: they go to the
+        // next owners too, as authorities. (A live owner backs up to its new successor
+        // itself; a stale copy merged into its authority would count again grants that it
+        // has since forgotten, once all spent and refilled.)
+        let orphaned: Vec<KeyRef> = self
+            .backups
+            .iter()
+            .filter(|(key, b)| {
+                !self.membership.is_responsive(b.from, now) && !self.authorities.contains_key(key)
+            })
+            .map(|(&key, _)| key)
+            .collect();
+        for key in orphaned {
+            let (Some(b), Some((policy, kind))) =
+                (self.backups.remove(&key), self.policy(key.policy))
+            else {
+                continue;
+            };
+            let offset = self.offset_or_guess(b.from, now);
+            let authority = Authority::from_state(&b.state, policy, kind, offset, now);
+            self.authorities.insert(key, authority);
         }
         let keys: Vec<KeyRef> = self.authorities.keys().copied().collect();
         for key in keys {
-            let me = self.config.id;
-            let next = self.membership.ranked(key.key).find(|&n| n != me);
-            if let Some(next) = next {
-                self.hand_off(key, next);
+            let next = self.rightful_owner(key.key, now);
+            if next != self.config.id {
+                self.hand_off(now, key, next);
             }
         }
         let peers: Vec<NodeId> = self.membership.peers().keys().copied().collect();

@@ -75,7 +75,8 @@ pub(crate) fn node_id_of(cert: &CertificateDer<'_>) -> Result<NodeId, IdentityEr
             .strip_suffix(".ratemesh")?
             .parse()
             .ok()?;
-        (id >= 1 && node_name(id).eq_ignore_ascii_case(name)).then_some(id)
+        ((1..=crate::ids::MAX_NODE_ID).contains(&id) && node_name(id).eq_ignore_ascii_case(name))
+            .then_some(id)
     });
     let id = ids.next().ok_or(IdentityError::NoNodeName)?;
     if ids.any(|other| other != id) {

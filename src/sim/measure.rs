@@ -40,6 +40,14 @@ pub(crate) struct Recorder {
     /// began, as they reported them.
     windows: Vec<Vec<(Nanos, u64)>>,
     crash_at: Option<(Nanos, usize)>,
+    /// Drains begun.
+    drains: u64,
+    /// The last membership event (a crash, drain, stop, restart, split or heal), true time.
+    last_event: Nanos,
+    /// The most a crashed node held of a key's lease at its crash, over the limit.
+    crash_loss: f64,
+    /// The policy's limit (capacity).
+    limit: Option<u64>,
     detected_at: Option<Nanos>,
     crash_term: f64,
     heal_at: Option<Nanos>,
@@ -70,6 +78,10 @@ impl Recorder {
             waits: Vec::new(),
             windows: vec![Vec::new(); keys],
             crash_at: None,
+            drains: 0,
+            last_event: 0,
+            crash_loss: 0.0,
+            limit: Some(config.policy.capacity()),
             detected_at: None,
             crash_term: 0.0,
             heal_at: None,
@@ -149,8 +161,15 @@ impl Recorder {
     /// successors' backups do not show (the crash term of the bound).
     pub(crate) fn crashed(&mut self, now: Nanos, i: usize, nodes: &[SimNode]) {
         self.crash_at.get_or_insert((now, i));
+        self.event(now);
         let Some(node) = &nodes[i].node else { return };
         let limit = node.config().policies[0].capacity() as f64;
+        // What its leases held: the survivors count it as spent (the loss a crash may cost).
+        for key in 0..self.mesh.len() as u64 {
+            if let Some(lease) = node.lease_state(0, key + 1) {
+                self.crash_loss = self.crash_loss.max(lease.unspent as f64 / limit);
+            }
+        }
         for key in 0..self.mesh.len() as u64 {
             let Some(a) = node.authority(0, key + 1) else {
                 continue;
@@ -183,6 +202,32 @@ impl Recorder {
         }
     }
 
+    /// Node `i` began to drain at `now`.
+    pub(crate) fn drained(&mut self, now: Nanos, _i: usize) {
+        self.drains += 1;
+        self.event(now);
+    }
+
+    /// A membership event at `now` (a stop, a start, a split, a heal; crashes and drains
+    /// note theirs).
+    pub(crate) fn event(&mut self, now: Nanos) {
+        self.last_event = self.last_event.max(now);
+    }
+
+    /// Handoffs lost with a crashed node (on their way to it): what they had leased counts
+    /// in the crash term, as grants no successor saw.
+    pub(crate) fn handoffs_lost(&mut self, states: &[crate::mesh::message::AuthorityState]) {
+        for state in states {
+            let Some(limit) = self.limit else { continue };
+            let leased: u64 = state
+                .holders
+                .iter()
+                .map(|h| h.granted.saturating_sub(h.returned))
+                .sum();
+            self.crash_term = self.crash_term.max(leased as f64 / limit as f64);
+        }
+    }
+
     /// Some node declared `peer` dead at `now`.
     pub(crate) fn peer_down(&mut self, now: Nanos, peer: usize) {
         if self.detected_at.is_none() && self.crash_at.is_some_and(|(_, i)| i == peer) {
@@ -190,9 +235,12 @@ impl Recorder {
         }
     }
 
-    pub(crate) fn split(&mut self, _now: Nanos, _nodes: &[SimNode]) {}
+    pub(crate) fn split(&mut self, now: Nanos, _nodes: &[SimNode]) {
+        self.event(now);
+    }
 
     pub(crate) fn heal(&mut self, now: Nanos) {
+        self.event(now);
         self.heal_at = Some(now);
         self.converged_at = None;
     }
@@ -318,6 +366,18 @@ impl Recorder {
         };
         let starts = group_by_key(&mut self.requests, self.mesh.len());
         let mut with_room = 0u64;
+        // The budget lost: at the last decision of each window (a bucket: of the run) once
+        // the membership events are over and settled (failure detection twice over, a
+        // wait), if it was a denial, the room one central limiter that admitted what the
+        // mesh admitted would still have had, beyond what was offered around it.
+        let mut lost = 0u64;
+        let settled = if self.last_event == 0 {
+            0
+        } else {
+            self.last_event
+                + 2 * config.dead_after_rounds * config.gossip_interval_ns
+                + config.max_wait_ns
+        };
         for (key, span) in starts.windows(2).enumerate() {
             let requests = &self.requests[span[0]..span[1]];
             let mut own = OwnRoom::new(kind, p, &self.mesh[key]);
@@ -327,6 +387,7 @@ impl Recorder {
             // own room has that much less for this one. By admission time, earliest first.
             let mut pending: BinaryHeap<Reverse<(Nanos, u64)>> = BinaryHeap::new();
             let mut pending_cost = 0u64;
+            let mut last_denial: Vec<(u64, u64)> = Vec::new();
             for r in requests {
                 let own_room = own.at(r.at, r.oracle_at);
                 while hi < requests.len() && requests[hi].at <= r.at + margin {
@@ -358,13 +419,49 @@ impl Recorder {
                 let w = p.window_ns();
                 let edge = config.gossip_interval_ns + 5 * trip;
                 let at_edge = kind != MeshKind::Bucket && r.oracle_at % w + edge >= w;
+                // And, once ownership may have moved (a drain, a crash, a partition), a
+                // window's start within the same margin: a window handed over begins that much
+                // later on its new owner than on the one it came from (never earlier), and the
+                // oracle's follows the first owner's clock.
+                let moved = self.last_event != 0;
+                let at_start = kind != MeshKind::Bucket && moved && r.oracle_at % w < edge;
                 // `sum` includes this request's own cost.
                 // Room by the oracle's history and by the mesh's own (a mesh that admitted
                 // what the oracle denied earlier has that much less room later).
-                if r.mesh == Some(false) && r.room.min(own_room) >= sum + round_tokens && !at_edge {
+                if r.mesh == Some(false)
+                    && r.room.min(own_room) >= sum + round_tokens
+                    && !at_edge
+                    && !at_start
+                {
                     with_room += 1;
                 }
+                // The room at a denial that no admission follows in its window: what the
+                // cluster will not give any more (a denial that one follows was late, not
+                // lost budget).
+                let window = if kind == MeshKind::Bucket {
+                    0
+                } else {
+                    r.oracle_at / w
+                };
+                // Its start, within the same margin and the clocks' skew: the cluster's window
+                // may begin that much later than the oracle's (an owner's windows follow the
+                // clock of the one it took the key from).
+                let at_start = at_start
+                    || (kind != MeshKind::Bucket && r.oracle_at % w < edge + 2 * config.skew_ns);
+                let room = match r.mesh {
+                    Some(false) if !at_edge && !at_start && r.at >= settled => {
+                        own_room.saturating_sub(sum + round_tokens)
+                    }
+                    _ => 0,
+                };
+                if r.mesh.is_some() {
+                    match last_denial.last_mut() {
+                        Some(last) if last.0 == window => last.1 = room,
+                        _ => last_denial.push((window, room)),
+                    }
+                }
             }
+            lost = lost.max(last_denial.iter().map(|&(_, room)| room).max().unwrap_or(0));
         }
         let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
         self.waits.sort_unstable();
@@ -396,6 +493,9 @@ impl Recorder {
             oracle_admitted,
             double_authority: self.double_authority,
             false_denials_with_room: with_room,
+            budget_lost: lost as f64 / p.capacity() as f64,
+            crash_loss: self.crash_loss,
+            drains: self.drains,
             convergence_ms_after_heal: match (self.heal_at, self.converged_at) {
                 (Some(h), Some(c)) => Some((c - h) as f64 / 1e6),
                 _ => None,

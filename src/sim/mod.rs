@@ -65,6 +65,31 @@ pub struct Crash {
     pub restart_ns: Option<Nanos>,
 }
 
+/// A node that drains (gives its leases back, hands its keys over and leaves, as
+/// `ratemesh node` does on SIGTERM), stops, and may start again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Drain {
+    /// Which node.
+    pub node: usize,
+    /// When it drains, in ns after the start: from then on its requests go to the other
+    /// nodes, and it stops [`DRAIN_STOP_NS`] later.
+    pub at_ns: Nanos,
+    /// When it starts again, in ns after the start (`None`: never, a scale-in).
+    pub restart_ns: Option<Nanos>,
+}
+
+/// The nodes of a simulated cluster of `nodes` in the order they rank for key `key` (0-based,
+/// as [`Arrival::key`]) while all are up: its owner first, then its successor.
+pub fn ranked(nodes: usize, key: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..nodes).collect();
+    order.sort_by_key(|&id| std::cmp::Reverse(weight(key + 1, id as u64)));
+    order
+}
+
+/// How long a draining node keeps running after it left (as `ratemesh node` does: it sends
+/// its handoffs and leaving frames, then closes).
+pub const DRAIN_STOP_NS: Nanos = 200_000_000;
+
 /// A simulated cluster and its load.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -103,6 +128,8 @@ pub struct SimConfig {
     pub partition: Option<Partition>,
     /// Crashes and restarts.
     pub crashes: Vec<Crash>,
+    /// Drains, and starts after them.
+    pub drains: Vec<Drain>,
     /// The admission rule.
     pub admission: Admission,
     /// Rounds of silence before a member is declared dead.
@@ -145,6 +172,7 @@ impl SimConfig {
             seed: 1,
             partition: None,
             crashes: Vec::new(),
+            drains: Vec::new(),
             admission: Admission::Leases,
             dead_after_rounds: 10,
             max_wait_ns: 100_000_000,
@@ -209,6 +237,11 @@ pub fn declared_bound(config: &SimConfig) -> DeclaredBound {
                     .crashes
                     .iter()
                     .filter(|c| c.restart_ns.is_some())
+                    .count()
+                + config
+                    .drains
+                    .iter()
+                    .filter(|d| d.restart_ns.is_some())
                     .count();
             let first = if config.first_credit > 0 && capacity >= 10 * config.first_credit {
                 (runs as u64 * config.first_credit) as f64 / capacity as f64
@@ -290,6 +323,19 @@ pub struct SimReport {
     /// one-way delays of the window's end (0 below the limit without loss or faults: the
     /// guarantee of `docs/overshoot.md`).
     pub false_denials_with_room: u64,
+    /// The budget lost, over the limit (worst key): where the last decision of a window (a
+    /// bucket: of the run) once the membership events are over (the last one, plus twice
+    /// the failure detection time and `max_wait`) is a denial, the room one central limiter
+    /// that admitted what the mesh admitted would still have had then, beyond what was
+    /// offered within a round of it; the largest. Lost budget shows at demand 1 or above,
+    /// on windows long enough that the events happen inside one.
+    pub budget_lost: f64,
+    /// Drains begun during the run.
+    pub drains: u64,
+    /// With a crash: the most the crashed node's lease held of a key when it crashed, over
+    /// the limit: what the survivors count as spent (the loss a crash may cost, see
+    /// `docs/overshoot.md`).
+    pub crash_loss: f64,
 }
 
 #[derive(Debug)]
@@ -302,6 +348,8 @@ enum Event {
         frame: Payload,
     },
     Crash(usize),
+    Drain(usize),
+    Stop(usize),
     Restart(usize),
     Heal,
     Split,
@@ -318,6 +366,8 @@ pub(crate) struct SimNode {
     pub(crate) node: Option<Node>,
     pub(crate) offset_ns: i64,
     incarnation: u64,
+    /// It drains: it takes no more requests and stops soon.
+    draining: bool,
     /// Requests waiting on this node: id → (arrival index, arrival time).
     waiting: FixedMap<u64, (usize, Nanos)>,
 }
@@ -350,6 +400,32 @@ struct World<'a> {
 }
 
 impl World<'_> {
+    /// The authority states on their way to node `to` (handoffs): a crash of `to` loses
+    /// them.
+    fn handoffs_to(&self, to: usize) -> Vec<crate::mesh::message::AuthorityState> {
+        let mut states = Vec::new();
+        for event in self.slots.iter().flatten() {
+            let Event::Deliver { to: t, frame, .. } = event else {
+                continue;
+            };
+            if *t != to {
+                continue;
+            }
+            let items = match frame {
+                Payload::Value(f) => f.items.clone(),
+                Payload::Bytes(b) => crate::mesh::wire::decode::<Frame>(b)
+                    .map(|f| f.items)
+                    .unwrap_or_default(),
+            };
+            for item in items {
+                if let crate::mesh::message::Item::Handoff(state) = item {
+                    states.push(state);
+                }
+            }
+        }
+        states
+    }
+
     fn push(&mut self, at: Nanos, event: Event) {
         self.seq += 1;
         let slot = match self.free.pop() {
@@ -514,6 +590,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 0
             },
             incarnation: 0,
+            draining: false,
             waiting: FixedMap::default(),
         })
         .collect();
@@ -546,6 +623,16 @@ pub fn run(config: &SimConfig) -> SimReport {
         world.push(START_NS + c.at_ns, Event::Crash(c.node));
         if let Some(r) = c.restart_ns {
             world.push(START_NS + r, Event::Restart(c.node));
+        }
+    }
+    for d in &config.drains {
+        world.push(START_NS + d.at_ns, Event::Drain(d.node));
+        world.push(START_NS + d.at_ns + DRAIN_STOP_NS, Event::Stop(d.node));
+        if let Some(r) = d.restart_ns {
+            world.push(
+                START_NS + r.max(d.at_ns + DRAIN_STOP_NS),
+                Event::Restart(d.node),
+            );
         }
     }
     let end = START_NS + config.duration_ns;
@@ -593,10 +680,11 @@ pub fn run(config: &SimConfig) -> SimReport {
             let oracle_now = (now as i64 + oracle_offsets[a.key as usize]) as Nanos;
             let oracle = oracles[a.key as usize].decide(oracle_now, a.cost);
             record.offered(index, a.key, a.cost, &oracle, now, oracle_now);
-            // A request for a crashed node goes to the next live one (a load balancer's job).
+            // A request for a crashed or draining node goes to the next live one (a load
+            // balancer's job).
             let target = (0..config.nodes)
                 .map(|k| (a.node + k) % config.nodes)
-                .find(|&k| world.nodes[k].node.is_some());
+                .find(|&k| world.nodes[k].node.is_some() && !world.nodes[k].draining);
             match target {
                 Some(k) => {
                     let local = world.nodes[k].local(now);
@@ -676,6 +764,7 @@ pub fn run(config: &SimConfig) -> SimReport {
             }
             Event::Crash(i) => {
                 record.crashed(now, i, &world.nodes);
+                record.handoffs_lost(&world.handoffs_to(i));
                 world.nodes[i].node = None;
                 world.nodes[i].incarnation += 1;
                 // The requests it held get an error: denied.
@@ -683,7 +772,38 @@ pub fn run(config: &SimConfig) -> SimReport {
                     record.decided(index, now, false, 0);
                 }
             }
+            Event::Drain(i) => {
+                let local = world.nodes[i].local(now);
+                if world.nodes[i].node.is_none() {
+                    continue;
+                }
+                world.nodes[i].draining = true;
+                record.drained(now, i);
+                if let Some(node) = world.nodes[i].node.as_mut() {
+                    node.leave(local);
+                }
+                record.ran(i);
+                drain_events(&mut world, &mut record, i, now);
+                world.flush(i, now);
+                world.schedule(i, now);
+            }
+            Event::Stop(i) => {
+                if !world.nodes[i].draining {
+                    continue;
+                }
+                record.event(now);
+                world.nodes[i].draining = false;
+                world.nodes[i].node = None;
+                world.nodes[i].incarnation += 1;
+                for (_, (index, _)) in std::mem::take(&mut world.nodes[i].waiting) {
+                    record.decided(index, now, false, 0);
+                }
+            }
             Event::Restart(i) => {
+                if world.nodes[i].node.is_some() {
+                    continue;
+                }
+                record.event(now);
                 record.ran(i);
                 world.start_node(i, now);
                 world.flush(i, now);

@@ -3,7 +3,9 @@
 
 use std::collections::VecDeque;
 
-use super::{Answer, Authority, LONG_LEASE_ROUNDS, MeshKind, SHORT_LEASE_ROUNDS, Waiter};
+use super::{
+    Answer, Authority, LONG_LEASE_ROUNDS, MeshKind, SHORT_LEASE_ROUNDS, Waiter, is_retired,
+};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::message::HolderRecord;
@@ -184,7 +186,7 @@ impl Authority {
             let unconfirmed: u64 = self
                 .holders
                 .iter()
-                .filter(|h| !h.previous_final)
+                .filter(|h| !h.previous_final && !is_retired(h))
                 .map(|h| h.previous_held)
                 .sum();
             let w = self.policy.window_ns();

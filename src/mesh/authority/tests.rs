@@ -47,7 +47,7 @@ fn a_fixed_window_never_leases_more_than_the_limit() {
             .iter()
             .find(|h| h.node == node)
             .map_or(0, |h| h.granted);
-        a.report(10 * S + i, node, 1, &want(10, before, before, 32));
+        a.report(10 * S + i, node, 1, &want(10, before, before, 32), true);
         let (g, _) = granted(a.request(10 * S + i, node, 1, 1, 0));
         total += g - before;
     }
@@ -62,14 +62,14 @@ fn a_fixed_window_never_leases_more_than_the_limit() {
 fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
-    a.report(10 * S, 1, 1, &want(10, 0, 0, 0));
+    a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 80, 0));
     // Half-way through the next window, 80 · 0.5 = 40 of the previous still weighs.
     assert_eq!(a.available(11 * S + S / 2), 60);
     // The holder reports it only used 20: the previous count shrinks.
     let mut w = want(10, 80, 20, 0);
     w.closed = true;
-    a.report(11 * S + S / 2, 1, 1, &w);
+    a.report(11 * S + S / 2, 1, 1, &w, true);
     assert_eq!(a.available(11 * S + S / 2), 90);
 }
 
@@ -77,12 +77,12 @@ fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts
 fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
     let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
-    a.report(10 * S, 1, 1, &want(10, 0, 0, 0));
+    a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 5, 0));
     // The holder's lease closes at the window's end, with all 5 spent; then it dies.
     let mut w = want(10, 5, 5, 0);
     w.closed = true;
-    a.report(10 * S + S - 1, 1, 1, &w);
+    a.report(10 * S + S - 1, 1, 1, &w, true);
     a.forget_holder(1);
     // At the start of the next window, the 5 still weigh in full.
     assert_eq!(a.available(11 * S), 15);
@@ -92,13 +92,13 @@ fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
 fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 60, 0));
     assert_eq!(a.available(10 * S), 40);
     // A second later the bucket would be full, but 60 tokens are still leased.
     assert_eq!(a.available(11 * S), 40);
     // The holder reports it spent them: the cap rises, the level refills from there.
-    a.report(11 * S, 1, 1, &want(0, 60, 60, 0));
+    a.report(11 * S, 1, 1, &want(0, 60, 60, 0), true);
     assert_eq!(a.available(11 * S), 40);
     assert_eq!(a.available(11 * S + S / 2), 90);
     // A dead holder's lease counts as spent.
@@ -118,12 +118,12 @@ fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
     // the earlier state's bucket, not into this one.
     let mut w = want(0, 715, 600, 0);
     w.returned = 91;
-    a.report(10 * S, 0, 1, &w);
+    a.report(10 * S, 0, 1, &w, true);
     assert_eq!(a.available(10 * S), 76);
     // Once its lease is spent, later reports change nothing until the bucket refills.
     let mut w = want(0, 715, 624, 0);
     w.returned = 91;
-    a.report(10 * S, 0, 1, &w);
+    a.report(10 * S, 0, 1, &w, true);
     assert_eq!(a.available(10 * S), 76);
 }
 
@@ -131,22 +131,22 @@ fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
 fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
     let policy = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 10, 0));
-    a.report(10 * S, 2, 1, &want(0, 0, 0, 0));
+    a.report(10 * S, 2, 1, &want(0, 0, 0, 0), true);
     assert_eq!(a.request(10 * S, 2, 1, 3, 11 * S), Answer::Wait);
     assert_eq!(a.recall_targets(10 * S, 0), vec![(1, 0)]);
     // Node 1 gives 5 back.
     let window = a.frame().0;
     let mut back = want(window, 10, 2, 0);
     back.returned = 5;
-    a.report(10 * S + 1, 1, 1, &back);
+    a.report(10 * S + 1, 1, 1, &back, true);
     let answers = a.serve_waiting(10 * S + 1);
     assert_eq!(answers.len(), 1);
     assert_eq!(granted(answers[0].2), (3, 0));
     // Node 3 needs 5: the 2 left are granted, 3 more may come back from node 1 (it holds
     // 3 unspent): the rest of its requests wait for them.
-    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0));
+    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0), true);
     match a.request(10 * S + 2, 3, 1, 5, 11 * S) {
         Answer::Grant {
             granted,
@@ -158,8 +158,8 @@ fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
     }
     // Node 1 spent them after all: node 3's waiting need cannot be met, it is denied
     // with the window's end.
-    a.report(10 * S + 3, 1, 1, &want(window, 10, 5, 0));
-    a.report(10 * S + 3, 2, 1, &want(window, 3, 3, 0));
+    a.report(10 * S + 3, 1, 1, &want(window, 10, 5, 0), true);
+    a.report(10 * S + 3, 2, 1, &want(window, 3, 3, 0), true);
     let answers = a.serve_waiting(10 * S + 3);
     assert_eq!(answers.len(), 1);
     let (_, retry) = granted(answers[0].2);
@@ -171,13 +171,13 @@ fn leases_follow_demand_and_shrink_near_the_limit() {
     let policy = Policy::fixed_window(10_000, Duration::from_secs(1)).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
     // 10 tokens per round: plenty of room, a long lease.
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 160));
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 160), true);
     let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
     assert_eq!(g, 1 + 250);
     // Near the limit: at most half of the headroom.
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 160));
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 160), true);
     let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
     assert_eq!(g, 1 + 40);
 }
@@ -186,7 +186,7 @@ fn leases_follow_demand_and_shrink_near_the_limit() {
 fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 30, 0));
     // The receiver's clock is 5 s behind, known within 2 ms.
     let offset = Offset {
@@ -211,7 +211,7 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
     for hold in [0, 20 * MS] {
         let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S).with_hold(hold);
-        a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+        a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
         granted(a.request(10 * S, 1, 1, 100, 0));
         // Half-way through the next window the previous window's 100 weigh 50; node 1
         // takes them.
@@ -222,9 +222,9 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
         // come back from a recall.
         let mut spent = want(a.frame().0, 50, 50, 0);
         spent.previous_used = Some(100);
-        a.report(t, 1, 1, &spent);
+        a.report(t, 1, 1, &spent, true);
         // Room for one more comes 10 ms later (100 · 0.49 + 50 + 1 ≤ 100).
-        a.report(t, 2, 1, &want(0, 0, 0, 0));
+        a.report(t, 2, 1, &want(0, 0, 0, 0), true);
         let answer = a.request(t, 2, 1, 1, t + 100 * MS);
         if hold == 0 {
             assert_eq!(granted(answer), (0, 10 * MS));
@@ -236,9 +236,9 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
         let answers = a.serve_waiting(t + 10 * MS);
         assert_eq!(answers.len(), 1);
         assert_eq!((answers[0].0, granted(answers[0].2)), (2, (1, 0)));
-        a.report(t + 10 * MS, 2, 1, &want(a.frame().0, 1, 1, 0));
+        a.report(t + 10 * MS, 2, 1, &want(a.frame().0, 1, 1, 0), true);
         // Room that comes later than the hold is not waited for: a denial at once.
-        a.report(t + 10 * MS, 3, 1, &want(0, 0, 0, 0));
+        a.report(t + 10 * MS, 3, 1, &want(0, 0, 0, 0), true);
         let (g, retry) = granted(a.request(t + 10 * MS, 3, 1, 5, t + 100 * MS));
         assert_eq!(g, 0);
         assert!(retry > 20 * MS, "{retry}");
@@ -250,21 +250,21 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
 fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 58, 0));
     let window = a.frame().0;
-    a.report(10 * S, 1, 1, &want(window, 58, 58, 0));
+    a.report(10 * S, 1, 1, &want(window, 58, 58, 0), true);
     // Node 2's one request costs 49: 42 are free, nothing can come back. It is denied, and
     // the 42 stay free instead of sitting in node 2's lease.
     let mut big = want(0, 0, 0, 0);
     big.smallest = 49;
-    a.report(10 * S + 1, 2, 1, &big);
+    a.report(10 * S + 1, 2, 1, &big, true);
     let (g, retry) = granted(a.request(10 * S + 1, 2, 1, 49, 11 * S));
     assert_eq!(g, 0);
     assert!(retry > 0);
     assert_eq!(a.available(10 * S + 1), 42);
     // Node 3's request of 16 is served at once.
-    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0));
+    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0), true);
     let (g, _) = granted(a.request(10 * S + 2, 3, 1, 16, 11 * S));
     assert!(g >= 16);
 }
@@ -301,14 +301,14 @@ fn a_denial_counts_from_what_the_holders_lease_already_holds() {
     // 100 tokens a second: one every 10 ms.
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 10).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 10, 0));
     // The holder spent 6 of its 10 and waits for a request of 5: it needs 1 more, and the
     // bucket is empty. It fits 10 ms later (not the 50 ms that 5 whole tokens take).
     let mut w = want(0, 10, 6, 0);
     w.need = 1;
     w.smallest = 5;
-    a.report(10 * S, 1, 1, &w);
+    a.report(10 * S, 1, 1, &w, true);
     let (_, retry) = granted(a.request(10 * S, 1, 1, 1, 10 * S));
     assert_eq!(retry, 10_000_000);
 }
@@ -318,8 +318,8 @@ fn a_bucket_gives_back_the_refill_its_cap_held_back_for_tokens_spent_before_the_
     // 100 tokens a second, burst 100: one token every 10 ms.
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0));
-    a.report(10 * S, 2, 1, &want(0, 0, 0, 0));
+    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
+    a.report(10 * S, 2, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 30, 0));
     granted(a.request(10 * S, 2, 1, 30, 0));
     assert_eq!(a.available(10 * S), 40);
@@ -328,14 +328,14 @@ fn a_bucket_gives_back_the_refill_its_cap_held_back_for_tokens_spent_before_the_
     let t = 10 * S + 100_000_000;
     let mut w = want(0, 30, 30, 0);
     w.spent_ago = 50_000_000;
-    a.report(t, 1, 1, &w);
-    a.report(t, 2, 1, &w);
+    a.report(t, 1, 1, &w, true);
+    a.report(t, 2, 1, &w, true);
     assert_eq!(a.available(t), 45);
     // Spending reported as just done gets nothing back; refill resumes from the report.
     let mut b = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
-    b.report(10 * S, 1, 1, &want(0, 0, 0, 0));
+    b.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(b.request(10 * S, 1, 1, 30, 0));
-    b.report(t, 1, 1, &want(0, 30, 30, 0));
+    b.report(t, 1, 1, &want(0, 30, 30, 0), true);
     assert_eq!(b.available(t), 70);
     assert_eq!(b.available(t + 50_000_000), 75);
 }
@@ -378,10 +378,10 @@ fn a_backup_is_idle_exactly_when_its_takeover_would_be() {
         for spent_all in [false, true] {
             // An authority that leased some tokens to node 1, which spent part or all of them.
             let mut a = Authority::fresh(KEY, policy, kind, 10 * S);
-            a.report(10 * S, 1, 1, &want(10, 0, 0, 32));
+            a.report(10 * S, 1, 1, &want(10, 0, 0, 32), true);
             let (g, _) = granted(a.request(10 * S, 1, 1, 20, 0));
             let used = if spent_all { g } else { g / 2 };
-            a.report(10 * S + 1000, 1, 1, &want(10, g, used, 32));
+            a.report(10 * S + 1000, 1, 1, &want(10, g, used, 32), true);
             let state = a.state();
             for offset in offsets {
                 for later in [0, S / 2, S, 2 * S, 3 * S, 10 * S] {

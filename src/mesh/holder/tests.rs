@@ -71,7 +71,7 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
     // Spent to its last token: the authority counts the grant as spent already.
     for round in 501..540 {
         assert_eq!(
-            h.tick(10 * S + (round - 500) * S / 50, round),
+            h.tick(10 * S + (round - 500) * S / 50, round, true),
             (false, false)
         );
     }
@@ -88,7 +88,7 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
     apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     for round in 501..540 {
         assert_eq!(
-            h.tick(10 * S + (round - 500) * S / 50, round),
+            h.tick(10 * S + (round - 500) * S / 50, round, true),
             (false, false)
         );
     }
@@ -114,7 +114,7 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
         // Spent out, nothing waits: a fixed window's lease has nothing to do at its expiry.
         assert_eq!(h.next_deadline(), None);
         for round in 501..540 {
-            h.tick(10 * S + (round - 500) * round_ns, round);
+            h.tick(10 * S + (round - 500) * round_ns, round, true);
         }
         assert!(h.at_rest(539));
         // Looked at again once it may be forgotten (a window after its lease's end, round
@@ -141,7 +141,7 @@ fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
     h.want(10 * S, 500, false, 1);
     apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     for round in 501..540 {
-        h.tick(10 * S + (round - 500) * S / 50, round);
+        h.tick(10 * S + (round - 500) * S / 50, round, true);
     }
     assert!(h.expire_now(11 * S));
     h.want(11 * S, 550, false, 1);
@@ -149,7 +149,7 @@ fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
     apply(&mut h, 12 * S, &grant(11, 5, 0), 12 * S);
     // (The node confirms the previous window's count on any grant of a later window.)
     h.previous_confirmed();
-    let (tell, _) = h.tick(12 * S, 600);
+    let (tell, _) = h.tick(12 * S, 600, true);
     assert!(tell, "its final count is due");
     let want = h.want(12 * S, 600, false, 1);
     assert_eq!(
@@ -203,7 +203,7 @@ fn an_idle_lease_is_given_back() {
     h.slow(S, 1, 1, 2 * S);
     apply(&mut h, S, &grant(0, 6, 0), 0);
     for round in 0..IDLE_ROUNDS as u64 + 1 {
-        h.tick(S + round, round);
+        h.tick(S + round, round, true);
     }
     assert_eq!(h.cell().remaining(), 0);
     assert_eq!(h.want(2 * S, 100, false, 1).returned, 5);
@@ -225,20 +225,58 @@ fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
                 h.cell().take(S + round, 1).unwrap();
             }
         }
-        h.tick(S + round, round);
+        h.tick(S + round, round, true);
     }
     // The stream stops: once the lease is given back no refill is asked for, the
-    // demand decays to nothing and the holding can be forgotten.
+    // demand decays to nothing and the holding can be forgotten, once the authority
+    // confirmed what it gave back (an owner out of reach never stops it waiting).
     let mut refills = 0;
     for round in 50..200u64 {
-        let (_, refill) = h.tick(S + round, round);
+        let (_, refill) = h.tick(S + round, round, false);
         if round >= 50 + u64::from(IDLE_ROUNDS) {
             refills += u32::from(refill);
         }
     }
     assert_eq!(refills, 0);
-    assert!(h.is_idle(S + 200), "{h:?}");
+    assert!(!h.is_idle(S + 200), "{h:?}");
+    let (tell, _) = h.tick(S + 200, 200, false);
+    assert!(tell, "the unconfirmed counts are told again");
+    let w = h.want(S + 200, 200, false, 1);
+    apply(
+        &mut h,
+        S + 200,
+        &Grant {
+            answers: w.seq,
+            ..grant(0, granted, 0)
+        },
+        0,
+    );
+    assert!(h.is_idle(S + 201), "{h:?}");
 }
+#[test]
+fn a_holder_stops_waiting_for_an_owner_that_answers_without_confirming() {
+    let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    h.slow(S, 1, 1, 2 * S);
+    apply(&mut h, S, &grant(0, 10, 0), 0);
+    // Idle: the lease goes back, and the owner (of an earlier version) never confirms it.
+    let mut told = 0;
+    for round in 0..200u64 {
+        let (tell, _) = h.tick(S + round, round, true);
+        if tell {
+            told += 1;
+            h.want(S + round, round, false, 1);
+        }
+        if h.is_idle(S + round) {
+            // A few reports of the fading demand and the give-back, then 8 more tries,
+            // 4 rounds apart.
+            assert!(told <= 12 && round < 60, "round {round}, told {told}");
+            return;
+        }
+    }
+    panic!("never stopped waiting: {h:?}");
+}
+
 #[test]
 fn a_closed_lease_is_no_new_demand() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
@@ -253,7 +291,7 @@ fn a_closed_lease_is_no_new_demand() {
     for r in 0..60u64 {
         let now = 10 * S + (r + 1) * round;
         h.expire_now(now);
-        let (_, refill) = h.tick(now, 501 + r);
+        let (_, refill) = h.tick(now, 501 + r, true);
         refills += u32::from(refill && now > 11 * S);
         demands.push(h.demand);
     }
@@ -276,7 +314,7 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
                 .is_allowed()
         );
         h.catch_up(1);
-        let ticked = h.tick(at(501), 501);
+        let ticked = h.tick(at(501), 501, true);
         (h, ticked)
     };
     let (mut each, ticked) = lone(1);
@@ -287,7 +325,7 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
     assert!(skipped.at_rest(501));
     // Asked again one round later (a recall, say): it reports what round-by-round would.
     each.catch_up(2);
-    assert_eq!(each.tick(at(502), 502), (false, false));
+    assert_eq!(each.tick(at(502), 502, true), (false, false));
     assert!(each.demand > 0);
     skipped.catch_up_to(2);
     let round_by_round = each.want(at(502) + 1, 502, false, 1);
@@ -297,7 +335,10 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
     let (mut skipped, _) = lone(1);
     for count in 2..12 {
         each.catch_up(count);
-        assert_eq!(each.tick(at(500 + count), 500 + count), (false, false));
+        assert_eq!(
+            each.tick(at(500 + count), 500 + count, true),
+            (false, false)
+        );
     }
     skipped.catch_up(12);
     each.catch_up(12);

@@ -52,13 +52,6 @@ impl Default for RankMemo {
 }
 
 impl Membership {
-    /// Return the live members ranked by rendezvous weight for `key`, highest first: the
-    /// first is the key's owner, the second its successor.
-    pub(crate) fn ranked(&self, key: u64) -> impl Iterator<Item = NodeId> + '_ {
-        let r = self.ranking(key);
-        r.top.into_iter().take(usize::from(r.found.min(2)))
-    }
-
     /// The ranking of `key` kept in `memo` if it was made among the current live members;
     /// made (and kept there) otherwise.
     fn ranking_in(&self, key: u64, memo: Option<&RankMemo>) -> Ranking {

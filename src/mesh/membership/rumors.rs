@@ -142,7 +142,8 @@ impl Membership {
     /// A member names one this node does not know: pending, to be reached.
     fn learn(&mut self, now: Nanos, m: &Member, changes: &mut Vec<Change>) {
         let named_alive = matches!(m.state, MemberState::Alive | MemberState::Suspect);
-        if !named_alive || self.peers.len() + 1 >= MAX_MEMBERS {
+        // Ids above the largest node id name departed holders' records, never a member.
+        if !named_alive || m.id > crate::ids::MAX_NODE_ID || self.peers.len() + 1 >= MAX_MEMBERS {
             return;
         }
         self.peers.insert(
@@ -203,7 +204,11 @@ impl Membership {
                 }
             }
             MemberState::Left => {
-                if m.incarnation != 0 && peer.incarnation == Some(m.incarnation) {
+                // The life that left: the one this node heard, or, if it never heard the
+                // peer (it started after the peer left), the one the others name; should
+                // the peer come back, its own frames tell.
+                if m.incarnation != 0 && peer.incarnation.is_none_or(|i| i == m.incarnation) {
+                    peer.incarnation = Some(m.incarnation);
                     peer.left = true;
                     peer.suspect_since = None;
                     peer.since = now;

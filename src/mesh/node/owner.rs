@@ -21,9 +21,12 @@ impl Node {
             Some(a) => self.membership.owner_and_successor_in(key.key, a.rank()),
             None => self.membership.owner_and_successor(key.key),
         };
-        if owner != self.config.id {
+        if owner != self.config.id || self.membership.is_leaving() {
             if kept.is_some() {
-                self.hand_off(key, owner);
+                let to = self.rightful_owner(key.key, now);
+                if to != self.config.id {
+                    self.hand_off(now, key, to);
+                }
             }
             return false;
         }
@@ -38,6 +41,11 @@ impl Node {
             // the window from zero again.
             return false;
         }
+        if self.awaits_handoff(key, now) {
+            // Its owner left and hands it over: the handoff, not a backup or a fresh
+            // authority, has what it granted.
+            return false;
+        }
         let Some((policy, kind)) = self.policy(key.policy) else {
             return false;
         };
@@ -45,7 +53,10 @@ impl Node {
             Some(Backup { from, state, .. }) => {
                 self.stats.promotions += 1;
                 let offset = self.offset_or_guess(from, now);
-                Authority::from_state(&state, policy, kind, offset, now)
+                let mut a = Authority::from_state(&state, policy, kind, offset, now);
+                let membership = &self.membership;
+                a.retire_departed(|node, run| membership.is_live_run(node, run));
+                a
             }
             None => match self.earlier_owner(key.key) {
                 Some(by) => {
@@ -146,9 +157,15 @@ impl Node {
     pub(super) fn on_want(&mut self, now: Nanos, from: NodeId, incarnation: u64, want: Want) {
         let key = want.key;
         self.touched.push(key);
-        if !self.authority_ready(key, now) {
+        // A holder that left (or is counted dead) sends its last report: it corrects its
+        // record, and nothing is granted to it.
+        let alive = self.membership.is_alive(from);
+        if !alive && !self.authorities.contains_key(&key) {
+            return;
+        }
+        if alive && !self.authority_ready(key, now) {
             let owner = self.membership.owner_and_successor(key.key).0;
-            if owner != self.config.id && from != self.config.id {
+            if (owner != self.config.id || self.membership.is_leaving()) && from != self.config.id {
                 self.outbox.push(from, Item::NotOwner(key));
             }
             return;
@@ -160,12 +177,42 @@ impl Node {
             // current holding speaks for itself.
             return;
         }
+        if !alive {
+            let before = Some(a.frame().0);
+            a.report(now, from, incarnation, &want, false);
+            let (window, _, ends_at) = a.frame();
+            if a.mark_dirty() {
+                self.dirty.push(key);
+            }
+            self.note_frame(key, before);
+            // Confirmed, so that it stops telling (it grants nothing more).
+            self.outbox.push(
+                from,
+                Item::Grant(Grant {
+                    key,
+                    window: want.window,
+                    granted: want.granted,
+                    ends_at: if want.window == window && want.window > 0 {
+                        ends_at
+                    } else {
+                        0
+                    },
+                    retry_after: 0,
+                    more_coming: 0,
+                    answers: want.seq,
+                    holding: want.holding,
+                }),
+            );
+            // What it gave back may serve whoever waits.
+            self.serve_waiting(key, now);
+            return;
+        }
         let before = Some(a.frame().0);
         // Grants already on their way serve part of the need (a holder asks again as more
         // requests queue, before the first answer arrives); the answer then only repeats
         // what was granted, which also makes up for a lost grant.
         let in_flight = a.in_flight(now, from, &want);
-        let news = a.report(now, from, incarnation, &want);
+        let news = a.report(now, from, incarnation, &want, true);
         let need = want.need.saturating_sub(in_flight);
         let answer = if need > 0 {
             Some(a.request(now, from, incarnation, need, now + max_wait))
@@ -176,14 +223,16 @@ impl Node {
         } else if want.previous_used.is_some() {
             Some(a.current(now, from))
         } else if news {
-            // A report: answered only when the holder lacks something (a grant lost on the
-            // way, another window's tokens or its denial); otherwise the answer would repeat
-            // what it holds, or (a final count answered by the next window's empty lease)
-            // give it nothing.
+            // A report: answered when the holder lacks something (a grant lost on the way,
+            // another window's tokens or its denial), or to confirm the counts of a holder
+            // at rest (it keeps the key until then); otherwise the answer would repeat what
+            // it holds, or (a final count answered by the next window's empty lease) give
+            // it nothing.
+            let at_rest = a.at_rest(from);
             match a.current(now, from) {
                 Answer::Grant {
                     window, granted, ..
-                } if window == want.window && granted == want.granted => None,
+                } if window == want.window && granted == want.granted && !at_rest => None,
                 Answer::Grant {
                     window,
                     granted: 0,
@@ -251,10 +300,11 @@ impl Node {
         if to == self.config.id {
             // Other holders report what they were granted to whoever takes over after a
             // crash; this node cannot, so its own grants reach the backup at once.
-            if let (Some(a), (_, Some(successor))) = (
+            if let (Some(a), (owner, Some(successor))) = (
                 self.authorities.get(&key),
                 self.membership.owner_and_successor(key.key),
-            ) {
+            ) && owner == self.config.id
+            {
                 self.stats.backups_sent += 1;
                 self.outbox.push_backup(successor, a.state());
             }

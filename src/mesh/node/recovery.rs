@@ -6,12 +6,23 @@ use super::{Event, Node};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::authority::Authority;
-use crate::mesh::membership::Change;
+use crate::mesh::membership::{Change, weight};
 use crate::mesh::message::{AuthorityState, Item, KeyRef};
 use crate::mesh::timing::Offset;
 
 impl Node {
-    pub(super) fn hand_off(&mut self, key: KeyRef, to: NodeId) {
+    /// Send a key's authority to `to`, its owner: unless `to` does not answer (never heard
+    /// since this node started, as a restarted node counts its peers alive until told
+    /// otherwise, or suspected): a state sent to a member that died meanwhile would be lost.
+    /// This node then keeps the authority, granting nothing from it, until it hears `to`
+    /// again or learns that it is gone (the membership changes, and it is handed on).
+    pub(super) fn hand_off(&mut self, now: Nanos, key: KeyRef, to: NodeId) {
+        if !self.membership.is_responsive(to, now) {
+            if self.authorities.contains_key(&key) && !self.held.contains(&key) {
+                self.held.push(key);
+            }
+            return;
+        }
         if let Some(a) = self.authorities.remove(&key) {
             self.stats.handoffs_sent += 1;
             self.outbox.push_reliable(to, Item::Handoff(a.state()));
@@ -43,20 +54,85 @@ impl Node {
         let incoming = Authority::from_state(&state, policy, kind, offset, now)
             .with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
-        match self.authorities.get_mut(&key) {
-            Some(a) => a.merge(&incoming),
-            None => {
-                self.authorities.insert(key, incoming);
+        let a = match self.authorities.entry(key) {
+            std::collections::hash_map::Entry::Occupied(kept) => {
+                let a = kept.into_mut();
+                a.merge(&incoming);
+                a
             }
-        }
+            std::collections::hash_map::Entry::Vacant(slot) => slot.insert(incoming),
+        };
+        // The sender may not know yet of the holders this node knows are gone.
+        let membership = &self.membership;
+        a.retire_departed(|node, run| membership.is_live_run(node, run));
         self.mark_dirty(key);
         self.note_frame(key, before);
         // Pass it on if this node is not the owner (any more).
-        let owner = self.membership.owner_and_successor(key.key).0;
+        let owner = self.rightful_owner(key.key, now);
         if owner != self.config.id {
-            self.hand_off(key, owner);
+            self.hand_off(now, key, owner);
         } else {
             self.serve_waiting(key, now);
+        }
+    }
+
+    /// Tell whether `key`'s authority may be on its way from a member that left lately and
+    /// ranked above this node for it (its owner, most likely). A backup of it from that
+    /// member whose authority would be idle by now says nothing is coming: it dropped
+    /// the authority too.
+    pub(super) fn awaits_handoff(&self, key: KeyRef, now: Nanos) -> bool {
+        if self.departed.is_empty() {
+            return false;
+        }
+        let mine = weight(key.key, self.config.id);
+        self.departed.iter().any(|&(p, due)| {
+            if due <= now || weight(key.key, p) < mine {
+                return false;
+            }
+            let idle_backup = self.backups.get(&key).is_some_and(|b| {
+                b.from == p
+                    && self.policy(key.policy).is_some_and(|(policy, kind)| {
+                        let offset = self.offset_or_guess(p, now);
+                        Authority::state_is_idle(&b.state, &policy, kind, offset, now)
+                    })
+            });
+            !idle_backup
+        })
+    }
+
+    /// Hand on the authorities kept for owners that did not answer ([`Node::hand_off`]),
+    /// those that answer now; keep those this node owns now.
+    pub(super) fn retry_held(&mut self, now: Nanos) {
+        for key in std::mem::take(&mut self.held) {
+            let owner = self.rightful_owner(key.key, now);
+            if owner != self.config.id {
+                self.hand_off(now, key, owner);
+            } else if self.authorities.contains_key(&key) {
+                self.mark_dirty(key);
+            }
+        }
+    }
+
+    /// The node a key's authority belongs with: its owner, or, while this node leaves, the
+    /// first other member of its ranking that answers (the owner once the others hear it
+    /// left, and have declared dead those that do not answer).
+    pub(super) fn rightful_owner(&self, key: u64, now: Nanos) -> NodeId {
+        let me = self.config.id;
+        if self.membership.is_leaving() {
+            let others: Vec<NodeId> = self
+                .membership
+                .ranked_all(key)
+                .into_iter()
+                .filter(|&n| n != me)
+                .collect();
+            others
+                .iter()
+                .copied()
+                .find(|&n| self.membership.is_responsive(n, now))
+                .or(others.first().copied())
+                .unwrap_or(me)
+        } else {
+            self.membership.owner_and_successor(key).0
         }
     }
 
@@ -83,14 +159,14 @@ impl Node {
             .filter(|k| self.membership.owner_and_successor(k.key).1 == Some(from))
             .collect();
         for key in keys {
-            self.hand_off(key, from);
+            self.hand_off(now, key, from);
             self.returning.insert(key, from);
         }
     }
 
     /// Send a starting peer what it should hold: the authorities it owns, the backups of the
     /// keys it would take over.
-    pub(super) fn answer_sync(&mut self, to: NodeId, incarnation: u64) {
+    pub(super) fn answer_sync(&mut self, now: Nanos, to: NodeId, incarnation: u64) {
         self.answered_sync.insert(to, incarnation);
         // The members it should know first (a joining node learns its cluster here).
         self.send_members(to, true);
@@ -101,7 +177,7 @@ impl Node {
             .filter(|k| self.membership.owner_and_successor(k.key).0 == to)
             .collect();
         for key in owned {
-            self.hand_off(key, to);
+            self.hand_off(now, key, to);
         }
         let backed: Vec<AuthorityState> = self
             .authorities
@@ -143,6 +219,20 @@ impl Node {
                     } else {
                         Event::PeerLeft(p)
                     });
+                    if matches!(change, Change::Left(_)) {
+                        // What it gave back may have made room that a denial here does
+                        // not know of.
+                        for h in self.holdings.values_mut() {
+                            h.forget_denial();
+                        }
+                        // A leaving owner hands its keys over: wait for that (at most half
+                        // of `max_wait`, and the time a death takes to declare) rather than
+                        // take a backup over or make an authority afresh.
+                        let wait = (self.config.max_wait_ns / 2)
+                            .min(self.config.dead_after_rounds * self.config.gossip_interval_ns);
+                        self.departed.retain(|&(q, due)| q != p && due > now);
+                        self.departed.push((p, now.saturating_add(wait)));
+                    }
                     for a in self.authorities.values_mut() {
                         a.forget_holder(p);
                     }
@@ -197,9 +287,9 @@ impl Node {
     pub(super) fn rebalance(&mut self, now: Nanos) {
         let keys: Vec<KeyRef> = self.authorities.keys().copied().collect();
         for key in keys {
-            let owner = self.membership.owner_and_successor(key.key).0;
+            let owner = self.rightful_owner(key.key, now);
             if owner != self.config.id {
-                self.hand_off(key, owner);
+                self.hand_off(now, key, owner);
             } else {
                 self.mark_dirty(key);
             }

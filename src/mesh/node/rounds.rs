@@ -73,6 +73,16 @@ impl Node {
         let changes = self.membership.check(now);
         self.apply_changes(now, &changes);
         self.join_tick(now);
+        if self.membership.is_leaving() {
+            // Leases whose requests waited at the leave, served or denied since.
+            self.give_back_all(now);
+        }
+        if !self.held.is_empty() {
+            self.retry_held(now);
+        }
+        if !self.departed.is_empty() {
+            self.departed.retain(|&(_, due)| due > now);
+        }
         let round = self.round;
         // The keys due now, and those the round must look at.
         let mut due = std::mem::take(&mut self.due);
@@ -224,6 +234,10 @@ impl Node {
     fn key_timeout(&mut self, key: KeyRef, now: Nanos, round: Option<u64>) {
         let g = self.config.gossip_interval_ns;
         let rounds = self.stats.rounds;
+        let owner_answers = self.holdings.get(&key).is_some_and(|h| {
+            let owner = self.membership.owner_and_successor_in(key.key, h.rank()).0;
+            self.membership.is_responsive(owner, now)
+        });
         if let Some(h) = self.holdings.get_mut(&key) {
             h.timeouts(now, g, &mut self.decided);
             self.stats.timeouts += self.decided.len() as u64;
@@ -234,7 +248,7 @@ impl Node {
             let (tell, refill) = match round {
                 Some(round) => {
                     h.catch_up(rounds);
-                    h.tick(now, round)
+                    h.tick(now, round, owner_answers)
                 }
                 None => (false, false),
             };
@@ -324,11 +338,15 @@ impl Node {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
+        let me = self.config.id;
         for &key in &dirty {
+            // Only an owner backs its authorities up (one it keeps for a member it has not
+            // heard yet is not its own).
             if let Some(a) = self.authorities.get_mut(&key)
                 && a.take_dirty()
-                && let (_, Some(successor)) =
+                && let (owner, Some(successor)) =
                     self.membership.owner_and_successor_in(key.key, a.rank())
+                && owner == me
             {
                 self.stats.backups_sent += 1;
                 self.outbox.push(successor, Item::Backup(a.state()));
