@@ -15,7 +15,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -156,11 +156,7 @@ impl Cluster {
         let certs = ratemesh::net::certs::generate("test", n as u64).unwrap();
         ratemesh::net::certs::write(&dir.path().join("certs"), &certs).unwrap();
         std::fs::write(dir.path().join("policies.toml"), policy_file()).unwrap();
-        let udp: Vec<UdpSocket> = (0..n)
-            .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let quic: Vec<SocketAddr> = udp.iter().map(|s| s.local_addr().unwrap()).collect();
-        drop(udp);
+        let (quic, http) = node_addrs(n);
         let cut = CutSet::default();
         let mut relays = BTreeMap::new();
         for i in 0..n {
@@ -171,7 +167,7 @@ impl Cluster {
             }
         }
         let files: Vec<PathBuf> = (0..n)
-            .map(|i| node_file(dir.path(), i, quic[i], &relays))
+            .map(|i| node_file(dir.path(), i, (quic[i], http[i]), &relays))
             .collect();
         let mut cluster = Cluster {
             _dir: dir,
@@ -265,14 +261,10 @@ impl Cluster {
 fn node_file(
     dir: &Path,
     i: usize,
-    quic: SocketAddr,
+    (quic, http): (SocketAddr, SocketAddr),
     relays: &BTreeMap<(usize, usize), Relay>,
 ) -> PathBuf {
     let id = i + 1;
-    let http = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
     let mut text = format!(
         "id = {id}\nlisten = \"{quic}\"\nhttp = \"{http}\"\ngossip_interval = \"20ms\"\n\
          policy_file = \"policies.toml\"\ndrain = \"2s\"\ndrain_grace = \"0s\"\n\n[tls]\n\

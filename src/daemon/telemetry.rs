@@ -96,6 +96,9 @@ impl Exporter {
             .absolute(load(&net.frames_dropped));
         metrics::counter!("ratemesh_gossip_dropped_frames_total", "reason" => "no_connection")
             .absolute(load(&net.unroutable));
+        metrics::counter!("ratemesh_gossip_dropped_frames_total", "reason" => "reliable_lost")
+            .absolute(load(&net.reliable_lost));
+        metrics::counter!("ratemesh_reliable_frames_held_total").absolute(load(&net.reliable_held));
         metrics::counter!("ratemesh_peer_connections_refused_total").absolute(load(&net.refused));
         metrics::counter!("ratemesh_peer_dial_failures_total").absolute(load(&net.dial_failures));
         for reason in Refusal::ALL {

@@ -18,6 +18,7 @@ use crate::mesh::wire::MAX_FRAME_BYTES;
 use crate::mesh::{NodeId, Transmit};
 use crate::net::certs;
 use crate::net::dial::{self, DialState, Failure};
+use crate::net::pending::Pending;
 use crate::net::seeds::SeedBook;
 use crate::net::tls::{SEED_NAME, peer_id};
 
@@ -36,6 +37,8 @@ pub(super) struct Driver {
     statics: std::collections::HashSet<NodeId>,
     dials: HashMap<NodeId, DialState>,
     seeds: SeedBook,
+    /// Reliable frames waiting for a connection to their peer.
+    pending: Pending,
 }
 
 impl Driver {
@@ -56,6 +59,7 @@ impl Driver {
             statics: peers.iter().map(|(id, _)| *id).collect(),
             dials: HashMap::new(),
             seeds: SeedBook::default(),
+            pending: Pending::default(),
         }
     }
 
@@ -226,6 +230,16 @@ impl Driver {
                     }
                 }
             }
+            Input::Unsent(id, stable, bytes) => {
+                // A reliable frame whose stream was lost: again on the peer's connection if
+                // that is another one (or still open), else on its next one.
+                match self.connections.get(&id) {
+                    Some(c) if c.stable_id() != stable || c.close_reason().is_none() => {
+                        self.send_stream(id, c.clone(), bytes);
+                    }
+                    _ => self.hold(id, bytes),
+                }
+            }
             Input::AddPeer(id, addr) => {
                 self.addresses.insert(id, addr);
                 self.statics.insert(id);
@@ -319,6 +333,9 @@ impl Driver {
             .entry(id)
             .or_insert_with(|| connection.remote_address());
         spawn_readers(id, connection.clone(), self.inputs.clone());
+        for bytes in self.pending.take(id) {
+            self.send_stream(id, connection.clone(), bytes);
+        }
         self.connections.insert(id, connection);
         let now = self.shared.clock.now_ns();
         let mut inner = self.shared.inner.lock();
@@ -484,6 +501,11 @@ impl Driver {
                 if matches!(event, Event::PeerLeft(_)) {
                     tracing::info!(peer, "peer left the cluster");
                 }
+                let lost = self.pending.forget(peer);
+                self.shared
+                    .stats
+                    .reliable_lost
+                    .fetch_add(lost, Ordering::Relaxed);
                 if !self.statics.contains(&peer) {
                     self.addresses.remove(&peer);
                     self.dials.remove(&peer);
@@ -516,9 +538,13 @@ impl Driver {
         }
     }
 
-    fn send(&self, t: Transmit) {
+    fn send(&mut self, t: Transmit) {
         let Some(connection) = self.connections.get(&t.to) else {
-            self.shared.stats.unroutable.fetch_add(1, Ordering::Relaxed);
+            if t.reliable {
+                self.hold(t.to, t.bytes);
+            } else {
+                self.shared.stats.unroutable.fetch_add(1, Ordering::Relaxed);
+            }
             return;
         };
         self.shared
@@ -537,18 +563,57 @@ impl Driver {
             }
             return;
         }
+        if !t.reliable {
+            // A delta too large for a datagram: on a stream, not retried (the gossip
+            // catches up).
+            self.shared
+                .stats
+                .streams_sent
+                .fetch_add(1, Ordering::Relaxed);
+            let connection = connection.clone();
+            tokio::spawn(async move {
+                if let Ok(mut stream) = connection.open_uni().await
+                    && stream.write_all(&t.bytes).await.is_ok()
+                {
+                    let _ = stream.finish();
+                }
+            });
+            return;
+        }
+        self.send_stream(t.to, connection.clone(), t.bytes);
+    }
+
+    /// Send a reliable frame to `to` on a stream of `connection`; if the stream is lost
+    /// before the peer acknowledged all of it, the frame comes back ([`Input::Unsent`]).
+    fn send_stream(&self, to: NodeId, connection: quinn::Connection, bytes: Vec<u8>) {
         self.shared
             .stats
             .streams_sent
             .fetch_add(1, Ordering::Relaxed);
-        let connection = connection.clone();
+        let inputs = self.inputs.clone();
         tokio::spawn(async move {
-            if let Ok(mut stream) = connection.open_uni().await
-                && stream.write_all(&t.bytes).await.is_ok()
-            {
-                let _ = stream.finish();
+            let sent = match connection.open_uni().await {
+                Ok(mut stream) => {
+                    stream.write_all(&bytes).await.is_ok()
+                        && stream.finish().is_ok()
+                        // `Some(code)`: the peer stopped reading it (a frame it refuses),
+                        // which sending again would not change.
+                        && stream.stopped().await.is_ok()
+                }
+                Err(_) => false,
+            };
+            if !sent {
+                let _ = inputs.send(Input::Unsent(to, connection.stable_id(), bytes));
             }
         });
+    }
+
+    /// Keep a reliable frame for `to` until a connection to it comes up.
+    fn hold(&mut self, to: NodeId, bytes: Vec<u8>) {
+        let stats = &self.shared.stats;
+        stats.reliable_held.fetch_add(1, Ordering::Relaxed);
+        let dropped = self.pending.push(to, bytes);
+        stats.reliable_lost.fetch_add(dropped, Ordering::Relaxed);
     }
 }
 

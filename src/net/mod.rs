@@ -34,6 +34,7 @@ pub(crate) mod accept;
 pub mod certs;
 pub(crate) mod dial;
 mod driver;
+mod pending;
 pub(crate) mod seeds;
 pub(crate) mod tls;
 
@@ -146,6 +147,13 @@ pub struct NetStats {
     pub bytes_sent: AtomicU64,
     /// Frames for a peer with no connection (dropped; the gossip catches up).
     pub unroutable: AtomicU64,
+    /// Reliable frames (state handed over, sync answers, a leaving node's reports) that
+    /// found no connection to their peer, or whose stream was lost: kept and sent on the
+    /// peer's next connection.
+    pub reliable_held: AtomicU64,
+    /// Reliable frames given up: their peer left or was forgotten before a connection to it
+    /// came up, or the frames waiting filled their bound (64 MiB).
+    pub reliable_lost: AtomicU64,
     /// Failed attempts to reach a peer (dial errors, and connections the peer closed
     /// before it sent anything).
     pub dial_failures: AtomicU64,
@@ -238,6 +246,9 @@ pub(crate) enum Input {
     Connected(NodeId, quinn::Connection),
     Dialed(NodeId, Result<quinn::Connection, (Failure, String)>),
     Closed(NodeId, usize),
+    /// A reliable frame for the peer whose stream on the connection (by its stable id) was
+    /// lost: sent again.
+    Unsent(NodeId, usize, Vec<u8>),
     AddPeer(NodeId, SocketAddr),
     /// The seeds' addresses, and whether every seed resolved.
     Seeds {

@@ -46,15 +46,7 @@ pub fn write_cluster_with(dir: &Path, n: usize, policy_text: &str) -> Vec<std::p
     let certs = ratemesh::net::certs::generate("test", n as u64).unwrap();
     ratemesh::net::certs::write(&dir.join("certs"), &certs).unwrap();
     std::fs::write(dir.join("policies.toml"), policy_text).unwrap();
-    let udp: Vec<UdpSocket> = (0..n)
-        .map(|_| UdpSocket::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let tcp: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let quic: Vec<SocketAddr> = udp.iter().map(|s| s.local_addr().unwrap()).collect();
-    let http: Vec<SocketAddr> = tcp.iter().map(|s| s.local_addr().unwrap()).collect();
-    drop((udp, tcp));
+    let (quic, http) = node_addrs(n);
     (0..n)
         .map(|i| {
             let id = i + 1;
@@ -72,6 +64,39 @@ pub fn write_cluster_with(dir: &Path, n: usize, policy_text: &str) -> Vec<std::p
             path
         })
         .collect()
+}
+
+/// Loopback addresses for `n` nodes' QUIC (UDP) and HTTP (TCP) listeners, on ports below
+/// the kernel's ephemeral range, each free when chosen: a port left free while its node
+/// restarts is never handed meanwhile to a socket bound to port 0 (a relay's, a client's,
+/// another test's).
+pub fn node_addrs(n: usize) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
+    use std::hash::{BuildHasher, Hasher};
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (from, to) = (10_000u16, low.max(12_000));
+    let pick = || {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u8(0);
+        from + (h.finish() % u64::from(to - from)) as u16
+    };
+    let mut udp = Vec::new();
+    let mut tcp = Vec::new();
+    while udp.len() < n {
+        if let Ok(s) = UdpSocket::bind(("127.0.0.1", pick())) {
+            udp.push(s);
+        }
+    }
+    while tcp.len() < n {
+        if let Ok(s) = TcpListener::bind(("127.0.0.1", pick())) {
+            tcp.push(s);
+        }
+    }
+    let quic = udp.iter().map(|s| s.local_addr().unwrap()).collect();
+    let http = tcp.iter().map(|s| s.local_addr().unwrap()).collect();
+    (quic, http)
 }
 
 /// Start `ratemesh node --config file` and wait for its ready line.

@@ -168,6 +168,16 @@ impl Node {
             if (owner != self.config.id || self.membership.is_leaving()) && from != self.config.id {
                 self.outbox.push(from, Item::NotOwner(key));
             }
+            // An authority kept here that may not grant (its lease does not hold, or it
+            // waits to be handed over) still counts what the holder gave back and spent:
+            // its state is merged or handed over with them.
+            self.note_report(now, from, incarnation, &want, true);
+            return;
+        }
+        if !alive {
+            self.note_report(now, from, incarnation, &want, false);
+            // What it gave back may serve whoever waits.
+            self.serve_waiting(key, now);
             return;
         }
         let max_wait = self.config.max_wait_ns;
@@ -175,36 +185,6 @@ impl Node {
         if a.is_stale(from, incarnation, &want) {
             // From a holding the node has since forgotten (delayed or duplicated): the
             // current holding speaks for itself.
-            return;
-        }
-        if !alive {
-            let before = Some(a.frame().0);
-            a.report(now, from, incarnation, &want, false);
-            let (window, _, ends_at) = a.frame();
-            if a.mark_dirty() {
-                self.dirty.push(key);
-            }
-            self.note_frame(key, before);
-            // Confirmed, so that it stops telling (it grants nothing more).
-            self.outbox.push(
-                from,
-                Item::Grant(Grant {
-                    key,
-                    window: want.window,
-                    granted: want.granted,
-                    ends_at: if want.window == window && want.window > 0 {
-                        ends_at
-                    } else {
-                        0
-                    },
-                    retry_after: 0,
-                    more_coming: 0,
-                    answers: want.seq,
-                    holding: want.holding,
-                }),
-            );
-            // What it gave back may serve whoever waits.
-            self.serve_waiting(key, now);
             return;
         }
         let before = Some(a.frame().0);
@@ -256,6 +236,57 @@ impl Node {
         // A report may free tokens for whoever waits, or show that none can be had.
         self.serve_waiting(key, now);
         self.recall(now, key, recall);
+    }
+
+    /// Count a holder's report at the key's authority kept here, granting nothing: the last
+    /// report of a holder that departed (`alive` false), or one that reached an authority
+    /// that may not grant now. A holder with nothing unspent left (or a departed one) is
+    /// told its counts arrived, so that it stops telling them.
+    fn note_report(
+        &mut self,
+        now: Nanos,
+        from: NodeId,
+        incarnation: u64,
+        want: &Want,
+        alive: bool,
+    ) {
+        let key = want.key;
+        let Some(a) = self.authorities.get_mut(&key) else {
+            return;
+        };
+        if a.is_stale(from, incarnation, want) {
+            return;
+        }
+        let before = Some(a.frame().0);
+        let news = a.report(now, from, incarnation, want, alive);
+        let ack = !alive || (news && want.need == 0 && a.at_rest(from));
+        let (window, _, ends_at) = a.frame();
+        if a.mark_dirty() {
+            self.dirty.push(key);
+        }
+        self.note_frame(key, before);
+        if !ack {
+            return;
+        }
+        let grant = Grant {
+            key,
+            window: want.window,
+            granted: want.granted,
+            ends_at: if want.window == window && want.window > 0 {
+                ends_at
+            } else {
+                0
+            },
+            retry_after: 0,
+            more_coming: 0,
+            answers: want.seq,
+            holding: want.holding,
+        };
+        if from == self.config.id {
+            self.on_grant(now, from, grant);
+        } else {
+            self.outbox.push(from, Item::Grant(grant));
+        }
     }
 
     pub(super) fn recall(&mut self, now: Nanos, key: KeyRef, targets: Vec<(NodeId, u64)>) {
