@@ -1,5 +1,8 @@
 //! Properties of the pure algorithms over random arrivals and costs, with explicit time.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -161,7 +164,7 @@ fn check_a_peek_tells_the_truth(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(256)))]
 
     #[test]
     fn token_bucket_admits_at_most_burst_plus_rate_times_t(
@@ -431,7 +434,7 @@ fn poisson_trace(seed: u64, limit: u64, demand: f64, max_burst: u64, seconds: u6
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(48)))]
 
     /// The bound stated in `src/algorithm/sliding_window.rs`: on Poisson and bursty traffic,
     /// the sliding-window counter admits at most `3·√(limit·B)` more than `limit` in any

@@ -1,5 +1,8 @@
 //! The mesh's G-Counter obeys the CRDT laws and agrees with `crdts::GCounter`.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 use crdts::{CmRDT, CvRDT};
 use proptest::prelude::*;
 use ratemesh::mesh::counter::GCounter;
@@ -23,7 +26,7 @@ fn merged(mut a: GCounter, b: GCounter) -> GCounter {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(256)))]
 
     #[test]
     fn merge_is_commutative_associative_and_idempotent(a in ops(), b in ops(), c in ops()) {

@@ -3,6 +3,9 @@
 //! membership detects failures and returns; the owner's crash, restart and drain hand the
 //! key's budget on without admitting more than the limit; frames fit a datagram.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -552,7 +555,7 @@ fn bad_frames_are_dropped_counted_and_change_nothing() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(512)))]
 
     /// Arbitrary bytes (and bytes that start like a frame) never panic and change nothing
     /// unless they decode into a valid frame.

@@ -149,21 +149,37 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
     Ok(())
 }
 
-proptest! {
-    // 64 fixed schedules in CI (the same on every run); `RATEMESH_SIM_CASES=3000` for a
-    // longer hunt over random ones.
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("RATEMESH_SIM_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
-        rng_seed: if let Some(seed) = std::env::var("RATEMESH_SIM_SEED").ok().and_then(|v| v.parse().ok()) {
-            proptest::test_runner::RngSeed::Fixed(seed)
-        } else if std::env::var("RATEMESH_SIM_CASES").is_ok() {
-            proptest::test_runner::RngSeed::Random
-        } else {
-            proptest::test_runner::RngSeed::Fixed(20_261_201)
-        },
-        failure_persistence: None,
+/// The random schedules' configuration: 64 cases (`RATEMESH_SIM_CASES` or `PROPTEST_CASES`
+/// for more), drawn from `RATEMESH_SIM_SEED` or a fresh seed, printed with any failure
+/// (replay it with that variable). A failure's case is saved in
+/// `tests/mesh_sim.proptest-regressions` and replayed first by every run once committed.
+fn schedules() -> ProptestConfig {
+    use std::hash::{BuildHasher, Hasher};
+    let seed = std::env::var("RATEMESH_SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u8(0);
+            h.finish()
+        });
+    eprintln!("mesh_sim schedules from seed {seed} (replay: RATEMESH_SIM_SEED={seed})");
+    let cases = ["RATEMESH_SIM_CASES", "PROPTEST_CASES"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(64);
+    ProptestConfig {
+        cases,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions"),
+        )),
         ..ProptestConfig::default()
-    })]
+    }
+}
+
+proptest! {
+    #![proptest_config(schedules())]
 
     /// Random clusters, links, faults, traffic and gossip budgets: the measured overshoot (in
     /// the policy's own terms) never exceeds the declared bound, and without faults (or a

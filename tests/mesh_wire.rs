@@ -2,6 +2,9 @@
 //! every refusal is typed; frames that list members round-trip, and lists too long or with
 //! addresses too long are refused.
 
+#[path = "support/cases.rs"]
+mod cases;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
@@ -213,7 +216,7 @@ fn any_member() -> impl Strategy<Value = Member> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(512)))]
 
     /// Any valid list of members survives the wire unchanged.
     #[test]
@@ -242,7 +245,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2048))]
+    #![proptest_config(ProptestConfig::with_cases(cases::cases(2048)))]
 
     #[test]
     fn arbitrary_bytes_never_panic_or_allocate_past_the_limit(

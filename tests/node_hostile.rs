@@ -384,9 +384,20 @@ async fn an_unreachable_peer_is_logged_per_backoff_step_and_is_not_counted_up() 
     let _two = spawn_node(&files[1], Stdio::null());
     let client = client();
 
-    // Long enough for the retries to reach their ceiling (about 3 s of failures) and go on.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let text = metrics_of(&client, &one).await;
+    // Until the retries reached their ceiling (about 3 s of failures) and went on: six
+    // failed attempts at least.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = metrics_of(&client, &one).await;
+        if metric(&text, "ratemesh_peer_dial_failures_total") >= 6.0 {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fewer than 6 failed attempts in 30 s: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(metric(&text, "ratemesh_peers_up"), 0.0, "{text}");
     let failures = metric(&text, "ratemesh_peer_dial_failures_total");
     assert!(

@@ -3,9 +3,12 @@
 //! while one node is killed (SIGKILL) and restarted every few seconds, every node gets
 //! SIGHUPs with good and bad policy files, slow clients trickle request heads at every node
 //! and a flood of idle connections hits one. Asserted: no node dies but the one the test
-//! kills, every restart becomes healthy, every 1 s window admits at most the limit (the
-//! declared bound: the killed node never owns the key, so the crash term is 0; see
-//! docs/overshoot.md), and each node's resident memory stays under [`RSS_BOUND_KIB`].
+//! kills, every restart becomes healthy, every node refuses each bad file and applies each
+//! good one, the admissions whose round trip lay inside one 1 s window never exceed the
+//! limit (the declared bound: the killed node never owns the key, so the crash term is 0;
+//! see docs/overshoot.md), the limit is approached (some window admits half of it), and
+//! each node's resident memory stays under [`RSS_BOUND_KIB`]. With `RATEMESH_TIMED_CHECKS=1`
+//! (a quiet machine) also: at least twice the limit is answered per second.
 
 mod support;
 
@@ -90,6 +93,40 @@ fn slow_clients(addr: std::net::SocketAddr, count: usize, stop: Arc<AtomicBool>)
     }
 }
 
+/// Each node's configuration reloads so far: (applied, refused).
+async fn reloads_of(client: &reqwest::Client, nodes: &[NodeProcess]) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    for node in nodes {
+        let text = metrics_of(client, node).await;
+        out.push((
+            metric(&text, "ratemesh_config_reloads_total{result=\"applied\"}"),
+            metric(&text, "ratemesh_config_reloads_total{result=\"refused\"}"),
+        ));
+    }
+    out
+}
+
+/// Wait (10 s at most) until every node's reloads, against `before`, satisfy `done`.
+async fn wait_reloads(
+    client: &reqwest::Client,
+    nodes: &[NodeProcess],
+    before: &[(f64, f64)],
+    done: impl Fn((f64, f64), (f64, f64)) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = reloads_of(client, nodes).await;
+        if now.iter().zip(before).all(|(&n, &b)| done(b, n)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a reload was not taken: {before:?} then {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hold_the_limit() {
     raise_own_open_file_limit();
@@ -137,15 +174,18 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
     let stop = Arc::new(AtomicBool::new(false));
     let answers: Arc<Mutex<Vec<Answer>>> = Arc::new(Mutex::new(Vec::new()));
     let failed = Arc::new(AtomicU64::new(0));
+    // Requests sent and not answered yet.
+    let in_flight = Arc::new(AtomicU64::new(0));
 
     // Load: OFFERED_PER_S requests a second, round-robin over the nodes that are up.
     let load = {
         let addrs = addrs.clone();
-        let (up, stop, answers, failed, client) = (
+        let (up, stop, answers, failed, in_flight, client) = (
             Arc::clone(&up),
             Arc::clone(&stop),
             Arc::clone(&answers),
             Arc::clone(&failed),
+            Arc::clone(&in_flight),
             client.clone(),
         );
         tokio::spawn(async move {
@@ -162,6 +202,8 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
                     let url = format!("http://{}/api/orders", addrs[next]);
                     let request = client.get(url).header("x-api-key", KEY);
                     let (answers, failed) = (Arc::clone(&answers), Arc::clone(&failed));
+                    let in_flight = Arc::clone(&in_flight);
+                    in_flight.fetch_add(1, Ordering::Relaxed);
                     let node = next;
                     tokio::spawn(async move {
                         let sent = now_ns();
@@ -180,6 +222,7 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
                                 failed.fetch_add(1, Ordering::Relaxed);
                             }
                         }
+                        in_flight.fetch_sub(1, Ordering::Relaxed);
                     });
                 }
             }
@@ -252,18 +295,22 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
             None
         };
 
-        // A bad policy file, then a good one (alternating a local policy), on every node.
+        // A bad policy file, then a good one (alternating a local policy), on every node:
+        // each refused, then applied, before the next.
         tokio::time::sleep(Duration::from_millis(800)).await;
         std::fs::write(&policy_path, "[policies.broken\nalgorithm = \n").unwrap();
+        let before = reloads_of(&client, &nodes).await;
         for node in &nodes {
             signal(node, libc::SIGHUP);
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        wait_reloads(&client, &nodes, &before, |b, n| n.1 > b.1).await;
         let burst = if cycle % 2 == 0 { 100_001 } else { 100_000 };
         std::fs::write(&policy_path, policy_file(burst)).unwrap();
+        let before = reloads_of(&client, &nodes).await;
         for node in &nodes {
             signal(node, libc::SIGHUP);
         }
+        wait_reloads(&client, &nodes, &before, |b, n| n.0 > b.0).await;
         tokio::time::sleep(Duration::from_millis(1500)).await;
         drop(flood);
         for (i, node) in nodes.iter_mut().enumerate() {
@@ -277,7 +324,12 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
     let soak = started.elapsed();
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await; // the last answers
+    // The last answers (the client gives up on a request after 2 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_flight.load(Ordering::Relaxed) > 0 {
+        assert!(Instant::now() < deadline, "requests never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for thread in slow {
         thread.join().unwrap();
     }
@@ -344,10 +396,12 @@ async fn three_nodes_under_kills_reloads_slow_clients_and_a_connection_flood_hol
         failed.load(Ordering::Relaxed)
     );
     assert_eq!(others, 0, "statuses other than 200 and 429");
-    assert!(
-        answered_per_s >= 2 * LIMIT,
-        "the load reached only {answered_per_s}/s"
-    );
+    if timed_checks() {
+        assert!(
+            answered_per_s >= 2 * LIMIT,
+            "the load reached only {answered_per_s}/s"
+        );
+    }
     assert!(
         worst_inside >= LIMIT / 2,
         "the limit was never approached: worst window {worst_inside}"

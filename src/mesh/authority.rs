@@ -36,7 +36,7 @@ use crate::policy::{Algorithm, Policy};
 mod grants;
 mod records;
 
-pub(crate) use records::is_retired;
+pub(crate) use records::{holding_id, is_retired};
 
 /// Rounds of demand a lease covers when the budget is tight.
 pub(crate) const SHORT_LEASE_ROUNDS: u64 = 4;
@@ -409,6 +409,7 @@ impl Authority {
     }
 
     /// Return the holders' records.
+    #[cfg(test)]
     pub(crate) fn holders(&self) -> &[HolderRecord] {
         &self.holders
     }

@@ -45,6 +45,7 @@ use crate::mesh::timing::Offset;
 use crate::policy::Policy;
 
 mod config;
+mod deferred;
 mod inspect;
 mod join;
 mod limits;
@@ -268,6 +269,8 @@ pub struct Node {
     /// Keys this node owns whose authority it handed to the peer that had declared it dead,
     /// to merge and hand back: no fresh authority is made for them meanwhile.
     returning: FixedMap<KeyRef, NodeId>,
+    /// Holders' reports kept for keys this node owns while their authority is not here.
+    deferred: deferred::Deferred,
     /// When this node last learned that a peer declared it dead (local time), until every
     /// member it counts alive has echoed one of its frames sent since: until then, a member
     /// that still counts it dead may own and grant its keys, and it grants nothing.
@@ -414,6 +417,7 @@ impl Node {
             held: Vec::new(),
             departed: Vec::new(),
             returning: FixedMap::default(),
+            deferred: deferred::Deferred::default(),
             declared_dead_at: None,
             join: join::Join::new(&config, now),
             limits: limits::Limits::new(config.policies.clone()),

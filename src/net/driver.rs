@@ -32,6 +32,10 @@ pub(super) struct Driver {
     endpoint: quinn::Endpoint,
     inputs: mpsc::UnboundedSender<Input>,
     connections: HashMap<NodeId, quinn::Connection>,
+    /// Other open connections to a peer than the one in `connections` (both sides dialed,
+    /// and each kept the one it saw last): the peer may send on them, and one takes over
+    /// when the current one closes.
+    spares: HashMap<NodeId, Vec<quinn::Connection>>,
     addresses: HashMap<NodeId, SocketAddr>,
     /// Peers given by address (configured): dialed for as long as the node runs.
     statics: std::collections::HashSet<NodeId>,
@@ -55,6 +59,7 @@ impl Driver {
             endpoint,
             inputs,
             connections: HashMap::new(),
+            spares: HashMap::new(),
             addresses: peers.iter().copied().collect(),
             statics: peers.iter().map(|(id, _)| *id).collect(),
             dials: HashMap::new(),
@@ -208,12 +213,18 @@ impl Driver {
                 }
             }
             Input::Closed(id, stable) => {
+                if let Some(spares) = self.spares.get_mut(&id) {
+                    spares.retain(|c| c.stable_id() != stable);
+                }
                 if self
                     .connections
                     .get(&id)
                     .is_some_and(|c| c.stable_id() == stable)
                 {
                     let connection = self.connections.remove(&id).expect("checked above");
+                    if self.promote_spare(id) {
+                        return;
+                    }
                     let heard = {
                         let mut inner = self.shared.inner.lock();
                         inner.connected.remove(&id);
@@ -336,7 +347,13 @@ impl Driver {
         for bytes in self.pending.take(id) {
             self.send_stream(id, connection.clone(), bytes);
         }
-        self.connections.insert(id, connection);
+        if let Some(old) = self.connections.insert(id, connection)
+            && old.close_reason().is_none()
+        {
+            let spares = self.spares.entry(id).or_default();
+            spares.retain(|c| c.close_reason().is_none());
+            spares.push(old);
+        }
         let now = self.shared.clock.now_ns();
         let mut inner = self.shared.inner.lock();
         inner.connected.insert(id);
@@ -482,6 +499,11 @@ impl Driver {
                 // grow ever further apart while the peer is cut off (until the idle timeout):
                 // closed, and a fresh one dialed (and retried with backoff) from now on, the
                 // link is up again soon after a cut is lifted.
+                // Its spare connections too: the peer would go on sending on one of them,
+                // heard here, while this node could not answer.
+                for spare in self.spares.remove(&peer).unwrap_or_default() {
+                    spare.close(4u32.into(), b"declared dead");
+                }
                 if let Some(connection) = self.connections.remove(&peer) {
                     connection.close(4u32.into(), b"declared dead");
                     self.shared.inner.lock().connected.remove(&peer);
@@ -510,6 +532,7 @@ impl Driver {
                     self.addresses.remove(&peer);
                     self.dials.remove(&peer);
                 }
+                self.spares.remove(&peer);
             }
             Event::PeerLearned(peer) => {
                 tracing::info!(peer, addr = ?addr, "learned of a member");
@@ -538,7 +561,25 @@ impl Driver {
         }
     }
 
+    /// The current connection to `id` closed, or there is none: make an open spare the
+    /// current one; tell whether there was one.
+    fn promote_spare(&mut self, id: NodeId) -> bool {
+        let Some(spares) = self.spares.get_mut(&id) else {
+            return false;
+        };
+        spares.retain(|c| c.close_reason().is_none());
+        let Some(spare) = spares.pop() else {
+            self.spares.remove(&id);
+            return false;
+        };
+        self.connections.insert(id, spare);
+        true
+    }
+
     fn send(&mut self, t: Transmit) {
+        if !self.connections.contains_key(&t.to) {
+            self.promote_spare(t.to);
+        }
         let Some(connection) = self.connections.get(&t.to) else {
             if t.reliable {
                 self.hold(t.to, t.bytes);

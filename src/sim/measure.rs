@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::clock::Nanos;
 use crate::mesh::MeshKind;
+use crate::mesh::authority::holding_id;
+use crate::mesh::message::AuthorityState;
 use crate::policy::Policy;
 use crate::sim::traffic::Arrival;
 use crate::sim::{START_NS, SimConfig, SimNode, SimReport, declared_bound};
@@ -171,7 +173,7 @@ impl Recorder {
             }
         }
         for key in 0..self.mesh.len() as u64 {
-            let Some(a) = node.authority(0, key + 1) else {
+            let Some(a) = node.authority_state(0, key + 1) else {
                 continue;
             };
             let (_, successor) = node.membership().owner_and_successor(key + 1);
@@ -179,26 +181,7 @@ impl Recorder {
                 .and_then(|s| nodes.get(s as usize))
                 .and_then(|s| s.node.as_ref())
                 .and_then(|s| s.backup(0, key + 1));
-            let same_window = |w: u64| backup.is_some_and(|b| b.window == w);
-            let unbacked: u64 = a
-                .holders()
-                .iter()
-                .map(|h| {
-                    let backed = backup
-                        .filter(|_| same_window(a.frame().0))
-                        .and_then(|b| {
-                            // The same holding's record: another holding of the node (one
-                            // it forgot, or made since) backs up none of this one's grants.
-                            b.holders.iter().find(|r| {
-                                (r.node, r.incarnation, r.holding)
-                                    == (h.node, h.incarnation, h.holding)
-                            })
-                        })
-                        .map_or(0, |r| r.granted.saturating_sub(r.returned));
-                    h.granted.saturating_sub(h.returned).saturating_sub(backed)
-                })
-                .sum();
-            self.crash_term = self.crash_term.max(unbacked as f64 / limit);
+            self.crash_term = self.crash_term.max(unbacked(&a, backup) as f64 / limit);
         }
     }
 
@@ -235,7 +218,7 @@ impl Recorder {
         }
     }
 
-    pub(crate) fn split(&mut self, now: Nanos, _nodes: &[SimNode]) {
+    pub(crate) fn split(&mut self, now: Nanos) {
         self.event(now);
     }
 
@@ -542,6 +525,24 @@ impl Recorder {
         }
         report
     }
+}
+
+/// Tokens an authority leased in its window (granted and not given back) that `backup`, a
+/// copy of it another node keeps, does not show: what a takeover from that backup (or with
+/// none) cannot know.
+fn unbacked(a: &AuthorityState, backup: Option<&AuthorityState>) -> u64 {
+    let backup = backup.filter(|b| b.window == a.window);
+    a.holders
+        .iter()
+        .map(|h| {
+            // The same holding's record, live or retired: another holding of the node (one
+            // it forgot, or made since) backs up none of this one's grants.
+            let backed = backup
+                .and_then(|b| b.holders.iter().find(|r| holding_id(r) == holding_id(h)))
+                .map_or(0, |r| r.granted.saturating_sub(r.returned));
+            h.granted.saturating_sub(h.returned).saturating_sub(backed)
+        })
+        .sum()
 }
 
 /// Group `requests` by key in place, each key's in the order they were offered, and return

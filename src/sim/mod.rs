@@ -345,6 +345,7 @@ enum Event {
         from: usize,
         to: usize,
         incarnation: u64,
+        reliable: bool,
         frame: Payload,
     },
     Crash(usize),
@@ -394,6 +395,9 @@ struct World<'a> {
     events: Vec<NodeEvent>,
     nodes: Vec<SimNode>,
     partitioned: bool,
+    /// Reliable frames across the cut, waiting for the heal as the transport keeps them for
+    /// a peer's next connection: (from, to, bytes, frame).
+    held: Vec<(usize, usize, usize, Payload)>,
     bytes_sent: u64,
     frames_dropped: u64,
     next_tick: Vec<Nanos>,
@@ -404,11 +408,18 @@ impl World<'_> {
     /// them.
     fn handoffs_to(&self, to: usize) -> Vec<crate::mesh::message::AuthorityState> {
         let mut states = Vec::new();
-        for event in self.slots.iter().flatten() {
-            let Event::Deliver { to: t, frame, .. } = event else {
-                continue;
-            };
-            if *t != to {
+        let on_links = self.slots.iter().flatten().filter_map(|event| match event {
+            Event::Deliver {
+                from, to, frame, ..
+            } => Some((*from, *to, frame)),
+            _ => None,
+        });
+        let held = self
+            .held
+            .iter()
+            .map(|(from, to, _, frame)| (*from, *to, frame));
+        for (_, t, frame) in on_links.chain(held) {
+            if t != to {
                 continue;
             }
             let items = match frame {
@@ -512,10 +523,16 @@ impl World<'_> {
         reliable: bool,
         frame: Payload,
     ) {
-        self.bytes_sent += len as u64;
-        if to >= self.nodes.len() || self.cut(i, to) {
+        if to >= self.nodes.len() {
             return;
         }
+        if self.cut(i, to) {
+            if reliable {
+                self.held.push((i, to, len, frame));
+            }
+            return;
+        }
+        self.bytes_sent += len as u64;
         let copies = if reliable {
             1
         } else if self.rng.f64() < self.config.loss {
@@ -546,6 +563,7 @@ impl World<'_> {
                     from: i,
                     to,
                     incarnation,
+                    reliable,
                     frame,
                 },
             );
@@ -605,6 +623,7 @@ pub fn run(config: &SimConfig) -> SimReport {
         events: Vec::new(),
         nodes,
         partitioned: false,
+        held: Vec::new(),
         bytes_sent: 0,
         frames_dropped: 0,
         next_tick: vec![0; config.nodes],
@@ -741,8 +760,13 @@ pub fn run(config: &SimConfig) -> SimReport {
                 from,
                 to,
                 incarnation,
+                reliable,
                 frame,
             } => {
+                if world.cut(from, to) && reliable {
+                    world.held.push((from, to, 0, frame));
+                    continue;
+                }
                 if world.nodes[to].incarnation != incarnation || world.cut(from, to) {
                     continue;
                 }
@@ -765,6 +789,8 @@ pub fn run(config: &SimConfig) -> SimReport {
             Event::Crash(i) => {
                 record.crashed(now, i, &world.nodes);
                 record.handoffs_lost(&world.handoffs_to(i));
+                // What it kept for its peers goes with the process.
+                world.held.retain(|&(from, ..)| from != i);
                 world.nodes[i].node = None;
                 world.nodes[i].incarnation += 1;
                 // The requests it held get an error: denied.
@@ -791,6 +817,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 if !world.nodes[i].draining {
                     continue;
                 }
+                world.held.retain(|&(from, ..)| from != i);
                 record.event(now);
                 world.nodes[i].draining = false;
                 world.nodes[i].node = None;
@@ -810,11 +837,14 @@ pub fn run(config: &SimConfig) -> SimReport {
             }
             Event::Split => {
                 world.partitioned = true;
-                record.split(now, &world.nodes);
+                record.split(now);
             }
             Event::Heal => {
                 world.partitioned = false;
                 record.heal(now);
+                for (from, to, len, frame) in std::mem::take(&mut world.held) {
+                    world.send(from, now, to, len, true, frame);
+                }
             }
         }
     }

@@ -169,6 +169,22 @@ pub async fn metrics_of(client: &reqwest::Client, node: &NodeProcess) -> String 
     client.get(url).send().await.unwrap().text().await.unwrap()
 }
 
+/// The node's metrics, or the error that kept them (a node too busy to answer in time).
+pub async fn try_metrics_of(
+    client: &reqwest::Client,
+    node: &NodeProcess,
+) -> Result<String, reqwest::Error> {
+    let url = format!("http://{}/metrics", node.http);
+    client.get(url).send().await?.text().await
+}
+
+/// Tell whether checks of speed (throughput floors, a loaded machine's failure detector)
+/// run: only with `RATEMESH_TIMED_CHECKS=1`, on a quiet machine (not in CI, where another
+/// build may share the CPU). Their figures are printed either way.
+pub fn timed_checks() -> bool {
+    std::env::var("RATEMESH_TIMED_CHECKS").is_ok_and(|v| v == "1")
+}
+
 pub fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name) && !l.starts_with('#'))

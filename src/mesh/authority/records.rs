@@ -38,7 +38,7 @@ pub(crate) fn is_retired(h: &HolderRecord) -> bool {
 }
 
 /// The holding a record counts, as one id: the same for its live and its retired record.
-fn identity(h: &HolderRecord) -> NodeId {
+pub(crate) fn holding_id(h: &HolderRecord) -> NodeId {
     if is_retired(h) {
         h.node
     } else {
@@ -97,8 +97,8 @@ impl Authority {
         let (seen_here, seen_there) = (traffic(self), traffic(other));
         let (mut mine_out, mut mine_back) = (0u64, 0u64);
         for mine in &self.holders {
-            let id = identity(mine);
-            match other.holders.iter().find(|h| identity(h) == id) {
+            let id = holding_id(mine);
+            match other.holders.iter().find(|h| holding_id(h) == id) {
                 Some(theirs) => {
                     mine_out += mine.granted.saturating_sub(theirs.granted);
                     mine_back += mine.returned.saturating_sub(theirs.returned);
@@ -111,8 +111,8 @@ impl Authority {
         }
         let (mut out, mut back) = (0u64, 0u64);
         for theirs in &other.holders {
-            let id = identity(theirs);
-            if let Some(mine) = self.holders.iter_mut().find(|h| identity(h) == id) {
+            let id = holding_id(theirs);
+            if let Some(mine) = self.holders.iter_mut().find(|h| holding_id(h) == id) {
                 out += theirs.granted.saturating_sub(mine.granted);
                 back += theirs.returned.saturating_sub(mine.returned);
                 absorb(mine, theirs);

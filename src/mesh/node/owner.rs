@@ -70,7 +70,16 @@ impl Node {
             .insert(key, authority.with_hold(self.config.hold_ns()));
         self.mark_dirty(key);
         self.note_frame(key, None);
+        self.count_deferred(now, key);
         true
+    }
+
+    /// Count the reports kept for `key` while its authority was not here (it is now).
+    pub(super) fn count_deferred(&mut self, now: Nanos, key: KeyRef) {
+        for r in self.deferred.take(key) {
+            let alive = self.membership.is_alive(r.from);
+            self.note_report(now, r.from, r.incarnation, &r.want, alive);
+        }
     }
 
     /// Tell whether this node may grant from `key` as its owner at `now`: its successor
@@ -252,6 +261,12 @@ impl Node {
     ) {
         let key = want.key;
         let Some(a) = self.authorities.get_mut(&key) else {
+            // The owner, waiting for its authority of the key: counted once it is here.
+            if self.membership.owner_and_successor(key.key).0 == self.config.id
+                && !self.membership.is_leaving()
+            {
+                self.deferred.defer(now, from, incarnation, want);
+            }
             return;
         };
         if a.is_stale(from, incarnation, want) {

@@ -65,6 +65,7 @@ impl Node {
         // The sender may not know yet of the holders this node knows are gone.
         let membership = &self.membership;
         a.retire_departed(|node, run| membership.is_live_run(node, run));
+        self.count_deferred(now, key);
         self.mark_dirty(key);
         self.note_frame(key, before);
         // Pass it on if this node is not the owner (any more).
