@@ -14,6 +14,11 @@ use support::*;
 async fn three_node_processes_hold_one_limit_and_drain_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let files = write_cluster(dir.path(), 3);
+    // The default wait for a key's owner (100 ms): the bounds below allow for a request
+    // denied because its owner answered late.
+    for file in &files {
+        edit_file(file, |t| t.replace("mesh_max_wait = \"1s\"\n", ""));
+    }
     let mut nodes: Vec<NodeProcess> = files.iter().map(|f| start(f)).collect();
     let client = client();
     for node in &nodes {
@@ -246,6 +251,30 @@ fn a_bad_node_file_is_refused_with_file_line_and_field() {
     std::fs::write(&path, format!("mesh_first_credit = 2\n{good}")).unwrap();
     let file = NodeFile::from_file(&path).unwrap();
     assert_eq!(file.node_config().first_credit, 2);
+    assert_eq!(file.node_config().max_wait_ns, 1_000_000_000);
+    let path = dir.path().join("default-wait.toml");
+    let good = good.replace("mesh_max_wait = \"1s\"\n", "");
+    std::fs::write(&path, &good).unwrap();
+    let file = NodeFile::from_file(&path).unwrap();
+    assert_eq!(
+        file.node_config().max_wait_ns,
+        100_000_000,
+        "the default wait"
+    );
+    check(
+        &format!("mesh_max_wait = \"5ms\"\n{good}"),
+        "mesh_max_wait",
+        "between the gossip interval",
+    );
+    check(
+        &format!("mesh_max_wait = \"2m\"\n{good}"),
+        "mesh_max_wait",
+        "and 60s",
+    );
+    let path = dir.path().join("wait.toml");
+    std::fs::write(&path, format!("mesh_max_wait = \"1500ms\"\n{good}")).unwrap();
+    let file = NodeFile::from_file(&path).unwrap();
+    assert_eq!(file.node_config().max_wait_ns, 1_500_000_000);
     check(
         &format!("gossip_budget_bytes_per_s = 10\n{good}"),
         "gossip_budget_bytes_per_s",

@@ -38,7 +38,7 @@ fn ports(n: usize) -> (Vec<SocketAddr>, Vec<SocketAddr>) {
 fn node_file(dir: &Path, id: u64, quic: SocketAddr, http: SocketAddr, extra: &str) -> PathBuf {
     let text = format!(
         "id = {id}\nlisten = \"{quic}\"\nhttp = \"{http}\"\ngossip_interval = \"20ms\"\n\
-         policy_file = \"policies.toml\"\ndrain = \"1s\"\ndrain_grace = \"100ms\"\n{extra}\n\
+         mesh_max_wait = \"1s\"\npolicy_file = \"policies.toml\"\ndrain = \"1s\"\ndrain_grace = \"100ms\"\n{extra}\n\
          [tls]\nca = \"certs/ca.pem\"\ncert = \"certs/node-{id}.pem\"\nkey = \"certs/node-{id}.key\"\n"
     );
     let path = dir.join(format!("node-{id}.toml"));
@@ -497,7 +497,7 @@ fn seeds_and_join_settings_in_a_node_file_are_checked_with_file_line_and_field()
         let error = parse(extra).unwrap_err();
         assert_eq!(error.field, field, "{error}");
         assert!(error.reason.contains(reason), "{error}");
-        assert_eq!(error.line, 8, "{error}");
+        assert_eq!(error.line, 9, "{error}");
     };
     refused("seeds = [\"no-port\"]", "seeds[0]", "with a port");
     refused(

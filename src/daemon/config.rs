@@ -11,6 +11,7 @@
 //! drain = "5s"                     # then: finish in-flight requests for at most this
 //! mesh_max_keys = 1000000          # mesh keys a node holds; beyond, its share alone decides
 //! mesh_first_credit = 1            # tokens a key's first request here may take before the owner answers (0: wait)
+//! mesh_max_wait = "100ms"          # the longest a request waits for its key's owner before it is denied
 //! gossip_budget_bytes_per_s = 16000000  # key gossip a node sends at most, urgent first
 //!
 //! # Instead of `http = "…"`, an `[http]` table with its settings (defaults shown):
@@ -91,6 +92,8 @@ const DEFAULT_MESH_MAX_KEYS: usize = 1_000_000;
 const MAX_MESH_MAX_KEYS: i64 = 100_000_000;
 /// The most `mesh_first_credit` a node file may ask for.
 const MAX_MESH_FIRST_CREDIT: i64 = 1_000_000;
+/// The longest `mesh_max_wait` a node file may ask for.
+const MAX_MESH_MAX_WAIT: Duration = Duration::from_secs(60);
 /// The range of `gossip_budget_bytes_per_s`.
 const GOSSIP_BUDGET_RANGE: std::ops::RangeInclusive<i64> = 10_000..=100_000_000_000;
 
@@ -142,6 +145,9 @@ pub struct NodeFile {
     /// Tokens a key's first request on this node may take before the key's owner answers
     /// ([`NodeConfig::first_credit`]).
     pub mesh_first_credit: u64,
+    /// The longest a mesh request waits for its key's owner before it is denied
+    /// ([`NodeConfig::max_wait_ns`]).
+    pub mesh_max_wait: Duration,
     /// Bytes of key gossip the node sends per second at most (most urgent first; the rest
     /// waits a round).
     pub gossip_budget_bytes_per_s: u64,
@@ -203,6 +209,7 @@ struct RawNodeFile {
     cluster_size: Option<Spanned<usize>>,
     mesh_max_keys: Option<Spanned<i64>>,
     mesh_first_credit: Option<Spanned<i64>>,
+    mesh_max_wait: Option<Spanned<String>>,
     gossip_budget_bytes_per_s: Option<Spanned<i64>>,
     seeds: Option<Spanned<Vec<String>>>,
     seed_refresh: Option<Spanned<String>>,
@@ -389,6 +396,22 @@ impl NodeFile {
                 ));
             }
         };
+        let default_wait =
+            Duration::from_nanos(NodeConfig::new(id, Vec::new(), Vec::new()).max_wait_ns);
+        let mesh_max_wait = duration(&raw.mesh_max_wait, "mesh_max_wait", default_wait)?;
+        if raw.mesh_max_wait.is_some()
+            && !(gossip_interval..=MAX_MESH_MAX_WAIT).contains(&mesh_max_wait)
+        {
+            let span = raw.mesh_max_wait.as_ref().map_or(0..0, |s| s.span());
+            return Err(source.error(
+                at(span),
+                "mesh_max_wait",
+                format!(
+                    "between the gossip interval ({gossip_interval:?}: a request waits at least \
+                     one round for its owner) and {MAX_MESH_MAX_WAIT:?}, got {mesh_max_wait:?}"
+                ),
+            ));
+        }
         let gossip_budget_bytes_per_s = match &raw.gossip_budget_bytes_per_s {
             None => crate::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
             Some(n) if GOSSIP_BUDGET_RANGE.contains(n.get_ref()) => *n.get_ref() as u64,
@@ -563,6 +586,7 @@ impl NodeFile {
             while_joining,
             mesh_max_keys,
             mesh_first_credit,
+            mesh_max_wait,
             gossip_budget_bytes_per_s,
             tls,
             policy_file,
@@ -590,6 +614,7 @@ impl NodeFile {
         config.cluster_size = self.cluster_size;
         config.max_keys = self.mesh_max_keys;
         config.first_credit = self.mesh_first_credit;
+        config.max_wait_ns = duration_to_nanos(self.mesh_max_wait);
         config.gossip_budget_bytes_per_s = self.gossip_budget_bytes_per_s;
         config.gossip_interval_ns = duration_to_nanos(self.gossip_interval);
         // A node with peers or seeds joins a cluster; one with neither is a cluster of one.

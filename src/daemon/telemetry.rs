@@ -185,7 +185,7 @@ fn describe() {
     );
     describe_counter!(
         "ratemesh_mesh_wait_timeouts_total",
-        "Waiting requests denied because the owner did not answer within max_wait (or the node took them too late)"
+        "Waiting requests denied because the owner did not answer within mesh_max_wait (or the node took them too late)"
     );
     describe_counter!(
         "ratemesh_mesh_grants_total",

@@ -42,6 +42,10 @@ pub fn write_cluster(dir: &Path, n: usize) -> Vec<std::path::PathBuf> {
 }
 
 /// Write certificates, `policy_text` as the policy file and `n` node files into `dir`.
+///
+/// A request waits up to a second for its key's owner (`mesh_max_wait`, 100 ms by default):
+/// a test that counts every admission must not see a denial because the machine was too busy
+/// to answer within 100 ms. A test of the default removes the line.
 pub fn write_cluster_with(dir: &Path, n: usize, policy_text: &str) -> Vec<std::path::PathBuf> {
     let certs = ratemesh::net::certs::generate("test", n as u64).unwrap();
     ratemesh::net::certs::write(&dir.join("certs"), &certs).unwrap();
@@ -52,7 +56,7 @@ pub fn write_cluster_with(dir: &Path, n: usize, policy_text: &str) -> Vec<std::p
             let id = i + 1;
             let mut text = format!(
                 "id = {id}\nlisten = \"{}\"\nhttp = \"{}\"\ngossip_interval = \"20ms\"\n\
-                 policy_file = \"policies.toml\"\ndrain = \"2s\"\ndrain_grace = \"200ms\"\n\n[tls]\nca = \"certs/ca.pem\"\n\
+                 mesh_max_wait = \"1s\"\npolicy_file = \"policies.toml\"\ndrain = \"2s\"\ndrain_grace = \"200ms\"\n\n[tls]\nca = \"certs/ca.pem\"\n\
                  cert = \"certs/node-{id}.pem\"\nkey = \"certs/node-{id}.key\"\n",
                 quic[i], http[i]
             );
