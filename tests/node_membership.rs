@@ -267,7 +267,7 @@ fn node_file(
     let id = i + 1;
     let mut text = format!(
         "id = {id}\nlisten = \"{quic}\"\nhttp = \"{http}\"\ngossip_interval = \"20ms\"\n\
-         mesh_max_wait = \"1s\"\npolicy_file = \"policies.toml\"\ndrain = \"2s\"\ndrain_grace = \"0s\"\n\n[tls]\n\
+         policy_file = \"policies.toml\"\ndrain = \"2s\"\ndrain_grace = \"0s\"\n\n[tls]\n\
          ca = \"certs/ca.pem\"\ncert = \"certs/node-{id}.pem\"\nkey = \"certs/node-{id}.key\"\n"
     );
     for (&(a, b), relay) in relays {

@@ -715,6 +715,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                         }
                     }
                     record.ran(k);
+                    record.check_cut(k, &world.nodes);
                     drain_events(&mut world, &mut record, k, now);
                     world.flush(k, now);
                     world.schedule(k, now);
@@ -745,6 +746,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                     node.handle_timeout(local);
                 }
                 record.ran(i);
+                record.check_cut(i, &world.nodes);
                 drain_events(&mut world, &mut record, i, now);
                 world.flush(i, now);
                 world.schedule(i, now);
@@ -782,6 +784,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                     world.frames_dropped += 1;
                 }
                 record.ran(to);
+                record.check_cut(to, &world.nodes);
                 drain_events(&mut world, &mut record, to, now);
                 world.flush(to, now);
                 world.schedule(to, now);
@@ -837,7 +840,8 @@ pub fn run(config: &SimConfig) -> SimReport {
             }
             Event::Split => {
                 world.partitioned = true;
-                record.split(now);
+                let minority = config.partition.map_or(0, |p| p.minority);
+                record.split(now, minority, config, &world.nodes);
             }
             Event::Heal => {
                 world.partitioned = false;

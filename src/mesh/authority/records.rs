@@ -77,14 +77,27 @@ impl Authority {
     /// handoff, only refilled meanwhile), less what the other state's records show beyond
     /// it (grants and returns made there since the two parted, which moved tokens out of or
     /// back into the other's level).
+    ///
+    /// Windows: the newer window's state, with the older state's counts of the window before
+    /// it folded into its previous window (each holding's largest, a final count over an
+    /// upper bound), as the older state would have rolled them: a sliding window weighs
+    /// them, and a state that rolled apart from the other must not forget what was admitted
+    /// there.
     pub(crate) fn merge(&mut self, other: &Authority) {
-        if other.kind.is_window() && other.window > self.window {
-            let mut merged = other.clone();
+        if other.kind.is_window() && other.window != self.window {
+            let (newer, older) = if other.window > self.window {
+                (other, &*self)
+            } else {
+                (&*self, other)
+            };
+            let mut rolled = older.clone();
+            rolled.roll(newer.start);
+            let mut merged = newer.clone();
+            if rolled.window == newer.window {
+                merged.merge(&rolled);
+            }
             merged.version = self.version.max(other.version) + 1;
             *self = merged;
-            return;
-        }
-        if other.kind.is_window() && other.window < self.window {
             return;
         }
         // What each state's records show beyond the other's (a bucket's level, below).
@@ -420,10 +433,15 @@ impl Authority {
                 match previous_final {
                     Some(final_used) => {
                         news = true;
+                        // Exact, either way: below what it was leased here (it gave some
+                        // back unspent), or above (it also spent a lease of another state
+                        // of the key, one kept apart by a partition).
                         if final_used < r.previous_held {
                             previous_correction = r.previous_held - final_used;
-                            r.previous_held = final_used;
+                        } else {
+                            previous_raise = final_used - r.previous_held;
                         }
+                        r.previous_held = final_used;
                         r.previous_final = true;
                     }
                     None if want.window + 1 == window => {

@@ -74,6 +74,45 @@ fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts
 }
 
 #[test]
+fn states_that_rolled_apart_merge_both_counts_of_the_window_before() {
+    // A partition: each side's state of the key leased 8 of 20 in window 10; the majority's
+    // rolled to window 11 before they met again. Whichever merges into which, window 11
+    // weighs all 16.
+    let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
+    let mut majority = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
+    let mut minority = majority.clone();
+    majority.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
+    granted(majority.request(10 * S, 1, 1, 8, 0));
+    minority.report(10 * S, 2, 1, &want(10, 0, 0, 0), true);
+    granted(minority.request(10 * S, 2, 1, 8, 0));
+    assert_eq!(majority.available(11 * S), 12, "it knows its own 8");
+    let mut newer = majority.clone();
+    newer.merge(&minority);
+    assert_eq!(newer.available(11 * S), 4, "the older state's 8 weigh too");
+    let mut older = minority.clone();
+    older.merge(&majority);
+    assert_eq!(older.available(11 * S), 4, "merged the other way round");
+    // Merged again (a duplicate handoff), nothing counts twice.
+    newer.merge(&minority);
+    assert_eq!(newer.available(11 * S), 4);
+}
+
+#[test]
+fn a_final_count_above_the_lease_here_raises_the_previous_window() {
+    // The holder spent 5 leased here and 4 leased by a state kept apart by a partition: its
+    // final count of 9 weighs, not the 5 this state leased it.
+    let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
+    let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
+    a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
+    granted(a.request(10 * S, 1, 1, 5, 0));
+    assert_eq!(a.available(11 * S), 15);
+    let mut w = want(10, 9, 9, 0);
+    w.closed = true;
+    a.report(11 * S, 1, 1, &w, true);
+    assert_eq!(a.available(11 * S), 11);
+}
+
+#[test]
 fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
     let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
     let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
