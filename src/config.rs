@@ -51,8 +51,10 @@
 //! descriptors = [{ key = "remote_address", rate_limit = { requests_per_unit = 100, unit = "minute" } }]
 //! ```
 
+mod access;
 mod envoy;
 mod identity;
+mod key;
 mod limits;
 mod policy;
 mod raw;
@@ -63,12 +65,15 @@ mod source;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use access::build_access;
+pub use access::{Access, AccessLists, MAX_ACCESS_RANGES};
 use envoy::build_envoy;
 pub use envoy::{
     DescriptorLimit, EnvoyConfig, EnvoyDescriptor, EnvoyDomain, MAX_DESCRIPTOR_DEPTH, RateLimitUnit,
 };
 use identity::build_identity;
 pub use identity::{IdentityConfig, IdentitySource};
+pub use key::{AddressPrefixes, CountBy, KeyPart, MAX_BY_PARTS, OnMissing};
 use limits::check_limits_something;
 use policy::build_policy;
 pub use policy::{Backend, FailMode, MAX_TOKEN_CACHE_TTL, NamedPolicy, TokenCacheConfig};
@@ -92,6 +97,8 @@ pub struct GatewayConfig {
     pub key_secret: Option<String>,
     /// How clients are identified.
     pub identity: IdentityConfig,
+    /// Addresses never limited, and addresses refused (`[access]`).
+    pub access: AccessLists,
     /// Also send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
     pub legacy_headers: bool,
     /// The named policies.
@@ -147,6 +154,15 @@ impl GatewayConfig {
             bytes.extend_from_slice(&(p.name.len() as u64).to_le_bytes());
             bytes.extend_from_slice(p.name.as_bytes());
             bytes.extend_from_slice(p.policy.algorithm().name().as_bytes());
+            // What it counts by: another `by` makes other keys.
+            if let Some(by) = &p.by {
+                bytes.extend_from_slice(b"by");
+                for part in &by.parts {
+                    let name = part.name();
+                    bytes.extend_from_slice(&(name.len() as u64).to_le_bytes());
+                    bytes.extend_from_slice(name.as_bytes());
+                }
+            }
             for n in [
                 p.policy.capacity(),
                 p.policy.interval_ns(),
@@ -281,10 +297,16 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         None => IdentityConfig::default(),
     };
 
+    let access = match &raw.access {
+        Some(spanned) => build_access(source, spanned)?,
+        None => AccessLists::default(),
+    };
+
     Ok(GatewayConfig {
         env: raw.env.clone().unwrap_or_else(|| "default".to_string()),
         key_secret: raw.key_secret.clone(),
         identity,
+        access,
         legacy_headers: raw.headers.as_ref().is_some_and(|h| h.legacy),
         policies,
         tiers,

@@ -13,6 +13,7 @@
 mod compile;
 mod decide;
 mod envoy;
+mod key;
 mod request;
 
 use std::collections::{BTreeMap, HashMap};
@@ -34,7 +35,10 @@ pub use envoy::{
     CurrentLimit, DescriptorMatch, DescriptorQuery, DescriptorStatus, EnvoyError, EnvoyOutcome,
     MAX_DESCRIPTORS_PER_REQUEST,
 };
-pub use request::{Identity, Outcome, PolicyReport, RequestFacts};
+use key::KeyModel;
+pub use key::MissingPart;
+pub(crate) use key::address_text;
+pub use request::{Identity, Outcome, PolicyReport, Refusal, RequestFacts, RequestParts};
 
 /// Why the rules could not be built from a valid file.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +131,7 @@ pub enum RulesError {
 ///     tier: None,
 ///     method: &Method::GET,
 ///     path: "/orders",
+///     request: Default::default(), // what policies that count `by` read
 /// };
 /// let now = 0; // nanoseconds on the rules' clock (`RateLimitLayer` reads its own)
 /// assert!(rules.decide(&facts, now).allowed);
@@ -149,6 +154,12 @@ pub struct Rules {
     /// the identity ([`client_keys_slot`]).
     client_keys: [KeyPrefix; 4],
     policies: Vec<CompiledPolicy>,
+    /// Per policy, what it counts `by` (`None`: the identity chain's key).
+    models: Vec<Option<KeyModel>>,
+    /// Some policy counts by a part of the request beyond the identity.
+    reads_request: bool,
+    /// Some policy counts by the client's address, or `[access]` lists addresses.
+    reads_address: bool,
     tiers: BTreeMap<String, Layers>,
     routes: Vec<CompiledRoute>,
     tenants: HashMap<String, String>,
@@ -313,6 +324,19 @@ impl Rules {
             .collect();
         let client_keys = CLIENT_KEY_SOURCES
             .map(|source| hasher.key_prefix(&[config.env.as_bytes(), source.name().as_bytes()]));
+        let models: Vec<Option<KeyModel>> = compiled
+            .policies
+            .iter()
+            .map(|p| {
+                p.named
+                    .by
+                    .as_ref()
+                    .map(|by| KeyModel::new(&hasher, &config.env, by, p.named.on_missing))
+            })
+            .collect();
+        let reads_request = models.iter().any(Option::is_some);
+        let reads_address =
+            !config.access.is_empty() || models.iter().flatten().any(KeyModel::uses_address);
         let exact_policies = exact.is_some() && !config.redis_policies().is_empty();
         let mesh_policies = mesh.is_some() && !config.mesh_policies().is_empty();
         Ok(Rules {
@@ -325,6 +349,9 @@ impl Rules {
             hasher,
             client_keys,
             policies: compiled.policies,
+            models,
+            reads_request,
+            reads_address,
             tiers: compiled.tiers,
             routes: compiled.routes,
             tenants,
@@ -386,6 +413,19 @@ impl Rules {
     /// [`Rules::decide_exact`]; others with [`Rules::decide`], which gives the same answer.
     pub fn needs_io(&self) -> bool {
         self.exact_policies || self.mesh_policies
+    }
+
+    /// Tell whether a decision reads the request's parts beyond its identity (some policy
+    /// counts `by` them): the caller then fills [`RequestFacts::request`].
+    pub fn reads_request(&self) -> bool {
+        self.reads_request
+    }
+
+    /// Tell whether a decision needs the client's address beyond the identity chain (a
+    /// policy that counts by it, or `[access]`): the caller then fills
+    /// [`RequestParts::client_ip`].
+    pub fn reads_address(&self) -> bool {
+        self.reads_address
     }
 
     /// Tell whether any policy is decided by the exact backend (`backend = "redis"`).

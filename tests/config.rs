@@ -156,6 +156,7 @@ fn facts<'a>(identity: &'a Identity, method: &'a Method) -> RequestFacts<'a> {
         tier: None,
         method,
         path: "/",
+        request: Default::default(),
     }
 }
 

@@ -362,6 +362,7 @@ async fn a_token_cache_in_the_policy_file_admits_exactly_the_burst_with_fewer_re
                     tier: None,
                     method: &http::Method::GET,
                     path: "/",
+                    request: Default::default(),
                 };
                 let clock = ratemesh::SystemClock::new();
                 for _ in 0..40 {
@@ -394,6 +395,7 @@ async fn a_token_cache_in_the_policy_file_admits_exactly_the_burst_with_fewer_re
         tier: None,
         method: &http::Method::GET,
         path: "/",
+        request: Default::default(),
     };
     let before = server.evalsha_calls();
     for _ in 0..30 {

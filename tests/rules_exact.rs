@@ -151,6 +151,7 @@ async fn decide(rules: &Rules, tier: &str, path: &str) -> Outcome {
         tier: Some(tier),
         method: &Method::POST,
         path,
+        request: Default::default(),
     };
     rules.decide_exact(&facts, 1_000_000_000_000).await
 }
@@ -258,6 +259,7 @@ async fn deciding_without_io_answers_exact_policies_locally_and_a_reload_keeps_t
         tier: Some("api"),
         method: &Method::GET,
         path: "/",
+        request: Default::default(),
     };
     let outcome = rules.decide(&facts, 1_000_000_000_000);
     assert!(outcome.allowed);

@@ -75,6 +75,7 @@ fn decide(rules: &Rules) -> bool {
         tier: None,
         method: &Method::GET,
         path: "/",
+        request: Default::default(),
     };
     rules.decide(&facts, 1_000_000_000_000).allowed
 }

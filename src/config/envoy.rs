@@ -474,6 +474,8 @@ impl Walk<'_, '_> {
             shadow: d.shadow_mode,
             time_zone: None,
             token_cache: None,
+            by: None,
+            on_missing: Default::default(),
         });
         Ok(DescriptorLimit::Policy {
             name: name.to_string(),
@@ -492,6 +494,15 @@ impl Walk<'_, '_> {
         let Some(named) = self.cx.policies.iter().find(|p| p.name == name) else {
             return Err(fail("policy", format!("no policy named `{name}`")));
         };
+        if named.by.is_some() {
+            return Err(fail(
+                "policy",
+                format!(
+                    "policy `{name}` counts `by` parts of an HTTP request; under Envoy the \
+                     descriptor is the key: name a policy without `by`"
+                ),
+            ));
+        }
         if matches!(named.policy.algorithm(), Algorithm::LeakyBucketShape { .. }) {
             return Err(fail(
                 "policy",

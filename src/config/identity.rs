@@ -5,6 +5,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::key::AddressPrefixes;
 use super::source::{ConfigError, Source};
 
 /// The parts of a request that can identify a client, in order of preference.
@@ -46,6 +47,8 @@ pub struct IdentityConfig {
     pub device_header: HeaderName,
     /// Peers whose `X-Forwarded-For` / `Forwarded` headers are believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// How client addresses are grouped into keys (`ipv4_prefix`, `ipv6_prefix`).
+    pub prefixes: AddressPrefixes,
 }
 
 impl Default for IdentityConfig {
@@ -60,6 +63,7 @@ impl Default for IdentityConfig {
             api_key_header: HeaderName::from_static("x-api-key"),
             device_header: HeaderName::from_static("x-device-id"),
             trusted_proxies: Vec::new(),
+            prefixes: AddressPrefixes::default(),
         }
     }
 }
@@ -107,6 +111,19 @@ pub(super) fn build_identity(
             })?;
         identity.trusted_proxies.push(net);
     }
+    let prefix = |key: &str, value: Option<u8>, most: u8, default: u8| match value {
+        None => Ok(default),
+        Some(bits) if (1..=most).contains(&bits) => Ok(bits),
+        Some(bits) => Err(source.error(
+            source.line_of_key(span.clone(), key),
+            format!("identity.{key}"),
+            format!("between 1 and {most} bits, got {bits}"),
+        )),
+    };
+    identity.prefixes = AddressPrefixes {
+        v4: prefix("ipv4_prefix", raw.ipv4_prefix, 32, identity.prefixes.v4)?,
+        v6: prefix("ipv6_prefix", raw.ipv6_prefix, 128, identity.prefixes.v6)?,
+    };
     Ok(identity)
 }
 
@@ -119,4 +136,6 @@ pub(super) struct RawIdentity {
     device_header: Option<String>,
     #[serde(default)]
     trusted_proxies: Vec<String>,
+    ipv4_prefix: Option<u8>,
+    ipv6_prefix: Option<u8>,
 }

@@ -7,6 +7,7 @@ use jiff::tz::TimeZone;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::key::{CountBy, OnMissing};
 use super::source::{ConfigError, Source, parse_duration};
 use crate::policy::{Algorithm, Policy, PolicyError};
 
@@ -52,6 +53,11 @@ pub struct NamedPolicy {
     pub time_zone: Option<TimeZone>,
     /// A per-node cache of tokens granted by Redis (`redis` buckets only); `None` = off.
     pub token_cache: Option<TokenCacheConfig>,
+    /// What it counts by (`by`); `None`: the client, and for a route's policies the client
+    /// and the route.
+    pub by: Option<CountBy>,
+    /// What happens to a request that lacks a part of `by`.
+    pub on_missing: OnMissing,
 }
 
 /// The local token cache of a `redis` token bucket or GCRA policy
@@ -263,6 +269,18 @@ pub(super) fn build_policy(
         None => None,
         Some(cache) => Some(token_cache_config(cache, raw.backend, &policy, &fail)?),
     };
+    let by = match &raw.by {
+        None => None,
+        Some(list) => Some(CountBy::parse(list).map_err(|reason| fail("by", reason))?),
+    };
+    if raw.on_missing.is_some() && by.is_none() {
+        return Err(fail(
+            "on_missing",
+            "applies to the parts a policy counts `by`: give `by` too (the client of the \
+             identity chain is never missing)"
+                .into(),
+        ));
+    }
     Ok(NamedPolicy {
         name: name.to_string(),
         policy,
@@ -271,6 +289,8 @@ pub(super) fn build_policy(
         shadow: raw.shadow,
         time_zone,
         token_cache,
+        by,
+        on_missing: raw.on_missing.unwrap_or_default(),
     })
 }
 
@@ -382,6 +402,8 @@ pub(super) struct RawPolicy {
     shadow: bool,
     time_zone: Option<String>,
     token_cache: Option<RawTokenCache>,
+    by: Option<Vec<String>>,
+    on_missing: Option<OnMissing>,
 }
 
 /// A policy's `token_cache` as the file spells it.

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::access::RawAccess;
 use super::envoy::RawEnvoy;
 use super::identity::RawIdentity;
 use super::policy::RawPolicy;
@@ -28,6 +29,8 @@ pub(super) struct RawConfig {
     pub(super) allow_unlimited: bool,
     #[serde(default)]
     pub(super) identity: Option<Spanned<RawIdentity>>,
+    #[serde(default)]
+    pub(super) access: Option<Spanned<RawAccess>>,
     #[serde(default)]
     pub(super) headers: Option<RawHeaders>,
     #[serde(default)]

@@ -331,13 +331,13 @@ pub(crate) type AppFuture = std::pin::Pin<
 
 impl App {
     /// Tell whether requests need the client's address ([`axum::extract::ConnectInfo`]):
-    /// a forward-auth check or a proxy route reads it, or the policies identify clients by
-    /// it. Otherwise it is not attached (which costs three allocations a request).
+    /// a forward-auth check or a proxy route reads it, or the policies read it (the identity
+    /// chain, a policy's `by`, `[access]`). Otherwise it is not attached (which costs three allocations a request).
     pub(crate) fn wants_peer(&self) -> bool {
+        let rules = self.layer.rules_now();
         self.peer_forwarded
-            || self
-                .layer
-                .rules_now()
+            || rules.reads_address()
+            || rules
                 .identity_config()
                 .order
                 .contains(&crate::config::IdentitySource::Ip)

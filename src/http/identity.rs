@@ -126,7 +126,7 @@ pub(crate) fn client_ip(
         .or(Some(peer))
 }
 
-fn peer_of(extensions: &Extensions) -> Option<IpAddr> {
+pub(crate) fn peer_of(extensions: &Extensions) -> Option<IpAddr> {
     extensions
         .get::<ClientAddr>()
         .map(|a| a.0.ip())
@@ -161,7 +161,7 @@ pub(crate) fn identify(
                 header_text(headers, &config.device_header, *source, max_bytes)?.map(str::to_string)
             }
             IdentitySource::Ip => client_ip(headers, peer_of(extensions), &config.trusted_proxies)
-                .map(|ip| ip.to_string()),
+                .map(|ip| crate::rules::address_text(ip, config.prefixes)),
         };
         if let Some(value) = found {
             return Ok(Identity::new(*source, value));

@@ -29,8 +29,11 @@ use tower::{Layer, Service};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, GatewayConfig};
 use crate::http::headers::{denial_body, insert_rate_limit_headers, unavailable_body};
-use crate::http::identity::{ClientTier, DEFAULT_MAX_IDENTITY_BYTES, IdentityTooLong, identify};
-use crate::rules::{Outcome, RequestFacts, Rules, RulesError};
+use crate::http::identity::{
+    AuthenticatedUser, ClientTier, DEFAULT_MAX_IDENTITY_BYTES, IdentityTooLong, client_ip,
+    identify, peer_of,
+};
+use crate::rules::{Outcome, Refusal, RequestFacts, RequestParts, Rules, RulesError};
 
 /// Why a reload was refused; the rules in force are unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +56,75 @@ struct Prepared {
     tier: Option<String>,
     method: http::Method,
     path: String,
+    parts: OwnedParts,
     now: crate::clock::Nanos,
+}
+
+/// [`RequestParts`] taken from a request, for a decision that waits: copied only when the
+/// rules read them.
+#[derive(Default)]
+struct OwnedParts {
+    headers: Option<http::HeaderMap>,
+    client_ip: Option<std::net::IpAddr>,
+    user: Option<String>,
+    query: Option<String>,
+    host: Option<String>,
+}
+
+impl OwnedParts {
+    fn of(parts: &RequestParts<'_>) -> Self {
+        OwnedParts {
+            headers: parts.headers.cloned(),
+            client_ip: parts.client_ip,
+            user: parts.user.map(str::to_string),
+            query: parts.query.map(str::to_string),
+            host: parts.host.map(str::to_string),
+        }
+    }
+
+    fn view(&self) -> RequestParts<'_> {
+        RequestParts {
+            headers: self.headers.as_ref(),
+            client_ip: self.client_ip,
+            user: self.user.as_deref(),
+            query: self.query.as_deref(),
+            host: self.host.as_deref(),
+        }
+    }
+}
+
+/// The parts of `request` that `rules` read beyond its identity (none, for rules that count
+/// only by the identity chain and list no addresses).
+fn request_parts<'a, B>(request: &'a Request<B>, rules: &Rules) -> RequestParts<'a> {
+    let mut parts = RequestParts::default();
+    let config = rules.identity_config();
+    if rules.reads_address() {
+        parts.client_ip = client_ip(
+            request.headers(),
+            peer_of(request.extensions()),
+            &config.trusted_proxies,
+        );
+    }
+    if rules.reads_request() {
+        parts.headers = Some(request.headers());
+        parts.user = request
+            .extensions()
+            .get::<AuthenticatedUser>()
+            .map(|user| user.0.as_str());
+        parts.query = request.uri().query();
+        parts.host = request.uri().host().or_else(|| {
+            request
+                .headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(|h| {
+                    h.rsplit_once(':')
+                        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+                        .map_or(h, |(host, _)| host)
+                })
+        });
+    }
+    parts
 }
 
 struct Shared {
@@ -241,6 +312,7 @@ impl RateLimitLayer {
                 .map(|t| t.0.clone()),
             method: request.method().clone(),
             path: request.uri().path().to_string(),
+            parts: OwnedParts::of(&request_parts(request, &rules)),
             now: self.shared.clock.now_ns(),
             rules,
         })
@@ -261,6 +333,7 @@ impl RateLimitLayer {
                 .map(|t| t.0.as_str()),
             method: request.method(),
             path: request.uri().path(),
+            request: request_parts(request, rules),
         };
         let outcome = rules.decide(&facts, self.shared.clock.now_ns());
         record(&outcome, rules, &identity);
@@ -275,6 +348,7 @@ impl RateLimitLayer {
             tier,
             method,
             path,
+            parts,
             now,
         } = prepared;
         let facts = RequestFacts {
@@ -282,6 +356,7 @@ impl RateLimitLayer {
             tier: tier.as_deref(),
             method: &method,
             path: &path,
+            request: parts.view(),
         };
         let outcome = if rules.needs_io() {
             rules.decide_exact(&facts, now).await
@@ -293,6 +368,9 @@ impl RateLimitLayer {
     }
 
     fn denial_response(&self, outcome: &Outcome, rules: &Rules) -> Response<Body> {
+        if let Some(refusal) = outcome.refused {
+            return refused(refusal);
+        }
         let mut response = match &self.shared.on_denied {
             _ if outcome.backend_unavailable.is_some() => {
                 let mut response = Response::new(Body::from(unavailable_body(outcome)));
@@ -329,11 +407,62 @@ impl RateLimitLayer {
     }
 }
 
+/// The answer to a request refused before any counting: 400 for a missing part of a
+/// policy's key, 403 for an address in `[access] deny`; a JSON body that says which.
+fn refused(refusal: Refusal) -> Response<Body> {
+    let (status, body) = match refusal {
+        Refusal::Missing(missing) => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({
+                "error": "missing_part",
+                "message": format!(
+                    "the request has no `{}`, which policy `{}` counts by",
+                    missing.part, missing.policy
+                ),
+                "policy": missing.policy,
+                "part": missing.part,
+            }),
+        ),
+        Refusal::Denied => (
+            StatusCode::FORBIDDEN,
+            serde_json::json!({
+                "error": "forbidden",
+                "message": "requests from this address are refused",
+            }),
+        ),
+    };
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
 /// Count decisions by policy and outcome (never by client), and log shadow denials with a
 /// secret-free label of the client.
 fn record(outcome: &Outcome, rules: &Rules, identity: &crate::rules::Identity) {
     for report in outcome.enforced.iter().chain(&outcome.shadow) {
         rules.count(report);
+    }
+    match outcome.refused {
+        Some(Refusal::Missing(_)) => {
+            metrics::counter!("ratemesh_requests_refused_total", "reason" => "missing_part")
+                .increment(1);
+        }
+        Some(Refusal::Denied) => {
+            metrics::counter!("ratemesh_requests_refused_total", "reason" => "access_denied")
+                .increment(1);
+        }
+        None => {}
+    }
+    if outcome.exempt {
+        metrics::counter!("ratemesh_requests_exempt_total").increment(1);
+    }
+    for skipped in &outcome.skipped {
+        metrics::counter!("ratemesh_policy_skipped_total", "policy" => skipped.policy, "part" => skipped.part)
+            .increment(1);
     }
     if let Some(denial) = outcome.denied_by() {
         tracing::debug!(client = %rules.client_label(identity), policy = %denial.name, "rate limited");

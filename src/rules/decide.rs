@@ -5,10 +5,12 @@
 
 use super::Rules;
 use super::compile::{CompiledRoute, Layers, Remote};
-use super::request::{Outcome, PolicyReport, RequestFacts};
+use super::key::MissingPart;
+use super::request::{Outcome, PolicyReport, Refusal, RequestFacts};
 use crate::backend::exact::{ExactDecision, ExactError, ExactFuture, fail_over};
 use crate::backend::mesh::MeshDecision;
 use crate::clock::Nanos;
+use crate::config::{Access, OnMissing};
 use crate::decision::{Decision, Verdict};
 use crate::limiter::{Charges, decide_in_layers};
 use crate::local::Charge;
@@ -41,6 +43,10 @@ pub(super) struct Plan<'a> {
     global: Option<(usize, u64)>,
     /// The request's `redis` policy, if any.
     exact: Option<(usize, u64)>,
+    /// The first part the request lacks of a policy that refuses such requests.
+    missing: Option<MissingPart>,
+    /// The policies left out because the request lacks a part of their `by`.
+    skipped: Vec<MissingPart>,
 }
 
 /// A request on its way through its layers: what this node charged, what each layer said.
@@ -129,7 +135,7 @@ impl<'r> Passage<'r> {
         let route = self
             .plan
             .route
-            .filter(|r| r.layers.exact.contains(&p))
+            .filter(|r| r.layers.exact.contains(&p) && self.rules.models[p].is_none())
             .map(|r| r.name);
         Some((p, key, exact.decide(number, key, route, self.plan.cost)))
     }
@@ -198,27 +204,61 @@ impl Rules {
         let route_key = route
             .map(|r| prefix.key(&[value, r.name.as_bytes()]))
             .unwrap_or(client_key);
-        // (policy index, key) of each layer: the tier's under the client's key, then the
-        // route's under the client's and the route's.
-        let keyed = |of: fn(&Layers) -> &Vec<usize>| {
-            let tier_layers = tier
-                .map_or(&[][..], |t| of(t))
-                .iter()
-                .map(move |&i| (i, client_key));
-            let route_layers = route
-                .map_or(&[][..], |r| of(&r.layers))
-                .iter()
-                .map(move |&i| (i, route_key));
-            tier_layers.chain(route_layers)
-        };
-        Plan {
+        let mut plan = Plan {
             refused: tier.is_none() && self.config.refuse_without_tier,
             route,
             cost,
-            enforced: keyed(|l| &l.enforced).collect(),
-            shadow: keyed(|l| &l.shadow).collect(),
-            global: keyed(|l| &l.global).next(),
-            exact: keyed(|l| &l.exact).next(),
+            enforced: Keyed::new(),
+            shadow: Keyed::new(),
+            global: None,
+            exact: None,
+            missing: None,
+            skipped: Vec::new(),
+        };
+        // (policy index, key) of each layer: the tier's under the client's key, then the
+        // route's under the client's and the route's; a policy that counts `by` under the
+        // key of those parts of the request (left out, or the request refused, when it
+        // lacks one).
+        let mut keyed = |of: fn(&Layers) -> &Vec<usize>| -> Keyed {
+            let tier_layers = tier.map_or(&[][..], |t| of(t)).iter().map(|&i| (i, false));
+            let route_layers = route
+                .map_or(&[][..], |r| of(&r.layers))
+                .iter()
+                .map(|&i| (i, true));
+            let mut out = Keyed::new();
+            for (i, via_route) in tier_layers.chain(route_layers) {
+                let Some(model) = &self.models[i] else {
+                    out.push((i, if via_route { route_key } else { client_key }));
+                    continue;
+                };
+                match model.key(facts, route.map(|r| r.name), &self.config.identity) {
+                    Ok(key) => out.push((i, key)),
+                    Err(part) => {
+                        let missing = MissingPart {
+                            policy: self.policies[i].name,
+                            part,
+                        };
+                        match model.on_missing {
+                            OnMissing::Refuse => {
+                                plan.missing.get_or_insert(missing);
+                            }
+                            OnMissing::Skip => plan.skipped.push(missing),
+                        }
+                    }
+                }
+            }
+            out
+        };
+        let enforced = keyed(|l| &l.enforced);
+        let shadow = keyed(|l| &l.shadow);
+        let global = keyed(|l| &l.global).first().copied();
+        let exact = keyed(|l| &l.exact).first().copied();
+        Plan {
+            enforced,
+            shadow,
+            global,
+            exact,
+            ..plan
         }
     }
 
@@ -280,6 +320,38 @@ impl Rules {
             },
             delay_ns: if allowed { delay_ns } else { 0 },
             backend_unavailable: None,
+            refused: None,
+            exempt: false,
+            skipped: plan.skipped.clone(),
+        }
+    }
+
+    /// The outcome of a request refused before any counting, or exempt from every policy.
+    fn before_counting(&self, refused: Option<Refusal>) -> Outcome {
+        Outcome {
+            allowed: refused.is_none(),
+            cost: 0,
+            route: None,
+            enforced: Vec::new(),
+            shadow: Vec::new(),
+            delay_ns: 0,
+            backend_unavailable: None,
+            refused,
+            exempt: refused.is_none(),
+            skipped: Vec::new(),
+        }
+    }
+
+    /// What `[access]` and the request's missing parts decide before any policy counts:
+    /// `None` to go on.
+    fn screen(&self, facts: &RequestFacts<'_>) -> Option<Outcome> {
+        if self.config.access.is_empty() {
+            return None;
+        }
+        match self.config.access.of(facts.request.client_ip?) {
+            Access::Limited => None,
+            Access::Exempt => Some(self.before_counting(None)),
+            Access::Denied => Some(self.before_counting(Some(Refusal::Denied))),
         }
     }
 
@@ -305,7 +377,13 @@ impl Rules {
     /// for a millisecond. A `redis` policy is answered here by its local store, as when it
     /// fails open. Use [`Rules::decide_exact`] to wait for the mesh and to ask Redis.
     pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
+        if let Some(outcome) = self.screen(facts) {
+            return outcome;
+        }
         let plan = self.plan(facts);
+        if let Some(missing) = plan.missing {
+            return self.before_counting(Some(Refusal::Missing(missing)));
+        }
         if plan.refused {
             return self.refused(&plan);
         }
@@ -323,7 +401,13 @@ impl Rules {
     /// failure under `fail_mode = "closed"`, gives the local charges back, while a mesh
     /// charge stays counted: the cluster then admits less, never more).
     pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
+        if let Some(outcome) = self.screen(facts) {
+            return outcome;
+        }
         let plan = self.plan(facts);
+        if let Some(missing) = plan.missing {
+            return self.before_counting(Some(Refusal::Missing(missing)));
+        }
         if plan.refused {
             return self.refused(&plan);
         }

@@ -391,6 +391,9 @@ impl<'r> Run<'r> {
                 shadow: self.shadow_reports,
                 delay_ns: 0,
                 backend_unavailable: self.unavailable,
+                refused: None,
+                exempt: false,
+                skipped: Vec::new(),
             },
         }
     }

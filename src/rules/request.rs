@@ -56,6 +56,34 @@ pub struct RequestFacts<'a> {
     pub method: &'a Method,
     /// The request path (no query).
     pub path: &'a str,
+    /// The parts of the request that policies may count by (`by`) and `[access]` reads.
+    pub request: RequestParts<'a>,
+}
+
+/// The parts of a request beyond its identity: what policies count `by` and what
+/// `[access]` reads. A part left out (`None`) is missing to every policy that counts by it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestParts<'a> {
+    /// The request's headers.
+    pub headers: Option<&'a http::HeaderMap>,
+    /// The client's address (the peer, or the forwarded address behind a trusted proxy).
+    pub client_ip: Option<std::net::IpAddr>,
+    /// The user an earlier authentication layer named.
+    pub user: Option<&'a str>,
+    /// The query string (after `?`).
+    pub query: Option<&'a str>,
+    /// The host the request is for.
+    pub host: Option<&'a str>,
+}
+
+/// Why a request was refused before any policy counted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// It lacks a part that a policy counts by, and the policy says `on_missing =
+    /// "refuse"` (answered `400 Bad Request`).
+    Missing(super::key::MissingPart),
+    /// Its address is in `[access] deny` (answered `403 Forbidden`).
+    Denied,
 }
 
 /// One policy's part in a decision, for the response headers.
@@ -98,6 +126,13 @@ pub struct Outcome {
     /// A `redis` policy that fails closed could not reach Redis: the request is refused
     /// because the backend failed, not the client (answer 503, not 429).
     pub backend_unavailable: Option<&'static str>,
+    /// Refused before any counting (a missing part, a denied address): not a rate limit.
+    pub refused: Option<Refusal>,
+    /// Its address is in `[access] exempt`: admitted, no policy counted it.
+    pub exempt: bool,
+    /// Policies left out because the request lacks a part they count by and they say
+    /// `on_missing = "skip"`: (policy, part).
+    pub skipped: Vec<super::key::MissingPart>,
 }
 
 impl Outcome {

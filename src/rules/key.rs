@@ -1,0 +1,254 @@
+//! A policy's key from what it counts by (`by`): each part read from the request, hashed
+//! with the environment under the rules' secret. The one model of "what a policy counts
+//! by" on the gateway, forward-auth and proxy paths; a policy without `by` keeps the key
+//! of the identity chain (see [`super::Rules`]).
+
+use std::net::IpAddr;
+
+use super::compile::intern;
+use super::request::RequestFacts;
+use crate::config::{AddressPrefixes, CountBy, IdentityConfig, KeyPart, OnMissing};
+use crate::ids::{KeyHasher, KeyPrefix};
+
+/// A policy's `by`, compiled: the parts, and the environment and the word `by` hashed.
+pub(super) struct KeyModel {
+    prefix: KeyPrefix,
+    parts: Vec<KeyPart>,
+    /// Each part's name as the file spells it (for the answer to a request that lacks it).
+    names: Vec<&'static str>,
+    pub(super) on_missing: OnMissing,
+}
+
+/// A request lacks a part its policy counts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingPart {
+    /// The policy.
+    pub policy: &'static str,
+    /// The part, as the file spells it (`header:x-account`).
+    pub part: &'static str,
+}
+
+impl KeyModel {
+    pub(super) fn new(hasher: &KeyHasher, env: &str, by: &CountBy, on_missing: OnMissing) -> Self {
+        KeyModel {
+            prefix: hasher.key_prefix(&[env.as_bytes(), b"by"]),
+            names: by.parts.iter().map(|p| intern(&p.name())).collect(),
+            parts: by.parts.clone(),
+            on_missing,
+        }
+    }
+
+    /// Tell whether some part is the client's address.
+    pub(super) fn uses_address(&self) -> bool {
+        self.parts.contains(&KeyPart::Ip)
+    }
+
+    /// The key of the request `facts` (whose route, if it matched one, is `route`), or the
+    /// name of the first part it lacks.
+    pub(super) fn key(
+        &self,
+        facts: &RequestFacts<'_>,
+        route: Option<&'static str>,
+        identity: &IdentityConfig,
+    ) -> Result<u64, &'static str> {
+        // Each part as (its kind, its bytes): the kind keeps `header:a` = "x" apart from
+        // `cookie:a` = "x". An address is its prefix's bytes and length.
+        let mut buffer = [0u8; 17];
+        let address = match facts.request.client_ip {
+            Some(ip) if self.parts.contains(&KeyPart::Ip) => {
+                let len = write_address(&mut buffer, ip, identity.prefixes);
+                Some(&buffer[..len])
+            }
+            _ => None,
+        };
+        let mut values: smallvec::SmallVec<[&[u8]; 16]> = smallvec::SmallVec::new();
+        for (part, name) in self.parts.iter().zip(&self.names) {
+            let missing = || *name;
+            let value: &[u8] = match part {
+                KeyPart::Client => {
+                    values.push(facts.identity.source.name().as_bytes());
+                    facts.identity.value.as_bytes()
+                }
+                KeyPart::Ip => {
+                    values.push(b"ip");
+                    address.ok_or_else(missing)?
+                }
+                KeyPart::ApiKey => {
+                    values.push(b"api_key");
+                    header(facts, &identity.api_key_header).ok_or_else(missing)?
+                }
+                KeyPart::Device => {
+                    values.push(b"device");
+                    header(facts, &identity.device_header).ok_or_else(missing)?
+                }
+                KeyPart::User => {
+                    values.push(b"user");
+                    facts.request.user.ok_or_else(missing)?.as_bytes()
+                }
+                KeyPart::Header(header_name) => {
+                    values.push(b"header");
+                    values.push(header_name.as_str().as_bytes());
+                    header(facts, header_name).ok_or_else(missing)?
+                }
+                KeyPart::Cookie(cookie_name) => {
+                    values.push(b"cookie");
+                    values.push(cookie_name.as_bytes());
+                    cookie(facts, cookie_name).ok_or_else(missing)?
+                }
+                KeyPart::Query(param) => {
+                    values.push(b"query");
+                    values.push(param.as_bytes());
+                    query(facts.request.query, param).ok_or_else(missing)?
+                }
+                KeyPart::Route => {
+                    values.push(b"route");
+                    route.ok_or_else(missing)?.as_bytes()
+                }
+                KeyPart::Method => {
+                    values.push(b"method");
+                    facts.method.as_str().as_bytes()
+                }
+                KeyPart::Host => {
+                    values.push(b"host");
+                    facts.request.host.ok_or_else(missing)?.as_bytes()
+                }
+            };
+            values.push(value);
+        }
+        Ok(self.prefix.key(&values))
+    }
+}
+
+/// The text of a client's address in a key of the identity chain: the address itself when
+/// its prefix keeps every bit (an IPv4 address by default), else `address/prefix`.
+pub(crate) fn address_text(ip: IpAddr, prefixes: AddressPrefixes) -> String {
+    let (grouped, len) = prefixes.group(ip);
+    let full = if grouped.is_ipv4() { 32 } else { 128 };
+    if len == full {
+        grouped.to_string()
+    } else {
+        format!("{grouped}/{len}")
+    }
+}
+
+/// Write the address's prefix (its bytes, then its length) into `out`; return the length
+/// written.
+fn write_address(out: &mut [u8; 17], ip: IpAddr, prefixes: AddressPrefixes) -> usize {
+    match prefixes.group(ip) {
+        (IpAddr::V4(v4), len) => {
+            out[..4].copy_from_slice(&v4.octets());
+            out[4] = len;
+            5
+        }
+        (IpAddr::V6(v6), len) => {
+            out[..16].copy_from_slice(&v6.octets());
+            out[16] = len;
+            17
+        }
+    }
+}
+
+/// A header's first value, trimmed; an empty one is missing.
+fn header<'a>(facts: &RequestFacts<'a>, name: &http::HeaderName) -> Option<&'a [u8]> {
+    let value = facts.request.headers?.get(name)?.as_bytes().trim_ascii();
+    (!value.is_empty()).then_some(value)
+}
+
+/// A cookie's value (the first of that name, over every `Cookie` header).
+fn cookie<'a>(facts: &RequestFacts<'a>, name: &str) -> Option<&'a [u8]> {
+    facts
+        .request
+        .headers?
+        .get_all(http::header::COOKIE)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|&b| b == b';'))
+        .find_map(|pair| {
+            let pair = pair.trim_ascii();
+            let at = pair.iter().position(|&b| b == b'=')?;
+            (&pair[..at] == name.as_bytes()).then(|| pair[at + 1..].trim_ascii())
+        })
+        .filter(|value| !value.is_empty())
+}
+
+/// A query parameter's value as sent (not decoded; the first of that name).
+fn query<'a>(query: Option<&'a str>, name: &str) -> Option<&'a [u8]> {
+    query?
+        .split('&')
+        .find_map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (key == name).then_some(value.as_bytes())
+        })
+        .filter(|value| !value.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::IdentitySource;
+    use crate::rules::request::{Identity, RequestParts};
+
+    fn model(parts: &[&str]) -> KeyModel {
+        let by = CountBy::parse(&parts.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        KeyModel::new(&KeyHasher::from_secret("s"), "test", &by, OnMissing::Refuse)
+    }
+
+    #[test]
+    fn keys_follow_the_parts_and_name_the_one_missing() {
+        let identity = Identity::new(IdentitySource::ApiKey, "k1");
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-account", "alice".parse().unwrap());
+        headers.append(http::header::COOKIE, "a=1; session=s9".parse().unwrap());
+        let config = IdentityConfig::default();
+        let facts =
+            |headers: &'static http::HeaderMap, ip: &str, query: &'static str| RequestFacts {
+                identity: Box::leak(Box::new(identity.clone())),
+                tier: None,
+                method: &http::Method::GET,
+                path: "/login",
+                request: RequestParts {
+                    headers: Some(headers),
+                    client_ip: ip.parse().ok(),
+                    user: None,
+                    query: Some(query),
+                    host: Some("api.example.com"),
+                },
+            };
+        let headers: &'static http::HeaderMap = Box::leak(Box::new(headers));
+        let by_ip = model(&["ip"]);
+        let a = by_ip.key(&facts(headers, "2001:db8::1", ""), None, &config);
+        let b = by_ip.key(&facts(headers, "2001:db8::2:1", ""), None, &config);
+        let c = by_ip.key(&facts(headers, "2001:db8:0:1::1", ""), None, &config);
+        assert_eq!(a, b, "one /64");
+        assert_ne!(a, c);
+        let account = model(&["header:x-account", "route"]);
+        assert_eq!(
+            account.key(&facts(headers, "", ""), None, &config),
+            Err("route")
+        );
+        let with_route = account.key(&facts(headers, "", ""), Some("login"), &config);
+        assert!(with_route.is_ok());
+        let cookie = model(&["cookie:session"]);
+        let query = model(&["query:user"]);
+        assert!(cookie.key(&facts(headers, "", ""), None, &config).is_ok());
+        assert_eq!(
+            query.key(&facts(headers, "", "a=1"), None, &config),
+            Err("query:user")
+        );
+        let one = query.key(&facts(headers, "", "a=1&user=bob"), None, &config);
+        let two = query.key(&facts(headers, "", "user=bob&user=eve"), None, &config);
+        assert_eq!(one, two, "the first value");
+        // The same bytes under two kinds of part make two keys.
+        let mut h2 = http::HeaderMap::new();
+        h2.insert("user", "bob".parse().unwrap());
+        let h2: &'static http::HeaderMap = Box::leak(Box::new(h2));
+        let by_header = model(&["header:user"]).key(&facts(h2, "", ""), None, &config);
+        let by_query = model(&["query:user"]).key(&facts(h2, "", "user=bob"), None, &config);
+        assert_ne!(by_header, by_query);
+        // Everyone: one key.
+        let all = model(&[]);
+        assert_eq!(
+            all.key(&facts(headers, "192.0.2.1", ""), None, &config),
+            all.key(&facts(h2, "198.51.100.1", "x=1"), Some("r"), &config)
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! What a policy counts by (`by`), client addresses by prefix, `on_missing`, and `[access]`,
+//! through the tower layer (requests built in memory, each with its client's address).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ratemesh::ManualClock;
+use ratemesh::config::GatewayConfig;
+use ratemesh::http::{ClientAddr, RateLimitLayer};
+use tower::{Service, ServiceExt};
+
+const T0: u64 = 1_700_000_000_000_000_000;
+
+fn layer(text: &str) -> RateLimitLayer {
+    let config = GatewayConfig::from_toml_str(text, "policies.toml").unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    RateLimitLayer::with_clock(config, clock).unwrap()
+}
+
+/// Send one request from `addr` (with `headers`) to `path`; return the status and body.
+async fn send(
+    layer: &RateLimitLayer,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+) -> (u16, String) {
+    let mut service = tower::ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(tower::service_fn(|_request| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::from("ok")))
+        }));
+    let mut request = http::Request::get(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let mut request = request.body(axum::body::Body::empty()).unwrap();
+    let peer: SocketAddr = format!("[{addr}]:4000")
+        .parse()
+        .or_else(|_| format!("{addr}:4000").parse())
+        .unwrap();
+    request.extensions_mut().insert(ClientAddr(peer));
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn statuses(
+    layer: &RateLimitLayer,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    n: usize,
+) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(send(layer, addr, path, headers).await.0);
+    }
+    out
+}
+
+const HEAD: &str = "env = \"test\"\nkey_secret = \"s\"\ndefault_tier = \"api\"\n";
+
+#[tokio::test]
+async fn an_ipv6_client_cannot_leave_its_limit_inside_its_64() {
+    let text = format!(
+        "{HEAD}[identity]\norder = [\"ip\"]\n\n[policies.per_address]\nalgorithm = \"fixed-window\"\n\
+         limit = 3\nwindow = \"1m\"\n\n[tiers.api]\npolicies = [\"per_address\"]\n"
+    );
+    let layer = layer(&text);
+    // Three addresses of one /64 share its three requests.
+    let mut seen = Vec::new();
+    for addr in [
+        "2001:db8:1:2::1",
+        "2001:db8:1:2::2",
+        "2001:db8:1:2:ffff::9",
+        "2001:db8:1:2::3",
+    ] {
+        seen.push(send(&layer, addr, "/", &[]).await.0);
+    }
+    assert_eq!(seen, [200, 200, 200, 429]);
+    // The next /64 has its own; IPv4 addresses are counted one by one.
+    assert_eq!(send(&layer, "2001:db8:1:3::1", "/", &[]).await.0, 200);
+    assert_eq!(
+        statuses(&layer, "192.0.2.1", "/", &[], 4).await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(send(&layer, "192.0.2.2", "/", &[]).await.0, 200);
+
+    // `ipv6_prefix = 128` and `ipv4_prefix = 24` group otherwise.
+    let text = text.replace(
+        "order = [\"ip\"]",
+        "order = [\"ip\"]\nipv6_prefix = 128\nipv4_prefix = 24",
+    );
+    let layer = self::layer(&text);
+    assert_eq!(
+        statuses(&layer, "2001:db8::1", "/", &[], 4).await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(send(&layer, "2001:db8::2", "/", &[]).await.0, 200);
+    assert_eq!(
+        statuses(&layer, "198.51.100.1", "/", &[], 3).await,
+        [200; 3]
+    );
+    assert_eq!(send(&layer, "198.51.100.200", "/", &[]).await.0, 429);
+}
+
+#[tokio::test]
+async fn a_route_wide_cap_holds_beside_each_clients_own_limit() {
+    let text = format!(
+        "{HEAD}[policies.per_client]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1m\"\n\n\
+         [policies.search_for_everyone]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1m\"\nby = []\n\n\
+         [tiers.api]\npolicies = [\"per_client\"]\n\n\
+         [[routes]]\nname = \"search\"\npath_prefix = \"/search\"\npolicies = [\"search_for_everyone\"]\n"
+    );
+    let layer = layer(&text);
+    let key = |k: &'static str| [("x-api-key", k.as_bytes())];
+    // Each client has 2; the route has 5 for all of them together.
+    let mut admitted = 0;
+    for client in ["a", "b", "c", "d"] {
+        for status in statuses(&layer, "192.0.2.1", "/search", &key(client), 2).await {
+            admitted += usize::from(status == 200);
+        }
+    }
+    assert_eq!(admitted, 5, "the route's cap for everybody");
+    // Another path is not under the route's cap: a fresh client gets its own 2 there.
+    assert_eq!(
+        statuses(&layer, "192.0.2.1", "/other", &key("e"), 3).await,
+        [200, 200, 429]
+    );
+    // A denial by the route's cap leaves the client's own count as it was.
+    assert_eq!(send(&layer, "192.0.2.1", "/search", &key("f")).await.0, 429);
+    assert_eq!(
+        statuses(&layer, "192.0.2.1", "/other", &key("f"), 3).await,
+        [200, 200, 429]
+    );
+}
+
+#[tokio::test]
+async fn a_policy_counts_by_header_cookie_query_or_combinations_and_says_what_is_missing() {
+    let text = format!(
+        "{HEAD}[policies.per_account]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1m\"\n\
+         by = [\"header:x-account\", \"method\"]\n\n\
+         [policies.per_session]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1m\"\n\
+         by = [\"cookie:session\"]\non_missing = \"skip\"\n\n\
+         [policies.per_user_param]\nalgorithm = \"fixed-window\"\nlimit = 4\nwindow = \"1m\"\n\
+         by = [\"query:user\", \"ip\"]\non_missing = \"skip\"\n\n\
+         [tiers.api]\npolicies = [\"per_account\", \"per_session\", \"per_user_param\"]\n"
+    );
+    let layer = layer(&text);
+    // No account header: refused with 400 and a body that names the part, nothing counted.
+    let (status, body) = send(&layer, "192.0.2.1", "/", &[]).await;
+    assert_eq!(status, 400);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"], "missing_part");
+    assert_eq!(body["part"], "header:x-account");
+    assert_eq!(body["policy"], "per_account");
+    // Two per account, whatever the address; the session and query policies are skipped.
+    let alice = [("x-account", &b"alice"[..])];
+    assert_eq!(statuses(&layer, "192.0.2.1", "/", &alice, 1).await, [200]);
+    assert_eq!(
+        statuses(&layer, "192.0.2.9", "/", &alice, 2).await,
+        [200, 429]
+    );
+    // A header of any bytes (not UTF-8) is a key like any other.
+    let odd = [("x-account", &b"\xff\xfe-\x80"[..])];
+    assert_eq!(
+        statuses(&layer, "192.0.2.1", "/", &odd, 3).await,
+        [200, 200, 429]
+    );
+    // Three per session cookie, found in a 64 KiB cookie header.
+    let mut cookie = "x=".to_string() + &"y".repeat(64 * 1024) + "; session=s1";
+    let jar = |c: &String, account: &'static str| -> Vec<(&'static str, Vec<u8>)> {
+        vec![
+            ("x-account", account.as_bytes().to_vec()),
+            ("cookie", c.as_bytes().to_vec()),
+        ]
+    };
+    let mut seen = Vec::new();
+    for account in ["b1", "b2", "b3", "b4"] {
+        let headers = jar(&cookie, account);
+        let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, &v[..])).collect();
+        seen.push(send(&layer, "192.0.2.1", "/", &headers).await.0);
+    }
+    assert_eq!(seen, [200, 200, 200, 429], "three per session");
+    cookie = cookie.replace("session=s1", "session=s2");
+    let headers = jar(&cookie, "b5");
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, &v[..])).collect();
+    assert_eq!(send(&layer, "192.0.2.1", "/", &headers).await.0, 200);
+    // Four per (user parameter, address).
+    let mut seen = Vec::new();
+    for account in ["c1", "c2", "c3", "c4", "c5"] {
+        let headers = [("x-account", account.as_bytes())];
+        seen.push(
+            send(&layer, "192.0.2.1", "/?user=zed&page=2", &headers)
+                .await
+                .0,
+        );
+    }
+    assert_eq!(seen, [200, 200, 200, 200, 429]);
+    let headers = [("x-account", &b"c6"[..])];
+    assert_eq!(
+        send(&layer, "192.0.2.2", "/?user=zed", &headers).await.0,
+        200
+    );
+}
+
+#[tokio::test]
+async fn exempt_addresses_are_never_limited_and_denied_ones_are_refused_first() {
+    let text = format!(
+        "{HEAD}[access]\nexempt = [\"10.20.0.0/16\"]\ndeny = [\"203.0.113.0/24\", \"10.20.9.9\"]\n\n\
+         [policies.tiny]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n\n\
+         [tiers.api]\npolicies = [\"tiny\"]\n"
+    );
+    let layer = layer(&text);
+    assert_eq!(statuses(&layer, "10.20.1.1", "/", &[], 5).await, [200; 5]);
+    let (status, body) = send(&layer, "203.0.113.7", "/", &[]).await;
+    assert_eq!(status, 403);
+    assert!(body.contains("\"forbidden\""), "{body}");
+    // In both lists: denied.
+    assert_eq!(send(&layer, "10.20.9.9", "/", &[]).await.0, 403);
+    // Others are limited as before, and a denied address spent nothing of anyone's.
+    assert_eq!(statuses(&layer, "192.0.2.1", "/", &[], 2).await, [200, 429]);
+}
+
+#[test]
+fn bad_by_lists_and_access_lists_are_refused_with_line_and_field() {
+    let policy = |extra: &str| {
+        format!(
+            "{HEAD}[policies.p]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1m\"\n{extra}\n\n\
+             [tiers.api]\npolicies = [\"p\"]\n"
+        )
+    };
+    let refused = |text: String, field: &str, reason: &str| {
+        let error = GatewayConfig::from_toml_str(&text, "bad.toml").unwrap_err();
+        assert_eq!(error.field, field, "{error}");
+        assert!(error.reason.contains(reason), "{error}");
+        assert!(error.line > 0, "{error}");
+    };
+    let many: Vec<String> = (0..10_000).map(|i| format!("\"header:x-{i}\"")).collect();
+    refused(
+        policy(&format!("by = [{}]", many.join(", "))),
+        "policies.p.by",
+        "at most 8",
+    );
+    refused(policy("by = [\"ip\", \"ip\"]"), "policies.p.by", "twice");
+    refused(policy("by = [\"jwt\"]"), "policies.p.by", "not a part");
+    refused(
+        policy("by = [\"header:a b\"]"),
+        "policies.p.by",
+        "not a header name",
+    );
+    refused(
+        policy("on_missing = \"skip\""),
+        "policies.p.on_missing",
+        "give `by`",
+    );
+    refused(
+        format!("{HEAD}[access]\ndeny = [\"10.0.0.0/33\"]\n") + &policy("")[HEAD.len()..],
+        "access.deny",
+        "not an IP address",
+    );
+    refused(
+        format!("{HEAD}[identity]\nipv6_prefix = 0\n") + &policy("")[HEAD.len()..],
+        "identity.ipv6_prefix",
+        "between 1 and 128",
+    );
+    // The mesh's configuration digest covers `by`: nodes that count by other parts do not
+    // share keys unknowingly.
+    let mesh = |by: &str| {
+        GatewayConfig::from_toml_str(
+            &format!(
+                "{HEAD}[policies.p]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1m\"\n\
+                 backend = \"mesh\"\n{by}\n\n[tiers.api]\npolicies = [\"p\"]\n"
+            ),
+            "mesh.toml",
+        )
+        .unwrap()
+        .mesh_digest()
+    };
+    assert_ne!(mesh(""), mesh("by = [\"ip\"]"));
+    assert_ne!(mesh("by = [\"ip\"]"), mesh("by = [\"api_key\"]"));
+    assert_eq!(mesh("by = [\"ip\"]"), mesh("by = [\"ip\"]"));
+}
