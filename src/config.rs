@@ -54,6 +54,7 @@
 mod access;
 mod envoy;
 mod identity;
+mod jwt;
 mod key;
 mod limits;
 mod policy;
@@ -73,6 +74,8 @@ pub use envoy::{
 };
 use identity::build_identity;
 pub use identity::{IdentityConfig, IdentitySource};
+use jwt::build_jwt;
+pub use jwt::{JwtConfig, JwtKeySource, KeySet, MAX_KEY_FILE_BYTES};
 pub use key::{AddressPrefixes, CountBy, KeyPart, MAX_BY_PARTS, OnMissing};
 use limits::check_limits_something;
 use policy::build_policy;
@@ -99,6 +102,8 @@ pub struct GatewayConfig {
     pub identity: IdentityConfig,
     /// Addresses never limited, and addresses refused (`[access]`).
     pub access: AccessLists,
+    /// How tokens are verified, for policies that count by JWT claims (`[jwt]`).
+    pub jwt: Option<JwtConfig>,
     /// Also send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
     pub legacy_headers: bool,
     /// The named policies.
@@ -301,12 +306,33 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         Some(spanned) => build_access(source, spanned)?,
         None => AccessLists::default(),
     };
+    let jwt = match &raw.jwt {
+        Some(spanned) => Some(build_jwt(source, spanned)?),
+        None => None,
+    };
+    if jwt.is_none()
+        && let Some((name, spanned)) = raw.policies.iter().find(|(name, _)| {
+            policies.iter().any(|p| {
+                &p.name == *name
+                    && p.by.as_ref().is_some_and(|by| {
+                        by.parts.iter().any(|part| matches!(part, KeyPart::Jwt(_)))
+                    })
+            })
+        })
+    {
+        return Err(source.error(
+            source.line_of_key(spanned.span(), "by"),
+            format!("policies.{name}.by"),
+            "counts by a JWT claim: add a `[jwt]` section that says how tokens are verified",
+        ));
+    }
 
     Ok(GatewayConfig {
         env: raw.env.clone().unwrap_or_else(|| "default".to_string()),
         key_secret: raw.key_secret.clone(),
         identity,
         access,
+        jwt,
         legacy_headers: raw.headers.as_ref().is_some_and(|h| h.legacy),
         policies,
         tiers,

@@ -13,6 +13,7 @@
 mod compile;
 mod decide;
 mod envoy;
+mod jwt;
 mod key;
 mod request;
 
@@ -35,6 +36,8 @@ pub use envoy::{
     CurrentLimit, DescriptorMatch, DescriptorQuery, DescriptorStatus, EnvoyError, EnvoyOutcome,
     MAX_DESCRIPTORS_PER_REQUEST,
 };
+use jwt::JwtVerifier;
+pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub use key::MissingPart;
 pub(crate) use key::address_text;
@@ -48,6 +51,9 @@ pub enum RulesError {
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("redis backend: {0}")]
     Backend(#[from] BackendError),
+    /// `[jwt]`'s key file could not be read or holds no usable key.
+    #[error("[jwt] keys: {0}")]
+    JwtKeys(String),
     /// The file has a `[redis]` section but ratemesh was built without its `redis` feature.
     #[error("the file has a `[redis]` section: build ratemesh with its `redis` feature")]
     RedisFeatureOff,
@@ -160,6 +166,8 @@ pub struct Rules {
     reads_request: bool,
     /// Some policy counts by the client's address, or `[access]` lists addresses.
     reads_address: bool,
+    /// `[jwt]`, when some policy counts by a claim.
+    jwt: Option<JwtVerifier>,
     tiers: BTreeMap<String, Layers>,
     routes: Vec<CompiledRoute>,
     tenants: HashMap<String, String>,
@@ -337,6 +345,11 @@ impl Rules {
         let reads_request = models.iter().any(Option::is_some);
         let reads_address =
             !config.access.is_empty() || models.iter().flatten().any(KeyModel::uses_address);
+        let reads_claims = models.iter().flatten().any(KeyModel::uses_claims);
+        let jwt = match (&config.jwt, reads_claims) {
+            (Some(jwt), true) => Some(JwtVerifier::new(jwt).map_err(RulesError::JwtKeys)?),
+            _ => None,
+        };
         let exact_policies = exact.is_some() && !config.redis_policies().is_empty();
         let mesh_policies = mesh.is_some() && !config.mesh_policies().is_empty();
         Ok(Rules {
@@ -352,6 +365,7 @@ impl Rules {
             models,
             reads_request,
             reads_address,
+            jwt,
             tiers: compiled.tiers,
             routes: compiled.routes,
             tenants,
@@ -426,6 +440,27 @@ impl Rules {
     /// [`RequestParts::client_ip`].
     pub fn reads_address(&self) -> bool {
         self.reads_address
+    }
+
+    /// The claims of the verified JWT in `headers`, when some policy counts by one: `None`
+    /// without a token or when it fails verification (counted in
+    /// `ratemesh_identity_rejected_total{reason}`).
+    pub fn jwt_claims(&self, headers: &http::HeaderMap) -> Option<Claims> {
+        match self.jwt.as_ref()?.verify(headers)? {
+            Ok(claims) => Some(claims),
+            Err(rejection) => {
+                metrics::counter!("ratemesh_identity_rejected_total", "reason" => rejection.label())
+                    .increment(1);
+                None
+            }
+        }
+    }
+
+    /// Read `[jwt]`'s key file again if it changed on disk (a JWKS rotated by the identity
+    /// provider); return whether the keys changed. A file that no longer loads keeps the
+    /// keys in force and says why.
+    pub fn refresh_keys(&self) -> Result<bool, String> {
+        self.jwt.as_ref().map_or(Ok(false), JwtVerifier::refresh)
     }
 
     /// Tell whether any policy is decided by the exact backend (`backend = "redis"`).

@@ -101,3 +101,101 @@ async fn policies_count_by_a_header_across_the_cluster_and_addresses_are_screene
     let text = metrics_of(&client, &nodes[1]).await;
     assert_eq!(metric(&text, "ratemesh_requests_exempt_total"), 15.0);
 }
+
+/// A JWKS rotated on disk is read again by a running node: a token signed with the new key
+/// is believed within seconds, with no SIGHUP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reads_a_rotated_jwks_and_counts_by_the_verified_subject() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let dir = tempfile::tempdir().unwrap();
+    let b64url = |bytes: &[u8]| -> String {
+        const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        let mut out = String::new();
+        for chunk in bytes.chunks(3) {
+            let n =
+                chunk.iter().fold(0u32, |n, &b| (n << 8) | u32::from(b)) << (8 * (3 - chunk.len()));
+            for i in 0..=chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            }
+        }
+        out
+    };
+    let jwk = |kid: &str, pair: &rcgen::KeyPair| {
+        let raw = pair.public_key_raw();
+        serde_json::json!({
+            "kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256",
+            "x": b64url(&raw[1..33]), "y": b64url(&raw[33..65]),
+        })
+    };
+    let old = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let new = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let jwks = dir.path().join("jwks.json");
+    std::fs::write(
+        &jwks,
+        serde_json::json!({ "keys": [jwk("old", &old)] }).to_string(),
+    )
+    .unwrap();
+    let text = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+        [jwt]\nalgorithms = [\"ES256\"]\njwks_file = \"jwks.json\"\n\n\
+        [policies.per_subject]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1h\"\n\
+        backend = \"mesh\"\nby = [\"jwt:sub\"]\n\n[tiers.api]\npolicies = [\"per_subject\"]\n";
+    let files = write_cluster_with(dir.path(), 1, text);
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let token = |kid: &str, pair: &rcgen::KeyPair, sub: &str| {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(kid.to_string());
+        let key = EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap();
+        encode(
+            &header,
+            &serde_json::json!({ "sub": sub, "exp": exp }),
+            &key,
+        )
+        .unwrap()
+    };
+    let send = |token: String| {
+        let request = client
+            .get(format!("http://{}/api/orders", node.http))
+            .bearer_auth(token);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(send(token("old", &old, "gina")).await, 200);
+    assert_eq!(
+        send(token("new", &new, "gina")).await,
+        400,
+        "kid new unknown"
+    );
+    std::fs::write(
+        &jwks,
+        serde_json::json!({ "keys": [jwk("old", &old), jwk("new", &new)] }).to_string(),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while send(token("new", &new, "gina")).await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rotated JWKS was never read"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // gina: one by the old key, one by the new: her third is her last.
+    assert_eq!(send(token("old", &old, "gina")).await, 200);
+    assert_eq!(send(token("new", &new, "gina")).await, 429);
+    let text = metrics_of(&client, &node).await;
+    assert!(
+        metric(
+            &text,
+            "ratemesh_identity_rejected_total{reason=\"unknown_kid\"}"
+        ) >= 1.0
+    );
+    assert_eq!(
+        metric(&text, "ratemesh_jwt_key_reloads_total{result=\"applied\"}"),
+        1.0
+    );
+}

@@ -56,6 +56,10 @@ pub enum KeyPart {
     Cookie(Box<str>),
     /// A query parameter's value as sent (`query:NAME`; the first, if repeated).
     Query(Box<str>),
+    /// A claim of the request's verified JWT (`jwt:NAME`, see `[jwt]`): a string, number or
+    /// boolean; missing when there is no token, it fails verification, or the claim is
+    /// absent or another kind of value.
+    Jwt(Box<str>),
     /// The route the request matched (`[[routes]] name`); missing when none matched.
     Route,
     /// The request method.
@@ -100,11 +104,12 @@ impl KeyPart {
                 ),
                 Some(("cookie", name)) => KeyPart::Cookie(named("cookie", name)?),
                 Some(("query", name)) => KeyPart::Query(named("query", name)?),
+                Some(("jwt", name)) => KeyPart::Jwt(named("jwt", name)?),
                 _ => {
                     return Err(format!(
                         "`{text}` is not a part of a request a key can be made of: one of \
                          `client`, `ip`, `api_key`, `user`, `device`, `route`, `method`, \
-                         `host`, `header:NAME`, `cookie:NAME`, `query:NAME`"
+                         `host`, `header:NAME`, `cookie:NAME`, `query:NAME`, `jwt:CLAIM`"
                     ));
                 }
             },
@@ -122,6 +127,7 @@ impl KeyPart {
             KeyPart::Header(name) => format!("header:{name}"),
             KeyPart::Cookie(name) => format!("cookie:{name}"),
             KeyPart::Query(name) => format!("query:{name}"),
+            KeyPart::Jwt(name) => format!("jwt:{name}"),
             KeyPart::Route => "route".into(),
             KeyPart::Method => "method".into(),
             KeyPart::Host => "host".into(),

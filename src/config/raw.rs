@@ -10,6 +10,7 @@ use toml::Spanned;
 use super::access::RawAccess;
 use super::envoy::RawEnvoy;
 use super::identity::RawIdentity;
+use super::jwt::RawJwt;
 use super::policy::RawPolicy;
 use super::redis::RawRedis;
 use super::routes::RawRoute;
@@ -31,6 +32,8 @@ pub(super) struct RawConfig {
     pub(super) identity: Option<Spanned<RawIdentity>>,
     #[serde(default)]
     pub(super) access: Option<Spanned<RawAccess>>,
+    #[serde(default)]
+    pub(super) jwt: Option<Spanned<RawJwt>>,
     #[serde(default)]
     pub(super) headers: Option<RawHeaders>,
     #[serde(default)]

@@ -199,6 +199,9 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
     })
 }
 
+/// How often a node looks whether `[jwt]`'s key file changed.
+const KEY_FILE_CHECK: Duration = Duration::from_secs(2);
+
 impl RunningNode {
     /// Return the HTTP address (gateway, `/metrics`, `/health`).
     pub fn http_addr(&self) -> SocketAddr {
@@ -240,13 +243,19 @@ impl RunningNode {
         let rls =
             envoy_rls.map(|(listener, settings)| RlsServer::start(listener, &settings, layer));
 
-        // Serving: reload on SIGHUP until told to stop.
+        // Serving: reload on SIGHUP until told to stop; `[jwt]`'s key file is read again when
+        // it changes (an identity provider's rotated JWKS).
+        let mut keys = tokio::time::interval(KEY_FILE_CHECK);
+        keys.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let first = loop {
-            match signals.next().await {
-                Signal::Hangup => {
-                    state.policies.reload();
-                }
-                stop => break stop,
+            tokio::select! {
+                signal = signals.next() => match signal {
+                    Signal::Hangup => {
+                        state.policies.reload();
+                    }
+                    stop => break stop,
+                },
+                _ = keys.tick() => state.policies.refresh_keys(),
             }
         };
         state.draining.store(true, Ordering::Release);

@@ -18,6 +18,8 @@ pub(crate) struct PolicyReloader {
     path: PathBuf,
     /// The SHA-256 (hex) of the file in force.
     sha256: Mutex<String>,
+    /// The last error reading `[jwt]`'s key file (logged once until it changes).
+    key_error: Mutex<Option<String>>,
 }
 
 /// What a reload did.
@@ -39,6 +41,34 @@ impl PolicyReloader {
             layer,
             path,
             sha256: Mutex::new(sha256),
+            key_error: Mutex::new(None),
+        }
+    }
+
+    /// Read `[jwt]`'s key file again if it changed on disk; a file that no longer loads
+    /// keeps the keys in force, logged once per distinct error.
+    pub(crate) fn refresh_keys(&self) {
+        let result = self.layer.rules_now().refresh_keys();
+        let mut last = self
+            .key_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match result {
+            Ok(false) => {}
+            Ok(true) => {
+                *last = None;
+                metrics::counter!("ratemesh_jwt_key_reloads_total", "result" => "applied")
+                    .increment(1);
+                tracing::info!("[jwt] key file changed: its keys are in force");
+            }
+            Err(reason) => {
+                if last.as_deref() != Some(reason.as_str()) {
+                    metrics::counter!("ratemesh_jwt_key_reloads_total", "result" => "refused")
+                        .increment(1);
+                    tracing::error!(%reason, "[jwt] key file changed but does not load: the keys in force stay");
+                    *last = Some(reason);
+                }
+            }
         }
     }
 

@@ -33,7 +33,7 @@ use crate::http::identity::{
     AuthenticatedUser, ClientTier, DEFAULT_MAX_IDENTITY_BYTES, IdentityTooLong, client_ip,
     identify, peer_of,
 };
-use crate::rules::{Outcome, Refusal, RequestFacts, RequestParts, Rules, RulesError};
+use crate::rules::{Claims, Outcome, Refusal, RequestFacts, RequestParts, Rules, RulesError};
 
 /// Why a reload was refused; the rules in force are unchanged.
 #[derive(Debug, thiserror::Error)]
@@ -69,16 +69,18 @@ struct OwnedParts {
     user: Option<String>,
     query: Option<String>,
     host: Option<String>,
+    claims: Option<Claims>,
 }
 
 impl OwnedParts {
-    fn of(parts: &RequestParts<'_>) -> Self {
+    fn of(parts: &RequestParts<'_>, claims: Option<Claims>) -> Self {
         OwnedParts {
             headers: parts.headers.cloned(),
             client_ip: parts.client_ip,
             user: parts.user.map(str::to_string),
             query: parts.query.map(str::to_string),
             host: parts.host.map(str::to_string),
+            claims,
         }
     }
 
@@ -89,14 +91,22 @@ impl OwnedParts {
             user: self.user.as_deref(),
             query: self.query.as_deref(),
             host: self.host.as_deref(),
+            claims: self.claims.as_ref(),
         }
     }
 }
 
 /// The parts of `request` that `rules` read beyond its identity (none, for rules that count
-/// only by the identity chain and list no addresses).
-fn request_parts<'a, B>(request: &'a Request<B>, rules: &Rules) -> RequestParts<'a> {
-    let mut parts = RequestParts::default();
+/// only by the identity chain and list no addresses), with the claims of its verified JWT.
+fn request_parts<'a, B>(
+    request: &'a Request<B>,
+    rules: &Rules,
+    claims: Option<&'a Claims>,
+) -> RequestParts<'a> {
+    let mut parts = RequestParts {
+        claims,
+        ..RequestParts::default()
+    };
     let config = rules.identity_config();
     if rules.reads_address() {
         parts.client_ip = client_ip(
@@ -312,7 +322,10 @@ impl RateLimitLayer {
                 .map(|t| t.0.clone()),
             method: request.method().clone(),
             path: request.uri().path().to_string(),
-            parts: OwnedParts::of(&request_parts(request, &rules)),
+            parts: OwnedParts::of(
+                &request_parts(request, &rules, None),
+                rules.jwt_claims(request.headers()),
+            ),
             now: self.shared.clock.now_ns(),
             rules,
         })
@@ -325,6 +338,7 @@ impl RateLimitLayer {
         rules: &Rules,
     ) -> Result<Outcome, IdentityTooLong> {
         let identity = self.identify(request, rules)?;
+        let claims = rules.jwt_claims(request.headers());
         let facts = RequestFacts {
             identity: &identity,
             tier: request
@@ -333,7 +347,7 @@ impl RateLimitLayer {
                 .map(|t| t.0.as_str()),
             method: request.method(),
             path: request.uri().path(),
-            request: request_parts(request, rules),
+            request: request_parts(request, rules, claims.as_ref()),
         };
         let outcome = rules.decide(&facts, self.shared.clock.now_ns());
         record(&outcome, rules, &identity);

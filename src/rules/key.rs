@@ -38,6 +38,11 @@ impl KeyModel {
         }
     }
 
+    /// Tell whether some part is a JWT claim.
+    pub(super) fn uses_claims(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, KeyPart::Jwt(_)))
+    }
+
     /// Tell whether some part is the client's address.
     pub(super) fn uses_address(&self) -> bool {
         self.parts.contains(&KeyPart::Ip)
@@ -61,6 +66,21 @@ impl KeyModel {
             }
             _ => None,
         };
+        // The claims' values, in the order of the `jwt:` parts.
+        let claims: smallvec::SmallVec<[Option<std::borrow::Cow<'_, [u8]>>; 2]> = self
+            .parts
+            .iter()
+            .filter_map(|part| match part {
+                KeyPart::Jwt(name) => Some(
+                    facts
+                        .request
+                        .claims
+                        .and_then(|claims| super::jwt::claim_value(claims, name)),
+                ),
+                _ => None,
+            })
+            .collect();
+        let mut claims = claims.iter();
         let mut values: smallvec::SmallVec<[&[u8]; 16]> = smallvec::SmallVec::new();
         for (part, name) in self.parts.iter().zip(&self.names) {
             let missing = || *name;
@@ -99,6 +119,14 @@ impl KeyModel {
                     values.push(b"query");
                     values.push(param.as_bytes());
                     query(facts.request.query, param).ok_or_else(missing)?
+                }
+                KeyPart::Jwt(claim) => {
+                    values.push(b"jwt");
+                    values.push(claim.as_bytes());
+                    claims
+                        .next()
+                        .and_then(|c| c.as_deref())
+                        .ok_or_else(missing)?
                 }
                 KeyPart::Route => {
                     values.push(b"route");
@@ -211,6 +239,7 @@ mod tests {
                     user: None,
                     query: Some(query),
                     host: Some("api.example.com"),
+                    claims: None,
                 },
             };
         let headers: &'static http::HeaderMap = Box::leak(Box::new(headers));

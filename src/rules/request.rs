@@ -74,6 +74,8 @@ pub struct RequestParts<'a> {
     pub query: Option<&'a str>,
     /// The host the request is for.
     pub host: Option<&'a str>,
+    /// The claims of the request's verified JWT ([`super::Rules::jwt_claims`]).
+    pub claims: Option<&'a super::Claims>,
 }
 
 /// Why a request was refused before any policy counted it.
