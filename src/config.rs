@@ -62,6 +62,7 @@ mod raw;
 mod redis;
 mod routes;
 mod source;
+mod tiers;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -90,6 +91,8 @@ pub use source::ConfigError;
 #[cfg(feature = "node")]
 pub(crate) use source::parse_duration;
 pub(crate) use source::{Source, read_config_file};
+pub use tiers::TierSource;
+use tiers::check_tenant;
 
 /// A validated policy file.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,8 +120,11 @@ pub struct GatewayConfig {
     pub refuse_without_tier: bool,
     /// `allow_unlimited = true`: the file may leave requests limited by no policy at all.
     pub allow_unlimited: bool,
-    /// Client identity (`user:alice`, as the identity's kind and value) → tier.
+    /// Client identity (`user:alice`, as the identity's kind and value; `api_key:HASH` for
+    /// an API key) → tier.
     pub tenants: BTreeMap<String, String>,
+    /// Where a client's tier comes from, in order, before `default_tier` (`tier_from`).
+    pub tier_from: Vec<TierSource>,
     /// Routes, most specific first.
     pub routes: Vec<RouteRule>,
     /// The Redis deployment of `backend = "redis"` policies.
@@ -251,9 +257,38 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
     let mut tenants = BTreeMap::new();
     for (tenant, tier) in &raw.tenants {
         let field = format!("tenants.{tenant}");
-        tier_exists(source.line_of(tier.span().start), &field, tier.get_ref())?;
+        let line = source.line_of(tier.span().start);
+        tier_exists(line, &field, tier.get_ref())?;
+        check_tenant(tenant).map_err(|reason| source.error(line, &field, reason))?;
+        if tenant.starts_with("api_key:") && raw.key_secret.is_none() {
+            return Err(source.error(
+                line,
+                &field,
+                "API keys are listed by their hash under `key_secret`: set `key_secret`",
+            ));
+        }
         tenants.insert(tenant.clone(), tier.get_ref().clone());
     }
+    let tier_from = match &raw.tier_from {
+        None => vec![TierSource::Tenants],
+        Some(list) => {
+            let line = source.line_of(list.span().start);
+            let mut sources = Vec::new();
+            for text in list.get_ref() {
+                let parsed = TierSource::parse(text)
+                    .map_err(|reason| source.error(line, "tier_from", reason))?;
+                if sources.contains(&parsed) {
+                    return Err(source.error(
+                        line,
+                        "tier_from",
+                        format!("`{text}` is listed twice"),
+                    ));
+                }
+                sources.push(parsed);
+            }
+            sources
+        }
+    };
 
     let routes = build_routes(source, &raw.routes, &policies, &tiers)?;
 
@@ -311,6 +346,16 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         None => None,
     };
     if jwt.is_none()
+        && let Some(list) = &raw.tier_from
+        && tier_from.iter().any(|t| matches!(t, TierSource::Jwt(_)))
+    {
+        return Err(source.error(
+            source.line_of(list.span().start),
+            "tier_from",
+            "takes a tier from a JWT claim: add a `[jwt]` section that says how tokens are verified",
+        ));
+    }
+    if jwt.is_none()
         && let Some((name, spanned)) = raw.policies.iter().find(|(name, _)| {
             policies.iter().any(|p| {
                 &p.name == *name
@@ -340,6 +385,7 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         refuse_without_tier,
         allow_unlimited: raw.allow_unlimited,
         tenants,
+        tier_from,
         routes,
         redis,
         envoy,

@@ -102,8 +102,12 @@ impl KeyHasher {
     /// Return a short, secret-free label for logs: `api_key:9f2c41d07ab3e6f1` for `kind`
     /// `api_key`.
     pub fn label(&self, kind: &str, value: &[u8]) -> String {
-        let digest = self.hash(Domain::Label, &[kind.as_bytes(), value]);
-        format!("{kind}:{digest:016x}")
+        format!("{kind}:{:016x}", self.label_digest(kind, value))
+    }
+
+    /// Return the digest of [`KeyHasher::label`] (what follows `kind:`, as a number).
+    pub fn label_digest(&self, kind: &str, value: &[u8]) -> u64 {
+        self.hash(Domain::Label, &[kind.as_bytes(), value])
     }
 }
 

@@ -171,6 +171,8 @@ pub struct Rules {
     tiers: BTreeMap<String, Layers>,
     routes: Vec<CompiledRoute>,
     tenants: HashMap<String, String>,
+    /// `tenants` entries of API keys: the digest of their `api_key:` label → tier.
+    api_key_tenants: HashMap<u64, String>,
     /// The `[envoy]` descriptors, for Envoy's rate limit service API.
     envoy: EnvoyDomains,
     /// Some policy is decided by the exact backend (`backend = "redis"` with a backend).
@@ -328,7 +330,16 @@ impl Rules {
         let tenants = config
             .tenants
             .iter()
+            .filter(|(k, _)| !k.starts_with("api_key:"))
             .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let api_key_tenants = config
+            .tenants
+            .iter()
+            .filter_map(|(k, v)| {
+                let hex = k.strip_prefix("api_key:")?;
+                Some((u64::from_str_radix(hex, 16).ok()?, v.clone()))
+            })
             .collect();
         let client_keys = CLIENT_KEY_SOURCES
             .map(|source| hasher.key_prefix(&[config.env.as_bytes(), source.name().as_bytes()]));
@@ -345,7 +356,16 @@ impl Rules {
         let reads_request = models.iter().any(Option::is_some);
         let reads_address =
             !config.access.is_empty() || models.iter().flatten().any(KeyModel::uses_address);
-        let reads_claims = models.iter().flatten().any(KeyModel::uses_claims);
+        let tier_from_claims = config
+            .tier_from
+            .iter()
+            .any(|t| matches!(t, crate::config::TierSource::Jwt(_)));
+        let tier_from_headers = config
+            .tier_from
+            .iter()
+            .any(|t| matches!(t, crate::config::TierSource::Header(_)));
+        let reads_request = reads_request || tier_from_headers;
+        let reads_claims = tier_from_claims || models.iter().flatten().any(KeyModel::uses_claims);
         let jwt = match (&config.jwt, reads_claims) {
             (Some(jwt), true) => Some(JwtVerifier::new(jwt).map_err(RulesError::JwtKeys)?),
             _ => None,
@@ -369,6 +389,7 @@ impl Rules {
             tiers: compiled.tiers,
             routes: compiled.routes,
             tenants,
+            api_key_tenants,
             envoy,
         })
     }

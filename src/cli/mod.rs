@@ -45,6 +45,14 @@ enum Command {
     },
     /// Simulate a cluster and print the overshoot, utilization and gossip cost to expect.
     Simulate(Box<simulate::SimulateArgs>),
+    /// Print the hash under which `tenants` lists an API key (`api_key:` and 16 hex digits):
+    /// reads API keys from standard input, one per line (never from the command line, which
+    /// the shell's history and the process list would keep), and prints one hash per line.
+    HashKey {
+        /// The policy file whose `key_secret` the hash is made with.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
     /// Generate a cluster CA and one certificate per node (for mutual TLS between nodes).
     Certs {
         /// The directory to write `ca.pem`, `ca.key`, `node-<id>.pem` and `node-<id>.key` to.
@@ -90,6 +98,41 @@ fn certs(
         println!("wrote {}", path.display());
     }
     println!("keep ca.key offline: it signs new nodes");
+    Ok(())
+}
+
+/// The longest API key `hash-key` reads (as `max_identity_bytes` allows at most).
+const MAX_KEY_LINE: usize = 65536;
+
+fn hash_key(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::{BufRead, Write};
+    let config = ratemesh::config::GatewayConfig::from_file(config)?;
+    let Some(secret) = &config.key_secret else {
+        return Err("the policy file has no `key_secret`: API keys are hashed under it".into());
+    };
+    let hasher = ratemesh::ids::KeyHasher::from_secret(secret);
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    let mut hashed = 0u64;
+    for (n, line) in stdin.lock().split(b'\n').enumerate() {
+        let line = line?;
+        let key = line.strip_suffix(b"\r").unwrap_or(&line).trim_ascii();
+        if key.is_empty() {
+            continue;
+        }
+        if key.len() > MAX_KEY_LINE {
+            return Err(format!(
+                "line {}: an API key longer than {MAX_KEY_LINE} bytes",
+                n + 1
+            )
+            .into());
+        }
+        writeln!(out, "{}", hasher.label("api_key", key))?;
+        hashed += 1;
+    }
+    if hashed == 0 {
+        return Err("no API key on standard input (one per line)".into());
+    }
     Ok(())
 }
 
@@ -193,6 +236,7 @@ pub fn main() -> std::process::ExitCode {
             add_node,
             cluster,
         } => certs(&out, nodes, &add_node, &cluster),
+        Command::HashKey { config } => hash_key(&config),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -43,6 +43,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) tenants: BTreeMap<String, Spanned<String>>,
     #[serde(default)]
+    pub(super) tier_from: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
     pub(super) routes: Vec<Spanned<RawRoute>>,
     #[serde(default)]
     pub(super) redis: Option<Spanned<RawRedis>>,

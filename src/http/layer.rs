@@ -70,6 +70,7 @@ struct OwnedParts {
     query: Option<String>,
     host: Option<String>,
     claims: Option<Claims>,
+    from_trusted_proxy: bool,
 }
 
 impl OwnedParts {
@@ -81,6 +82,7 @@ impl OwnedParts {
             query: parts.query.map(str::to_string),
             host: parts.host.map(str::to_string),
             claims,
+            from_trusted_proxy: parts.from_trusted_proxy,
         }
     }
 
@@ -92,6 +94,7 @@ impl OwnedParts {
             query: self.query.as_deref(),
             host: self.host.as_deref(),
             claims: self.claims.as_ref(),
+            from_trusted_proxy: self.from_trusted_proxy,
         }
     }
 }
@@ -116,6 +119,8 @@ fn request_parts<'a, B>(
         );
     }
     if rules.reads_request() {
+        parts.from_trusted_proxy = peer_of(request.extensions())
+            .is_some_and(|peer| config.trusted_proxies.iter().any(|net| net.contains(&peer)));
         parts.headers = Some(request.headers());
         parts.user = request
             .extensions()

@@ -10,7 +10,7 @@ use super::request::{Outcome, PolicyReport, Refusal, RequestFacts};
 use crate::backend::exact::{ExactDecision, ExactError, ExactFuture, fail_over};
 use crate::backend::mesh::MeshDecision;
 use crate::clock::Nanos;
-use crate::config::{Access, OnMissing};
+use crate::config::{Access, IdentitySource, OnMissing, TierSource};
 use crate::decision::{Decision, Verdict};
 use crate::limiter::{Charges, decide_in_layers};
 use crate::local::Charge;
@@ -263,23 +263,56 @@ impl Rules {
     }
 
     fn tier_of(&self, facts: &RequestFacts<'_>) -> Option<&Layers> {
-        // The tier an earlier layer chose, else the client's as a tenant, else the default;
-        // the first of these that names a tier is looked up (a name with no tier: none).
+        // The tier an earlier layer chose, else the first of `tier_from` that names one,
+        // else the default; a name with no tier counts as none.
         if let Some(tier) = facts.tier {
             return self.tiers.get(tier);
         }
-        if !self.tenants.is_empty()
-            && let Some(tier) = facts
-                .identity
-                .tenant_name()
-                .and_then(|n| self.tenants.get(&n))
-        {
-            return self.tiers.get(tier);
+        for from in &self.config.tier_from {
+            let named = match from {
+                TierSource::Tenants => self.tenant_tier(facts),
+                TierSource::Jwt(claim) => facts
+                    .request
+                    .claims
+                    .and_then(|claims| claims.get(claim.as_str()))
+                    .and_then(|value| value.as_str()),
+                TierSource::Header(name) if facts.request.from_trusted_proxy => facts
+                    .request
+                    .headers
+                    .and_then(|h| h.get(name))
+                    .and_then(|v| v.to_str().ok()),
+                TierSource::Header(_) => None,
+            };
+            if let Some(layers) = named.and_then(|tier| self.tiers.get(tier.trim())) {
+                return Some(layers);
+            }
         }
         self.config
             .default_tier
             .as_deref()
             .and_then(|tier| self.tiers.get(tier))
+    }
+
+    /// The tier `tenants` gives the client: an API key by the digest of its label, others
+    /// by `kind:value`.
+    fn tenant_tier(&self, facts: &RequestFacts<'_>) -> Option<&str> {
+        let identity = facts.identity;
+        if identity.source == IdentitySource::ApiKey {
+            if self.api_key_tenants.is_empty() {
+                return None;
+            }
+            let digest = self
+                .hasher
+                .label_digest("api_key", identity.value.as_bytes());
+            return self.api_key_tenants.get(&digest).map(String::as_str);
+        }
+        if self.tenants.is_empty() {
+            return None;
+        }
+        identity
+            .tenant_name()
+            .and_then(|name| self.tenants.get(&name))
+            .map(String::as_str)
     }
 
     /// Give back `cost` that layer `(p, key)` took from `charge` at `now`.

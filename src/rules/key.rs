@@ -240,6 +240,7 @@ mod tests {
                     query: Some(query),
                     host: Some("api.example.com"),
                     claims: None,
+                    from_trusted_proxy: false,
                 },
             };
         let headers: &'static http::HeaderMap = Box::leak(Box::new(headers));

@@ -76,6 +76,9 @@ pub struct RequestParts<'a> {
     pub host: Option<&'a str>,
     /// The claims of the request's verified JWT ([`super::Rules::jwt_claims`]).
     pub claims: Option<&'a super::Claims>,
+    /// The request came from one of `[identity] trusted_proxies` (a `tier_from` header is
+    /// believed only then).
+    pub from_trusted_proxy: bool,
 }
 
 /// Why a request was refused before any policy counted it.

@@ -1,0 +1,241 @@
+//! API plans: a client's tier from `tenants` (API keys by hash, as `ratemesh hash-key`
+//! prints them), from a verified JWT claim, or from a header set by a trusted proxy, in the
+//! order `tier_from` gives; through the tower layer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ratemesh::ManualClock;
+use ratemesh::config::GatewayConfig;
+use ratemesh::http::{ClientAddr, RateLimitLayer};
+use ratemesh::ids::KeyHasher;
+use tower::{Service, ServiceExt};
+
+const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef-plans";
+
+/// Free: 1 per hour; pro: 3 per hour (per client).
+fn file(head: &str) -> String {
+    format!(
+        "env = \"test\"\nkey_secret = \"s\"\ndefault_tier = \"free\"\n{head}\n\n\
+         [policies.free_hourly]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n\n\
+         [policies.pro_hourly]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1h\"\n\n\
+         [tiers.free]\npolicies = [\"free_hourly\"]\n\n[tiers.pro]\npolicies = [\"pro_hourly\"]\n"
+    )
+}
+
+fn layer_in(dir: &std::path::Path, text: &str) -> Result<RateLimitLayer, String> {
+    let path = dir.join("policies.toml");
+    std::fs::write(&path, text).unwrap();
+    let config = GatewayConfig::from_file(&path).map_err(|e| e.to_string())?;
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000_000_000));
+    RateLimitLayer::with_clock(config, clock).map_err(|e| e.to_string())
+}
+
+/// How many of `n` requests with `headers` from `peer` are admitted.
+async fn admitted(
+    layer: &RateLimitLayer,
+    peer: &str,
+    headers: &[(&str, String)],
+    n: usize,
+) -> usize {
+    let mut count = 0;
+    for _ in 0..n {
+        let mut service =
+            tower::ServiceBuilder::new()
+                .layer(layer.clone())
+                .service(tower::service_fn(|_request| async {
+                    Ok::<_, std::convert::Infallible>(
+                        http::Response::new(axum::body::Body::empty()),
+                    )
+                }));
+        let mut request = http::Request::get("/");
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        let mut request = request.body(axum::body::Body::empty()).unwrap();
+        let peer: SocketAddr = format!("{peer}:5000").parse().unwrap();
+        request.extensions_mut().insert(ClientAddr(peer));
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        count += usize::from(response.status() == 200);
+    }
+    count
+}
+
+#[tokio::test]
+async fn an_api_key_listed_by_its_hash_gets_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    // The hash as the command prints it, from standard input.
+    std::fs::write(dir.path().join("policies.toml"), file("")).unwrap();
+    let output = {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratemesh"))
+            .args(["hash-key", "--config"])
+            .arg(dir.path().join("policies.toml"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"sk_live_pro_customer\r\n\nsk_other\n")
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    assert!(output.status.success());
+    let printed = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), 2, "{printed}");
+    assert_eq!(
+        lines[0],
+        KeyHasher::from_secret("s").label("api_key", b"sk_live_pro_customer")
+    );
+    let layer = layer_in(
+        dir.path(),
+        &file(&format!("\n[tenants]\n\"{}\" = \"pro\"\n", lines[0])),
+    )
+    .unwrap();
+    let key = |k: &str| vec![("x-api-key", k.to_string())];
+    assert_eq!(
+        admitted(&layer, "192.0.2.1", &key("sk_live_pro_customer"), 5).await,
+        3
+    );
+    assert_eq!(admitted(&layer, "192.0.2.1", &key("sk_other"), 5).await, 1);
+    assert_eq!(
+        admitted(&layer, "192.0.2.1", &key("sk_unknown"), 5).await,
+        1
+    );
+
+    // With no key on standard input, or no key_secret, the command says so.
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_ratemesh"))
+        .args(["hash-key", "--config"])
+        .arg(dir.path().join("policies.toml"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!status.status.success());
+    assert!(String::from_utf8_lossy(&status.stderr).contains("no API key"));
+}
+
+#[tokio::test]
+async fn tier_from_takes_a_verified_claim_then_a_trusted_header_in_its_order() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("hmac.secret"), SECRET).unwrap();
+    let layer = layer_in(
+        dir.path(),
+        &file(
+            "tier_from = [\"jwt:plan\", \"header:x-plan\"]\n\n\
+             [identity]\norder = [\"api_key\", \"ip\"]\ntrusted_proxies = [\"10.0.0.1\"]\n\n\
+             [jwt]\nalgorithms = [\"HS256\"]\nsecret_file = \"hmac.secret\"",
+        ),
+    )
+    .unwrap();
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let token = |plan: &str, key: &[u8]| {
+        let claims = serde_json::json!({ "sub": "x", "plan": plan, "exp": exp });
+        format!(
+            "Bearer {}",
+            encode(
+                &Header::new(Algorithm::HS256),
+                &claims,
+                &EncodingKey::from_secret(key)
+            )
+            .unwrap()
+        )
+    };
+    let with = |api_key: &str, auth: Option<String>, plan: Option<&str>| {
+        let mut headers = vec![("x-api-key", api_key.to_string())];
+        if let Some(auth) = auth {
+            headers.push(("authorization", auth));
+        }
+        if let Some(plan) = plan {
+            headers.push(("x-plan", plan.to_string()));
+        }
+        headers
+    };
+    // A verified `plan` claim: pro.
+    assert_eq!(
+        admitted(
+            &layer,
+            "192.0.2.1",
+            &with("k1", Some(token("pro", SECRET)), None),
+            5
+        )
+        .await,
+        3
+    );
+    // A forged token (another secret) is no plan: free.
+    let forged = token("pro", b"not the secret, but 32 bytes long...");
+    assert_eq!(
+        admitted(&layer, "192.0.2.1", &with("k2", Some(forged), None), 5).await,
+        1
+    );
+    // A claim that names no tier falls through to the header, believed from the proxy.
+    assert_eq!(
+        admitted(
+            &layer,
+            "10.0.0.1",
+            &with("k3", Some(token("gold", SECRET)), Some("pro")),
+            5
+        )
+        .await,
+        3
+    );
+    // The same header from a client directly is not believed.
+    assert_eq!(
+        admitted(&layer, "192.0.2.9", &with("k4", None, Some("pro")), 5).await,
+        1
+    );
+}
+
+#[test]
+fn plans_that_would_leak_or_cannot_work_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |text: String, field: &str, reason: &str| {
+        let error = layer_in(dir.path(), &text).err().unwrap();
+        assert!(error.contains(field) && error.contains(reason), "{error}");
+    };
+    refused(
+        file("\n[tenants]\n\"api_key:sk_live_in_clear\" = \"pro\"\n"),
+        "tenants.api_key:sk_live_in_clear",
+        "never in clear",
+    );
+    refused(
+        file("\n[tenants]\n\"api_key:9F2C41D07AB3E6F1\" = \"pro\"\n"),
+        "tenants.api_key",
+        "never in clear",
+    );
+    refused(
+        file("\n[tenants]\n\"tenant-7\" = \"pro\"\n"),
+        "tenants.tenant-7",
+        "name a client",
+    );
+    refused(
+        file("\n[tenants]\n\"api_key:9f2c41d07ab3e6f1\" = \"pro\"\n")
+            .replace("key_secret = \"s\"\n", ""),
+        "tenants.api_key",
+        "set `key_secret`",
+    );
+    refused(
+        file("tier_from = [\"jwt:plan\"]"),
+        "tier_from",
+        "add a `[jwt]`",
+    );
+    refused(
+        file("tier_from = [\"cookie:plan\"]"),
+        "tier_from",
+        "not a source of tiers",
+    );
+    refused(
+        file("tier_from = [\"tenants\", \"tenants\"]"),
+        "tier_from",
+        "twice",
+    );
+}
