@@ -258,6 +258,9 @@ impl Cluster {
     }
 }
 
+/// Node `i`'s file, its peers reached through `relays`. A request waits up to a second for
+/// its key's owner (`mesh_max_wait`): what these tests measure is the budget, and a denial
+/// because a busy machine answered late would read as budget lost.
 fn node_file(
     dir: &Path,
     i: usize,
@@ -267,7 +270,7 @@ fn node_file(
     let id = i + 1;
     let mut text = format!(
         "id = {id}\nlisten = \"{quic}\"\nhttp = \"{http}\"\ngossip_interval = \"20ms\"\n\
-         policy_file = \"policies.toml\"\ndrain = \"2s\"\ndrain_grace = \"0s\"\n\n[tls]\n\
+         mesh_max_wait = \"1s\"\npolicy_file = \"policies.toml\"\ndrain = \"2s\"\ndrain_grace = \"0s\"\n\n[tls]\n\
          ca = \"certs/ca.pem\"\ncert = \"certs/node-{id}.pem\"\nkey = \"certs/node-{id}.key\"\n"
     );
     for (&(a, b), relay) in relays {

@@ -284,3 +284,123 @@ fn bad_by_lists_and_access_lists_are_refused_with_line_and_field() {
     assert_ne!(mesh("by = [\"ip\"]"), mesh("by = [\"api_key\"]"));
     assert_eq!(mesh("by = [\"ip\"]"), mesh("by = [\"ip\"]"));
 }
+
+#[tokio::test]
+async fn routes_match_by_host_methods_path_template_glob_and_headers() {
+    let text = format!(
+        "{HEAD}[policies.per_client]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1m\"\n\n\
+         [policies.orders]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1m\"\nby = [\"route\"]\n\n\
+         [policies.assets]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1m\"\nby = [\"route\"]\n\n\
+         [policies.beta]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1m\"\nby = [\"route\"]\n\n\
+         [tiers.api]\npolicies = [\"per_client\"]\n\n\
+         [[routes]]\nname = \"orders\"\nhost = \"*.example.com\"\nmethods = [\"POST\", \"PUT\"]\n\
+         path = \"/users/{{id}}/orders\"\npolicies = [\"orders\"]\n\n\
+         [[routes]]\nname = \"assets\"\npath_glob = \"/static/**/*.css\"\npolicies = [\"assets\"]\n\n\
+         [[routes]]\nname = \"beta\"\npath_prefix = \"/\"\nheaders = {{ x-beta = \"1\", x-client = \"*\" }}\n\
+         policies = [\"beta\"]\n"
+    );
+    let layer = layer(&text);
+    let call = |method: &'static str,
+                host: &'static str,
+                path: &'static str,
+                headers: Vec<(&'static str, &'static str)>| {
+        let layer = layer.clone();
+        async move {
+            let mut service = tower::ServiceBuilder::new()
+                .layer(layer)
+                .service(tower::service_fn(|_request| async {
+                    Ok::<_, std::convert::Infallible>(
+                        http::Response::new(axum::body::Body::empty()),
+                    )
+                }));
+            let mut request = http::Request::builder()
+                .method(method)
+                .uri(path)
+                .header("host", host);
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+            let mut request = request.body(axum::body::Body::empty()).unwrap();
+            request
+                .extensions_mut()
+                .insert(ClientAddr("192.0.2.1:1000".parse().unwrap()));
+            service
+                .ready()
+                .await
+                .unwrap()
+                .call(request)
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // The orders route: a subdomain, POST or PUT, the template: 2 for all of them.
+    let mut seen = Vec::new();
+    for (method, host, path) in [
+        ("POST", "api.example.com", "/users/1/orders"),
+        ("PUT", "eu.api.example.com:8443", "/users/2/orders"),
+        ("POST", "api.example.com", "/users/3/orders"),
+    ] {
+        seen.push(call(method, host, path, vec![]).await);
+    }
+    assert_eq!(seen, [200, 200, 429]);
+    // Not the orders route (another host, method or path): only the tier's limit.
+    for (method, host, path) in [
+        ("POST", "example.org", "/users/1/orders"),
+        ("GET", "api.example.com", "/users/1/orders"),
+        ("POST", "api.example.com", "/users/1/orders/9"),
+        ("POST", "example.com", "/users/1/orders"),
+    ] {
+        assert_eq!(
+            call(method, host, path, vec![]).await,
+            200,
+            "{method} {host}{path}"
+        );
+    }
+    // The glob: 3 stylesheets under /static, whatever the depth; scripts are not counted.
+    let mut seen = Vec::new();
+    for path in [
+        "/static/a.css",
+        "/static/x/b.css",
+        "/static/x/y/c.css",
+        "/static/d.css",
+    ] {
+        seen.push(call("GET", "h", path, vec![]).await);
+    }
+    assert_eq!(seen, [200, 200, 200, 429]);
+    assert_eq!(call("GET", "h", "/static/x/app.js", vec![]).await, 200);
+    // Headers: both present, x-beta equal to 1.
+    assert_eq!(
+        call("GET", "h", "/any", vec![("x-beta", "1"), ("x-client", "c")]).await,
+        200
+    );
+    assert_eq!(
+        call("GET", "h", "/any", vec![("x-beta", "1"), ("x-client", "d")]).await,
+        429
+    );
+    assert_eq!(
+        call("GET", "h", "/any", vec![("x-beta", "2"), ("x-client", "c")]).await,
+        200
+    );
+    assert_eq!(call("GET", "h", "/any", vec![("x-beta", "1")]).await, 200);
+
+    // Bad matchers are refused with their field.
+    let route = |spec: &str| {
+        format!(
+            "{HEAD}[policies.p]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1m\"\n\n\
+             [tiers.api]\npolicies = [\"p\"]\n\n[[routes]]\nname = \"r\"\n{spec}\n"
+        )
+    };
+    for (spec, field) in [
+        ("path = \"/a/{id}x\"", "routes.r.path"),
+        ("path_glob = \"/a/b**\"", "routes.r.path_glob"),
+        ("path = \"/a\"\npath_prefix = \"/a\"", "routes.r.path"),
+        ("host = \"bad host\"", "routes.r.host"),
+        ("headers = { \"bad header\" = \"1\" }", "routes.r.headers"),
+        ("methods = [\"GET\", \"NOT A METHOD\"]", "routes.r.method"),
+    ] {
+        let error = GatewayConfig::from_toml_str(&route(spec), "bad.toml").unwrap_err();
+        assert_eq!(error.field, field, "{spec}: {error}");
+    }
+}

@@ -60,9 +60,7 @@ pub(super) fn check_limits_something(
             ),
         ));
     }
-    let catch_all = routes
-        .iter()
-        .any(|r| r.method.is_none() && r.path_prefix.is_empty());
+    let catch_all = routes.iter().any(|r| r.matching.matches_all());
     if !catch_all {
         return Err(source.error(
             1,

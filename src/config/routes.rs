@@ -1,26 +1,25 @@
-//! `[[routes]]`: method and path prefix, cost, and the route's own policies; the order in
-//! which routes are matched (most specific first).
+//! `[[routes]]`: what a route matches (methods, hosts, a path prefix, template or glob,
+//! headers), its cost and its own policies; the order in which routes are matched (most
+//! specific first).
 
 use std::collections::BTreeMap;
 
-use http::Method;
+use http::{HeaderName, Method};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::matching::{HostPattern, PathPattern, RouteMatch};
 use super::policy::NamedPolicy;
 use super::source::{ConfigError, Source};
 
-/// A route: requests matching a method and a path prefix cost `cost` tokens and also pass
-/// through `policies` (keyed per client and per route).
+/// A route: requests it matches cost `cost` tokens and also pass through `policies` (keyed
+/// per client and per route, unless they count `by` other parts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteRule {
     /// The route's name (part of its keys).
     pub name: String,
-    /// The method, or any.
-    pub method: Option<Method>,
-    /// The path prefix, matched on segment boundaries (`/search` matches `/search/x`, not
-    /// `/searchx`).
-    pub path_prefix: String,
+    /// What it matches.
+    pub matching: RouteMatch,
     /// The cost of one request, in tokens of every policy that applies.
     pub cost: u64,
     /// Policies that apply to this route in addition to the tier's.
@@ -39,15 +38,12 @@ pub(super) fn build_routes(
     for spanned in raw {
         let route = build_route(source, spanned, policies, tiers)?;
         let line = source.line_of(spanned.span().start);
-        if let Some(same) = routes
-            .iter()
-            .find(|r| r.method == route.method && r.path_prefix == route.path_prefix)
-        {
+        if let Some(same) = routes.iter().find(|r| r.matching == route.matching) {
             return Err(source.error(
                 line,
                 format!("routes.{}", route.name),
                 format!(
-                    "same method and path prefix as route `{}`: the match would be ambiguous",
+                    "matches the same requests as route `{}`: the match would be ambiguous",
                     same.name
                 ),
             ));
@@ -61,8 +57,9 @@ pub(super) fn build_routes(
         }
         routes.push(route);
     }
+    // Stable: routes as specific as each other keep the file's order.
     routes.sort_by(|a: &RouteRule, b: &RouteRule| {
-        (b.path_prefix.len(), b.method.is_some()).cmp(&(a.path_prefix.len(), a.method.is_some()))
+        b.matching.specificity().cmp(&a.matching.specificity())
     });
     Ok(routes)
 }
@@ -77,25 +74,82 @@ fn build_route(
     let span = spanned.span();
     let at = |key: &str| source.line_of_key(span.clone(), key);
     let field = |key: &str| format!("routes.{}.{key}", raw.name);
-    let method = match &raw.method {
-        None => None,
-        Some(text) if text == "*" || text.eq_ignore_ascii_case("any") => None,
-        Some(text) => Some(
-            Method::from_bytes(text.to_ascii_uppercase().as_bytes()).map_err(|_| {
+    let method = |text: &String| -> Result<Option<Method>, ConfigError> {
+        if text == "*" || text.eq_ignore_ascii_case("any") {
+            return Ok(None);
+        }
+        Method::from_bytes(text.to_ascii_uppercase().as_bytes())
+            .map(Some)
+            .map_err(|_| {
                 source.error(
                     at("method"),
                     field("method"),
                     format!("`{text}` is not an HTTP method"),
                 )
-            })?,
-        ),
+            })
     };
-    if !raw.path_prefix.starts_with('/') {
-        return Err(source.error(
-            at("path_prefix"),
-            field("path_prefix"),
-            "must start with `/`",
-        ));
+    let mut methods = Vec::new();
+    for text in raw.method.iter().chain(&raw.methods) {
+        match method(text)? {
+            Some(m) if !methods.contains(&m) => methods.push(m),
+            Some(_) => {}
+            // "any" among others means any.
+            None => {
+                methods.clear();
+                break;
+            }
+        }
+    }
+    let paths = [
+        ("path_prefix", &raw.path_prefix),
+        ("path", &raw.path),
+        ("path_glob", &raw.path_glob),
+    ];
+    let given: Vec<(&str, &String)> = paths
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v)))
+        .collect();
+    let path = match given.as_slice() {
+        [] => PathPattern::Prefix(String::new()),
+        [("path_prefix", prefix)] => {
+            if !prefix.starts_with('/') {
+                return Err(source.error(
+                    at("path_prefix"),
+                    field("path_prefix"),
+                    "must start with `/`",
+                ));
+            }
+            PathPattern::Prefix(prefix.trim_end_matches('/').to_string())
+        }
+        [("path", text)] => PathPattern::template(text)
+            .map_err(|reason| source.error(at("path"), field("path"), reason))?,
+        [("path_glob", text)] => PathPattern::glob(text)
+            .map_err(|reason| source.error(at("path_glob"), field("path_glob"), reason))?,
+        _ => {
+            return Err(source.error(
+                at(given[1].0),
+                field(given[1].0),
+                "give one of `path_prefix`, `path` and `path_glob`",
+            ));
+        }
+    };
+    let mut hosts = Vec::new();
+    for text in raw.host.iter().chain(&raw.hosts) {
+        hosts.push(
+            HostPattern::parse(text)
+                .map_err(|reason| source.error(at("host"), field("host"), reason))?,
+        );
+    }
+    let mut headers = Vec::new();
+    for (name, value) in &raw.headers {
+        let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+            source.error(
+                at("headers"),
+                field("headers"),
+                format!("`{name}` is not a header name"),
+            )
+        })?;
+        headers.push((header, (value != "*").then(|| value.clone())));
     }
     for name in &raw.policies {
         if !policies.iter().any(|p| &p.name == name) {
@@ -123,8 +177,12 @@ fn build_route(
     }
     Ok(RouteRule {
         name: raw.name.clone(),
-        method,
-        path_prefix: raw.path_prefix.trim_end_matches('/').to_string(),
+        matching: RouteMatch {
+            methods,
+            hosts,
+            path,
+            headers,
+        },
         cost: raw.cost,
         policies: raw.policies.clone(),
     })
@@ -136,7 +194,17 @@ fn build_route(
 pub(super) struct RawRoute {
     name: String,
     method: Option<String>,
-    path_prefix: String,
+    #[serde(default)]
+    methods: Vec<String>,
+    host: Option<String>,
+    #[serde(default)]
+    hosts: Vec<String>,
+    path_prefix: Option<String>,
+    path: Option<String>,
+    path_glob: Option<String>,
+    /// Header name → value (`"*"`: present with any value).
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
     #[serde(default = "one")]
     cost: u64,
     #[serde(default)]

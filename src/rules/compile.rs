@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use http::Method;
 use jiff::Timestamp;
 
 use super::RulesError;
@@ -159,21 +158,24 @@ pub(super) struct Layers {
 
 pub(super) struct CompiledRoute {
     pub(super) name: &'static str,
-    method: Option<Method>,
-    path_prefix: String,
+    matching: crate::config::RouteMatch,
     pub(super) cost: u64,
     pub(super) layers: Layers,
 }
 
 impl CompiledRoute {
-    pub(super) fn matches(&self, method: &Method, path: &str) -> bool {
-        if self.method.as_ref().is_some_and(|m| m != method) {
-            return false;
-        }
-        match path.strip_prefix(self.path_prefix.as_str()) {
-            Some(rest) => rest.is_empty() || rest.starts_with('/') || self.path_prefix.is_empty(),
-            None => false,
-        }
+    pub(super) fn matches(&self, facts: &super::request::RequestFacts<'_>) -> bool {
+        self.matching.matches(
+            facts.method,
+            facts.path,
+            facts.request.host,
+            facts.request.headers,
+        )
+    }
+
+    /// Tell whether matching reads the host or headers.
+    pub(super) fn reads_request(&self) -> bool {
+        self.matching.reads_request()
     }
 }
 
@@ -240,8 +242,7 @@ pub(super) fn compile(
         .iter()
         .map(|route| CompiledRoute {
             name: intern(&route.name),
-            method: route.method.clone(),
-            path_prefix: route.path_prefix.clone(),
+            matching: route.matching.clone(),
             cost: route.cost,
             layers: layers(&route.policies),
         })

@@ -190,10 +190,7 @@ impl<'r> Passage<'r> {
 impl Rules {
     /// Work out which policies a request passes, under which keys, at what cost.
     fn plan(&self, facts: &RequestFacts<'_>) -> Plan<'_> {
-        let route = self
-            .routes
-            .iter()
-            .find(|r| r.matches(facts.method, facts.path));
+        let route = self.routes.iter().find(|r| r.matches(facts));
         let cost = route.map_or(1, |r| r.cost);
         let tier = self.tier_of(facts);
         // The key of (environment, source, identity[, route]), its first two parts hashed
