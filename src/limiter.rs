@@ -427,6 +427,16 @@ impl Charges {
         self.count = layer + 1;
     }
 
+    /// What layer `layer` (one noted) took.
+    #[cfg(feature = "http")]
+    pub(crate) fn charge_of(&self, layer: usize) -> Charge {
+        if self.overflow & (1 << layer) != 0 {
+            Charge::Overflow
+        } else {
+            Charge::Key
+        }
+    }
+
     /// Give back every charge with `refund(layer, charge)`, latest first: the one way earlier
     /// layers are refunded.
     #[inline(always)]

@@ -41,7 +41,7 @@ pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub use key::MissingPart;
 pub(crate) use key::address_text;
-pub use request::{Identity, Outcome, PolicyReport, Refusal, RequestFacts, RequestParts};
+pub use request::{Identity, Outcome, Pending, PolicyReport, Refusal, RequestFacts, RequestParts};
 
 /// Why the rules could not be built from a valid file.
 #[derive(Debug, thiserror::Error)]

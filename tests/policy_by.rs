@@ -404,3 +404,77 @@ async fn routes_match_by_host_methods_path_template_glob_and_headers() {
         assert_eq!(error.field, field, "{spec}: {error}");
     }
 }
+
+#[tokio::test]
+async fn failed_logins_are_counted_by_their_status_and_successes_are_given_back() {
+    let text = format!(
+        "{HEAD}[policies.per_client]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1m\"\n\n\
+         [policies.failed_logins]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"15m\"\n\
+         by = [\"ip\"]\ncount_when = {{ status = [401, \"403-403\"] }}\n\n\
+         [tiers.api]\npolicies = [\"per_client\"]\n\n\
+         [[routes]]\nname = \"login\"\nmethod = \"POST\"\npath = \"/login\"\npolicies = [\"failed_logins\"]\n"
+    );
+    let layer = layer(&text);
+    let attempt = |password: &'static str| {
+        let layer = layer.clone();
+        async move {
+            let mut service = tower::ServiceBuilder::new()
+                .layer(layer)
+                .service(tower::service_fn(
+                    |request: http::Request<axum::body::Body>| async move {
+                        let ok = request
+                            .headers()
+                            .get("x-password")
+                            .is_some_and(|p| p == "right");
+                        let mut response = http::Response::new(axum::body::Body::empty());
+                        if !ok {
+                            *response.status_mut() = http::StatusCode::UNAUTHORIZED;
+                        }
+                        Ok::<_, std::convert::Infallible>(response)
+                    },
+                ));
+            let mut request = http::Request::post("/login")
+                .header("x-password", password)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            request
+                .extensions_mut()
+                .insert(ClientAddr("192.0.2.50:1000".parse().unwrap()));
+            service
+                .ready()
+                .await
+                .unwrap()
+                .call(request)
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // Successes cost nothing: ten of them leave the three failures.
+    for _ in 0..10 {
+        assert_eq!(attempt("right").await, 200);
+    }
+    assert_eq!(attempt("wrong").await, 401);
+    assert_eq!(attempt("right").await, 200);
+    assert_eq!(attempt("wrong").await, 401);
+    assert_eq!(attempt("wrong").await, 401);
+    // Three failures: the address is held back, even with the right password.
+    assert_eq!(attempt("right").await, 429);
+    assert_eq!(attempt("wrong").await, 429);
+
+    // Counting by the response needs a local, non-shaping policy.
+    let bad = text.replace("by = [\"ip\"]\n", "by = [\"ip\"]\nbackend = \"redis\"\n");
+    assert!(GatewayConfig::from_toml_str(&bad, "bad.toml").is_err());
+    for (when, reason) in [
+        ("{ status = [99] }", "not an HTTP status"),
+        ("{ status = [\"500-400\"] }", "empty"),
+        ("{ status = [] }", "at least one"),
+        ("{ status = [\"5xx\"] }", "a range is written"),
+    ] {
+        let bad = text.replace("{ status = [401, \"403-403\"] }", when);
+        let error = GatewayConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
+        assert_eq!(error.field, "policies.failed_logins.count_when", "{error}");
+        assert!(error.reason.contains(reason), "{error}");
+    }
+}

@@ -476,6 +476,7 @@ impl Walk<'_, '_> {
             token_cache: None,
             by: None,
             on_missing: Default::default(),
+            count_when: None,
         });
         Ok(DescriptorLimit::Policy {
             name: name.to_string(),
@@ -494,6 +495,15 @@ impl Walk<'_, '_> {
         let Some(named) = self.cx.policies.iter().find(|p| p.name == name) else {
             return Err(fail("policy", format!("no policy named `{name}`")));
         };
+        if named.count_when.is_some() {
+            return Err(fail(
+                "policy",
+                format!(
+                    "policy `{name}` counts by the response's status (`count_when`), which \
+                     Envoy's rate limit service never sees: name another policy"
+                ),
+            ));
+        }
         if named.by.is_some() {
             return Err(fail(
                 "policy",

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::key::{CountBy, OnMissing};
+use super::outcome::{RawCountWhen, StatusSet};
 use super::source::{ConfigError, Source, parse_duration};
 use crate::policy::{Algorithm, Policy, PolicyError};
 
@@ -58,6 +59,9 @@ pub struct NamedPolicy {
     pub by: Option<CountBy>,
     /// What happens to a request that lacks a part of `by`.
     pub on_missing: OnMissing,
+    /// Count a request only when its response has one of these statuses (`count_when`):
+    /// its tokens are taken before it runs and given back after, otherwise.
+    pub count_when: Option<StatusSet>,
 }
 
 /// The local token cache of a `redis` token bucket or GCRA policy
@@ -281,6 +285,30 @@ pub(super) fn build_policy(
                 .into(),
         ));
     }
+    let count_when = match &raw.count_when {
+        None => None,
+        Some(raw_when) => {
+            if raw.backend != Backend::Local {
+                return Err(fail(
+                    "count_when",
+                    "counting by the response needs a local policy: a `mesh` or `redis` \
+                     charge cannot be given back after the response yet"
+                        .into(),
+                ));
+            }
+            if matches!(policy.algorithm(), Algorithm::LeakyBucketShape { .. }) {
+                return Err(fail(
+                    "count_when",
+                    "a shaping policy reserves a slot it never gives back".into(),
+                ));
+            }
+            Some(
+                raw_when
+                    .build()
+                    .map_err(|reason| fail("count_when", reason))?,
+            )
+        }
+    };
     Ok(NamedPolicy {
         name: name.to_string(),
         policy,
@@ -291,6 +319,7 @@ pub(super) fn build_policy(
         token_cache,
         by,
         on_missing: raw.on_missing.unwrap_or_default(),
+        count_when,
     })
 }
 
@@ -404,6 +433,7 @@ pub(super) struct RawPolicy {
     token_cache: Option<RawTokenCache>,
     by: Option<Vec<String>>,
     on_missing: Option<OnMissing>,
+    count_when: Option<RawCountWhen>,
 }
 
 /// A policy's `token_cache` as the file spells it.

@@ -270,7 +270,7 @@ impl Service<Request<Body>> for ForwardAuthService {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let request = match self.target(request) {
+        let mut request = match self.target(request) {
             Ok(request) => request,
             Err(error) => {
                 let refused = refusal(&error);
@@ -278,6 +278,9 @@ impl Service<Request<Body>> for ForwardAuthService {
                 return Box::pin(std::future::ready(Ok(refused)));
             }
         };
+        // The answer is this check's, not the protected service's: `count_when` charges
+        // stay counted.
+        request.extensions_mut().insert(crate::http::OutcomeUnseen);
         let decided = self.decide.call(request);
         Box::pin(async move {
             let response = decided.await?;

@@ -618,8 +618,10 @@ impl RateLimitLayer {
                 return Box::pin(std::future::ready(Ok(response)));
             }
             let legacy = rules.config().legacy_headers;
-            drop(rules);
-            if outcome.delay_ns == 0 {
+            // Kept across the call only to settle `count_when` charges by the response.
+            let settle =
+                settle_after(&outcome, &request).then(|| arc_swap::Guard::into_inner(rules));
+            if outcome.delay_ns == 0 && settle.is_none() {
                 let forwarded = inner.call(request);
                 return Box::pin(async move {
                     let response = forwarded.await?;
@@ -627,8 +629,13 @@ impl RateLimitLayer {
                 });
             }
             return Box::pin(async move {
-                tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
+                if outcome.delay_ns > 0 {
+                    tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
+                }
                 let response = inner.call(request).await?;
+                if let Some(rules) = settle {
+                    settle_by(&rules, &outcome, response.status());
+                }
                 Ok(with_fields(response, &outcome, legacy))
             });
         }
@@ -643,13 +650,33 @@ impl RateLimitLayer {
                 return Ok(layer.denial_response(&outcome, &rules));
             }
             let legacy = rules.config().legacy_headers;
-            drop(rules);
+            let settle = settle_after(&outcome, &request).then_some(rules);
             if outcome.delay_ns > 0 {
                 tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
             }
             let response = inner.call(request).await?;
+            if let Some(rules) = settle {
+                settle_by(&rules, &outcome, response.status());
+            }
             Ok(with_fields(response, &outcome, legacy))
         })
+    }
+}
+
+/// Marks a request whose response is not the protected service's (a forward-auth check):
+/// `count_when` charges are then kept, since the outcome is never seen.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutcomeUnseen;
+
+/// Tell whether `outcome` has `count_when` charges to settle after `request`'s response.
+fn settle_after<B>(outcome: &Outcome, request: &Request<B>) -> bool {
+    !outcome.pending.is_empty() && request.extensions().get::<OutcomeUnseen>().is_none()
+}
+
+/// Keep or give back each `count_when` charge of `outcome` by the response's status.
+fn settle_by(rules: &Rules, outcome: &Outcome, status: StatusCode) {
+    for pending in &outcome.pending {
+        rules.settle(pending, status.as_u16());
     }
 }
 

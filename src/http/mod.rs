@@ -15,4 +15,6 @@ pub use headers::{
 pub use identity::{
     AuthenticatedUser, ClientAddr, ClientTier, DEFAULT_MAX_IDENTITY_BYTES, IdentityTooLong,
 };
+#[cfg(feature = "node")]
+pub(crate) use layer::OutcomeUnseen;
 pub use layer::{DenialHook, RateLimitLayer, RateLimitService, ReloadError};

@@ -6,7 +6,7 @@
 use super::Rules;
 use super::compile::{CompiledRoute, Layers, Remote};
 use super::key::MissingPart;
-use super::request::{Outcome, PolicyReport, Refusal, RequestFacts};
+use super::request::{Outcome, Pending, PolicyReport, Refusal, RequestFacts};
 use crate::backend::exact::{ExactDecision, ExactError, ExactFuture, fail_over};
 use crate::backend::mesh::MeshDecision;
 use crate::clock::Nanos;
@@ -183,6 +183,20 @@ impl<'r> Passage<'r> {
             self.now,
         );
         outcome.backend_unavailable = self.unavailable;
+        if allowed {
+            // `count_when` policies: settled by the response's status.
+            for (i, &(p, key)) in self.local.iter().enumerate() {
+                if self.rules.policies[p].named.count_when.is_some() {
+                    outcome.pending.push(Pending {
+                        policy: p,
+                        key,
+                        charge: self.charges.charge_of(i),
+                        at: self.now,
+                        cost: self.plan.cost,
+                    });
+                }
+            }
+        }
         outcome
     }
 }
@@ -312,6 +326,28 @@ impl Rules {
             .map(String::as_str)
     }
 
+    /// Settle a `count_when` charge by the response's `status`: kept when the policy counts
+    /// it, given back otherwise. Call it once per pending charge of an admitted request's
+    /// [`Outcome::pending`], on the rules that decided it.
+    pub fn settle(&self, pending: &Pending, status: u16) {
+        let Some(policy) = self.policies.get(pending.policy) else {
+            return;
+        };
+        let counted = policy
+            .named
+            .count_when
+            .as_ref()
+            .is_none_or(|when| when.contains(status));
+        if !counted {
+            self.refund(
+                (pending.policy, pending.key),
+                pending.charge,
+                pending.cost,
+                pending.at,
+            );
+        }
+    }
+
     /// Give back `cost` that layer `(p, key)` took from `charge` at `now`.
     fn refund(&self, (p, key): (usize, u64), charge: Charge, cost: u64, now: Nanos) {
         let policy = &self.policies[p];
@@ -353,6 +389,7 @@ impl Rules {
             refused: None,
             exempt: false,
             skipped: plan.skipped.clone(),
+            pending: Vec::new(),
         }
     }
 
@@ -369,6 +406,7 @@ impl Rules {
             refused,
             exempt: refused.is_none(),
             skipped: Vec::new(),
+            pending: Vec::new(),
         }
     }
 

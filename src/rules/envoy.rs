@@ -394,6 +394,7 @@ impl<'r> Run<'r> {
                 refused: None,
                 exempt: false,
                 skipped: Vec::new(),
+                pending: Vec::new(),
             },
         }
     }

@@ -138,6 +138,20 @@ pub struct Outcome {
     /// Policies left out because the request lacks a part they count by and they say
     /// `on_missing = "skip"`: (policy, part).
     pub skipped: Vec<super::key::MissingPart>,
+    /// The charges of `count_when` policies, to settle by the response's status
+    /// ([`super::Rules::settle`]).
+    pub pending: Vec<Pending>,
+}
+
+/// A charge taken before the request ran, kept or given back by its response's status
+/// (`count_when`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending {
+    pub(super) policy: usize,
+    pub(super) key: u64,
+    pub(super) charge: crate::local::Charge,
+    pub(super) at: Nanos,
+    pub(super) cost: u64,
 }
 
 impl Outcome {
