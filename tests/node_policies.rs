@@ -199,3 +199,54 @@ async fn a_node_reads_a_rotated_jwks_and_counts_by_the_verified_subject() {
         1.0
     );
 }
+
+/// `count_when` in the node's proxy mode: the upstream's 401s count, its 200s are given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxying_node_counts_failed_logins_by_the_upstreams_status() {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let app = axum::Router::new().route(
+        "/login",
+        axum::routing::post(|headers: http::HeaderMap| async move {
+            if headers.get("x-password").is_some_and(|p| p == "right") {
+                http::StatusCode::OK
+            } else {
+                http::StatusCode::UNAUTHORIZED
+            }
+        }),
+    );
+    let server = tokio::spawn(async move { axum::serve(upstream, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let text = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+        [identity]\norder = [\"ip\"]\n\n\
+        [policies.per_client]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1h\"\n\n\
+        [policies.failed_logins]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"15m\"\n\
+        by = [\"ip\"]\ncount_when = { status = [401] }\n\n\
+        [tiers.api]\npolicies = [\"per_client\"]\n\n\
+        [[routes]]\nname = \"login\"\nmethod = \"POST\"\npath = \"/login\"\npolicies = [\"failed_logins\"]\n";
+    let files = write_cluster_with(dir.path(), 1, text);
+    edit_file(&files[0], |t| {
+        format!("{t}\n[[proxy]]\npath_prefix = \"/\"\nupstream = \"http://{upstream_addr}\"\n")
+    });
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let attempt = |password: &'static str| {
+        let request = client
+            .post(format!("http://{}/login", node.http))
+            .header("x-password", password);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    for _ in 0..5 {
+        assert_eq!(attempt("right").await, 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(attempt("wrong").await, 401);
+    }
+    assert_eq!(
+        attempt("right").await,
+        429,
+        "three failures hold the address back"
+    );
+    server.abort();
+}
