@@ -84,7 +84,9 @@ use limits::check_limits_something;
 pub use matching::{HostPattern, MAX_PATTERN_SEGMENTS, PathPattern, RouteMatch, Segment};
 pub use outcome::StatusSet;
 use policy::build_policy;
-pub use policy::{Backend, FailMode, MAX_TOKEN_CACHE_TTL, NamedPolicy, TokenCacheConfig};
+pub use policy::{
+    Backend, FailMode, MAX_BLOCK_FOR, MAX_TOKEN_CACHE_TTL, NamedPolicy, TokenCacheConfig,
+};
 use raw::{NoTier, RawConfig};
 use redis::build_redis;
 pub use redis::{RedisConfig, RedisEndpoints};

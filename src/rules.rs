@@ -15,6 +15,7 @@ mod decide;
 mod envoy;
 mod jwt;
 mod key;
+mod lockout;
 mod request;
 
 use std::collections::{BTreeMap, HashMap};

@@ -478,3 +478,65 @@ async fn failed_logins_are_counted_by_their_status_and_successes_are_given_back(
         assert!(error.reason.contains(reason), "{error}");
     }
 }
+
+#[tokio::test]
+async fn a_lockout_holds_a_key_denied_for_its_time_with_a_retry_after_that_says_so() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let text = format!(
+        "{HEAD}[policies.failed_logins]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1m\"\n\
+         by = [\"ip\"]\nblock_for = \"15m\"\n\n[tiers.api]\npolicies = [\"failed_logins\"]\n"
+    );
+    let config = GatewayConfig::from_toml_str(&text, "policies.toml").unwrap();
+    let layer = RateLimitLayer::with_clock(config, clock.clone()).unwrap();
+    let retry_after = |layer: RateLimitLayer, addr: &'static str| async move {
+        let mut service = tower::ServiceBuilder::new()
+            .layer(layer)
+            .service(tower::service_fn(|_request| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+            }));
+        let mut request = http::Request::get("/")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(ClientAddr(format!("{addr}:1").parse().unwrap()));
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        let after = response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+        (response.status().as_u16(), after)
+    };
+    assert_eq!(retry_after(layer.clone(), "192.0.2.1").await.0, 200);
+    assert_eq!(retry_after(layer.clone(), "192.0.2.1").await.0, 200);
+    // The third is denied and locks the address out for 15 minutes.
+    assert_eq!(
+        retry_after(layer.clone(), "192.0.2.1").await,
+        (429, Some(900))
+    );
+    // Two minutes on, the window has turned, but the lockout holds.
+    clock.advance(std::time::Duration::from_secs(120));
+    assert_eq!(
+        retry_after(layer.clone(), "192.0.2.1").await,
+        (429, Some(780))
+    );
+    assert_eq!(
+        retry_after(layer.clone(), "192.0.2.2").await.0,
+        200,
+        "others are not"
+    );
+    clock.advance(std::time::Duration::from_secs(781));
+    assert_eq!(retry_after(layer.clone(), "192.0.2.1").await.0, 200);
+    // A lockout needs a local policy that can deny.
+    for (extra, reason) in [
+        ("backend = \"mesh\"\n", "needs a local policy"),
+        ("shadow = true\n", "never denies"),
+    ] {
+        let bad = text.replace("block_for", &format!("{extra}block_for"));
+        let error = GatewayConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
+        assert!(error.reason.contains(reason), "{error}");
+    }
+    let bad = text.replace("\"15m\"", "\"30d\"");
+    let error = GatewayConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
+    assert_eq!(error.field, "policies.failed_logins.block_for");
+}

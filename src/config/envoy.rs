@@ -477,6 +477,7 @@ impl Walk<'_, '_> {
             by: None,
             on_missing: Default::default(),
             count_when: None,
+            block_for: None,
         });
         Ok(DescriptorLimit::Policy {
             name: name.to_string(),

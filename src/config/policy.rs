@@ -62,6 +62,8 @@ pub struct NamedPolicy {
     /// Count a request only when its response has one of these statuses (`count_when`):
     /// its tokens are taken before it runs and given back after, otherwise.
     pub count_when: Option<StatusSet>,
+    /// Once the policy denies a key, deny it for this long (`block_for`, a lockout).
+    pub block_for: Option<Duration>,
 }
 
 /// The local token cache of a `redis` token bucket or GCRA policy
@@ -73,6 +75,9 @@ pub struct TokenCacheConfig {
     /// How long cached tokens may be spent after Redis granted them.
     pub ttl: Duration,
 }
+
+/// The longest `block_for`.
+pub const MAX_BLOCK_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The longest `token_cache.ttl`: the cache may admit up to `rate · ttl` more than the policy
 /// in an interval, so it is kept short.
@@ -309,6 +314,31 @@ pub(super) fn build_policy(
             )
         }
     };
+    let block_for = match &raw.block_for {
+        None => None,
+        Some(text) => {
+            let block = parse_duration(text).map_err(|reason| fail("block_for", reason))?;
+            if block.is_zero() || block > MAX_BLOCK_FOR {
+                return Err(fail(
+                    "block_for",
+                    format!("between 1s and {MAX_BLOCK_FOR:?}, got {block:?}"),
+                ));
+            }
+            if raw.backend != Backend::Local {
+                return Err(fail(
+                    "block_for",
+                    "a lockout is kept by each node: it needs a local policy".into(),
+                ));
+            }
+            if raw.shadow {
+                return Err(fail(
+                    "block_for",
+                    "a shadow policy never denies, so it never locks a key out".into(),
+                ));
+            }
+            Some(block)
+        }
+    };
     Ok(NamedPolicy {
         name: name.to_string(),
         policy,
@@ -320,6 +350,7 @@ pub(super) fn build_policy(
         by,
         on_missing: raw.on_missing.unwrap_or_default(),
         count_when,
+        block_for,
     })
 }
 
@@ -434,6 +465,7 @@ pub(super) struct RawPolicy {
     by: Option<Vec<String>>,
     on_missing: Option<OnMissing>,
     count_when: Option<RawCountWhen>,
+    block_for: Option<String>,
 }
 
 /// A policy's `token_cache` as the file spells it.

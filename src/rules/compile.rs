@@ -41,6 +41,8 @@ pub(super) struct CompiledPolicy {
     pub(super) counters: [OnceLock<metrics::Counter>; 3],
     /// Its `RateLimit-Policy` item for the limit it first reported (formatted once).
     pub(super) policy_field: OnceLock<(u64, http::HeaderValue)>,
+    /// The keys it locked out (`block_for`; kept across a reload with the store).
+    pub(super) lockouts: Option<Arc<super::lockout::Lockouts>>,
 }
 
 /// What a decision of a policy is counted as in `ratemesh_decisions_total`.
@@ -205,9 +207,17 @@ pub(super) fn compile(
         .iter()
         .enumerate()
         .map(|(index, named)| {
-            let kept = previous
-                .and_then(|old| old.iter().find(|old| old.named == *named))
-                .map(|old| Arc::clone(&old.store));
+            let previous = previous.and_then(|old| old.iter().find(|old| old.named == *named));
+            let kept = previous.map(|old| Arc::clone(&old.store));
+            let lockouts = named.block_for.map(|block| {
+                previous
+                    .and_then(|old| old.lockouts.clone())
+                    .unwrap_or_else(|| {
+                        Arc::new(super::lockout::Lockouts::new(
+                            crate::clock::duration_to_nanos(block),
+                        ))
+                    })
+            });
             let remote = match named.backend {
                 Backend::Local => None,
                 Backend::Mesh if mesh => {
@@ -228,6 +238,7 @@ pub(super) fn compile(
                 index: index as u32,
                 counters: Default::default(),
                 policy_field: OnceLock::new(),
+                lockouts,
             }
         })
         .collect();

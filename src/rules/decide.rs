@@ -82,9 +82,22 @@ impl<'r> Passage<'r> {
                 let (p, key) = local[i];
                 let policy = &rules.policies[p];
                 let at = policy.local_now(now);
-                let decision = policy
+                // A key locked out (`block_for`) is denied until its lockout ends, uncharged.
+                if let Some(left) = policy.lockouts.as_ref().and_then(|l| l.left(key, now)) {
+                    let limit = policy.named.policy.capacity();
+                    let decision = Decision::denied(limit, 0, left, left);
+                    reports.push(policy.report(decision));
+                    return decision;
+                }
+                let mut decision = policy
                     .store
                     .decide_charge(&key, at, plan.cost, true, charge);
+                if decision.verdict == Verdict::Denied
+                    && let Some(left) = policy.lockouts.as_ref().and_then(|l| l.lock(key, now))
+                {
+                    decision.retry_after_ns = decision.retry_after_ns.max(left);
+                    decision.reset_after_ns = decision.reset_after_ns.max(left);
+                }
                 reports.push(policy.report(decision));
                 if decision.is_allowed() {
                     charges.note(i, *charge);
