@@ -3,7 +3,9 @@
 //! `cargo bench --bench http`. The policy admits everything (a 1e9/s bucket and a daily window),
 //! so every request goes through the whole path: identity, key hashing, two layered
 //! decisions, and the `RateLimit-Policy` / `RateLimit` fields; then again with the Prometheus
-//! recorder installed (feature `node`), where each decision is counted.
+//! recorder installed (feature `node`), where each decision is counted. `one_policy` and
+//! `four_policies_four_keys` compare one policy with four that each count by other parts of
+//! the request (the client, its address, the route, everybody: `by`).
 
 use std::hint::black_box;
 
@@ -29,6 +31,61 @@ window = "1d"
 [tiers.all]
 policies = ["per_second", "daily"]
 "#;
+
+/// One policy, then four with four keys (the request's address comes from its peer).
+const ONE: &str = r#"
+default_tier = "all"
+key_secret = "bench"
+[policies.a]
+algorithm = "token-bucket"
+rate = 1000000000
+period = "1s"
+burst = 1000000
+[tiers.all]
+policies = ["a"]
+"#;
+
+const FOUR: &str = r#"
+default_tier = "all"
+key_secret = "bench"
+[policies.a]
+algorithm = "token-bucket"
+rate = 1000000000
+period = "1s"
+burst = 1000000
+[policies.b]
+algorithm = "token-bucket"
+rate = 1000000000
+period = "1s"
+burst = 1000000
+by = ["ip"]
+[policies.c]
+algorithm = "token-bucket"
+rate = 1000000000
+period = "1s"
+burst = 1000000
+by = ["route", "method"]
+[policies.d]
+algorithm = "token-bucket"
+rate = 1000000000
+period = "1s"
+burst = 1000000
+by = []
+[tiers.all]
+policies = ["a", "b"]
+[[routes]]
+name = "orders"
+path_prefix = "/"
+policies = ["c", "d"]
+"#;
+
+fn request_from_peer() -> http::Request<Body> {
+    let mut request = request();
+    request
+        .extensions_mut()
+        .insert(ratemesh::http::ClientAddr("192.0.2.7:4000".parse().unwrap()));
+    request
+}
 
 fn request() -> http::Request<Body> {
     http::Request::builder()
@@ -62,6 +119,19 @@ fn layer_overhead(c: &mut Criterion) {
             black_box(response.status())
         })
     });
+    for (name, text) in [("one_policy", ONE), ("four_policies_four_keys", FOUR)] {
+        let config = GatewayConfig::from_toml_str(text, "bench").unwrap();
+        let app: Router = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(config).unwrap());
+        group.bench_function(name, |b| {
+            b.to_async(&runtime).iter(|| async {
+                let response = app.clone().oneshot(request_from_peer()).await.unwrap();
+                assert_eq!(response.status(), 200);
+                black_box(response.status())
+            })
+        });
+    }
     // Last: with the Prometheus recorder a node installs, every decision is also counted
     // (`ratemesh_decisions_total`), as in `ratemesh node`.
     #[cfg(feature = "node")]
