@@ -81,9 +81,9 @@ policies = ["c", "d"]
 
 fn request_from_peer() -> http::Request<Body> {
     let mut request = request();
-    request
-        .extensions_mut()
-        .insert(ratemesh::http::ClientAddr("192.0.2.7:4000".parse().unwrap()));
+    request.extensions_mut().insert(ratemesh::http::ClientAddr(
+        "192.0.2.7:4000".parse().unwrap(),
+    ));
     request
 }
 

@@ -8,6 +8,7 @@ use crate::mesh::MeshKind;
 use crate::mesh::authority::holding_id;
 use crate::mesh::message::AuthorityState;
 use crate::policy::Policy;
+use crate::sim::cut::Cut;
 use crate::sim::traffic::Arrival;
 use crate::sim::{START_NS, SimConfig, SimNode, SimReport, declared_bound};
 
@@ -64,19 +65,6 @@ pub(crate) struct Recorder {
     /// While the network is split (a run with a partition and no other fault): what the
     /// partition term of the bound measures.
     cut: Option<Cut>,
-}
-
-/// What a partition costs, measured while it lasts: the leases that authorities on a side
-/// without a majority granted beyond the backups the other side kept of them at the split
-/// (what a takeover there cannot know).
-struct Cut {
-    /// The nodes on a side without a majority of the members.
-    cut_off: Vec<bool>,
-    /// Per checked key, the backup of it each node kept when the network split.
-    backups: Vec<Vec<Option<AuthorityState>>>,
-    /// Per checked key and window: the most its cut-off authorities leased beyond them.
-    unbacked: Vec<BTreeMap<u64, u64>>,
-    healed: bool,
 }
 
 impl Recorder {
@@ -244,67 +232,26 @@ impl Recorder {
         nodes: &[SimNode],
     ) {
         self.event(now);
-        // Measured for windows where the partition is the only fault and every key is
-        // checked; else the term is the declared most, a whole limit. (A bucket's states
-        // merge their levels at the heal, which this measure does not follow.)
-        let keys = self.mesh.len() as u64;
-        if !config.crashes.is_empty()
-            || !config.drains.is_empty()
-            || keys > CHECKED_KEYS
-            || !MeshKind::of(&config.policy).is_some_and(MeshKind::is_window)
-        {
-            return;
-        }
-        let n = nodes.len();
-        let sides = [minority, n - minority];
-        let cut_off = (0..n)
-            .map(|i| 2 * sides[usize::from(i >= minority)] <= n)
-            .collect();
-        let backups = (0..keys)
-            .map(|key| {
-                nodes
-                    .iter()
-                    .map(|s| s.node.as_ref().and_then(|n| n.backup(0, key + 1)).cloned())
-                    .collect()
-            })
-            .collect();
-        self.cut = Some(Cut {
-            cut_off,
-            backups,
-            unbacked: vec![BTreeMap::new(); keys as usize],
-            healed: false,
-        });
+        self.cut = Cut::at_split(
+            minority,
+            config,
+            nodes,
+            self.mesh.len() as u64,
+            CHECKED_KEYS,
+        );
     }
 
-    /// Node `i` ran during a partition: what its authorities leased that the other side's
-    /// backups (at the split) do not show, per window.
+    /// Node `i` ran during a partition: what its authorities leased unseen.
     pub(crate) fn check_cut(&mut self, i: usize, nodes: &[SimNode]) {
-        let Some(cut) = &mut self.cut else { return };
-        if cut.healed || !cut.cut_off[i] {
-            return;
-        }
-        let Some(node) = &nodes[i].node else { return };
-        for (key, per_window) in cut.unbacked.iter_mut().enumerate() {
-            let Some(a) = node.authority_state(0, key as u64 + 1) else {
-                continue;
-            };
-            let (_, successor) = node.membership().owner_and_successor(key as u64 + 1);
-            // A successor on the same side is cut off too: the other side takes the key
-            // over with no backup.
-            let backup = successor
-                .map(|s| s as usize)
-                .filter(|&s| s < nodes.len() && !cut.cut_off[s])
-                .and_then(|s| cut.backups[key][s].as_ref());
-            let u = unbacked(&a, backup);
-            let most = per_window.entry(a.window).or_insert(0);
-            *most = (*most).max(u);
+        if let Some(cut) = &mut self.cut {
+            cut.observe(i, nodes);
         }
     }
 
     pub(crate) fn heal(&mut self, now: Nanos) {
         self.event(now);
         if let Some(cut) = &mut self.cut {
-            cut.healed = true;
+            cut.heal();
         }
         self.heal_at = Some(now);
         self.converged_at = None;
@@ -573,15 +520,8 @@ impl Recorder {
             // The most any key's cut-off authorities leased unseen, summed over the windows
             // they leased in (a sliding window weighs the one before), over the limit; at
             // most one limit.
-            report.declared_bound.partition = match &self.cut {
-                Some(cut) => cut
-                    .unbacked
-                    .iter()
-                    .map(|w| w.values().sum::<u64>() as f64 / p.capacity() as f64)
-                    .fold(0.0f64, f64::max)
-                    .min(1.0),
-                None => 1.0,
-            };
+            report.declared_bound.partition =
+                self.cut.as_ref().map_or(1.0, |cut| cut.term(p.capacity()));
         }
         if let Some((crash, _)) = self.crash_at {
             let end = START_NS + config.duration_ns;
@@ -623,7 +563,7 @@ impl Recorder {
 /// Tokens an authority leased in its window (granted and not given back) that `backup`, a
 /// copy of it another node keeps, does not show: what a takeover from that backup (or with
 /// none) cannot know.
-fn unbacked(a: &AuthorityState, backup: Option<&AuthorityState>) -> u64 {
+pub(crate) fn unbacked(a: &AuthorityState, backup: Option<&AuthorityState>) -> u64 {
     let backup = backup.filter(|b| b.window == a.window);
     a.holders
         .iter()

@@ -13,6 +13,7 @@
 //! [`Admission::LocalOnly`], [`Admission::StaticSplit`] and [`Admission::StaleSum`] gives
 //! the baselines.
 
+pub(crate) mod cut;
 pub(crate) mod measure;
 pub(crate) mod traffic;
 
