@@ -40,9 +40,10 @@ pub use envoy::{
 use jwt::JwtVerifier;
 pub use jwt::{Claims, Rejection};
 use key::KeyModel;
-pub use key::MissingPart;
 pub(crate) use key::address_text;
-pub use request::{Identity, Outcome, Pending, PolicyReport, Refusal, RequestFacts, RequestParts};
+pub use request::{
+    Identity, MissingPart, Outcome, Pending, PolicyReport, Refusal, RequestFacts, RequestParts,
+};
 
 /// Why the rules could not be built from a valid file.
 #[derive(Debug, thiserror::Error)]

@@ -5,8 +5,7 @@
 
 use super::Rules;
 use super::compile::{CompiledRoute, Layers, Remote};
-use super::key::MissingPart;
-use super::request::{Outcome, Pending, PolicyReport, Refusal, RequestFacts};
+use super::request::{MissingPart, Outcome, Pending, PolicyReport, Refusal, RequestFacts};
 use crate::backend::exact::{ExactDecision, ExactError, ExactFuture, fail_over};
 use crate::backend::mesh::MeshDecision;
 use crate::clock::Nanos;

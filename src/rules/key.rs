@@ -19,15 +19,6 @@ pub(super) struct KeyModel {
     pub(super) on_missing: OnMissing,
 }
 
-/// A request lacks a part its policy counts by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MissingPart {
-    /// The policy.
-    pub policy: &'static str,
-    /// The part, as the file spells it (`header:x-account`).
-    pub part: &'static str,
-}
-
 impl KeyModel {
     pub(super) fn new(hasher: &KeyHasher, env: &str, by: &CountBy, on_missing: OnMissing) -> Self {
         KeyModel {

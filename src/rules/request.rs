@@ -81,12 +81,21 @@ pub struct RequestParts<'a> {
     pub from_trusted_proxy: bool,
 }
 
+/// A request lacks a part its policy counts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingPart {
+    /// The policy.
+    pub policy: &'static str,
+    /// The part, as the file spells it (`header:x-account`).
+    pub part: &'static str,
+}
+
 /// Why a request was refused before any policy counted it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// It lacks a part that a policy counts by, and the policy says `on_missing =
     /// "refuse"` (answered `400 Bad Request`).
-    Missing(super::key::MissingPart),
+    Missing(MissingPart),
     /// Its address is in `[access] deny` (answered `403 Forbidden`).
     Denied,
 }
@@ -137,7 +146,7 @@ pub struct Outcome {
     pub exempt: bool,
     /// Policies left out because the request lacks a part they count by and they say
     /// `on_missing = "skip"`: (policy, part).
-    pub skipped: Vec<super::key::MissingPart>,
+    pub skipped: Vec<MissingPart>,
     /// The charges of `count_when` policies, to settle by the response's status
     /// ([`super::Rules::settle`]).
     pub pending: Vec<Pending>,

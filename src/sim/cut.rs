@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use crate::mesh::MeshKind;
+use crate::mesh::authority::holding_id;
 use crate::mesh::message::AuthorityState;
-use crate::sim::measure::unbacked;
 use crate::sim::{SimConfig, SimNode};
 
 /// What a partition costs, measured while it lasts.
@@ -99,4 +99,22 @@ impl Cut {
             .fold(0.0f64, f64::max)
             .min(1.0)
     }
+}
+
+/// Tokens an authority leased in its window (granted and not given back) that `backup`, a
+/// copy of it another node keeps, does not show: what a takeover from that backup (or with
+/// none) cannot know.
+pub(crate) fn unbacked(a: &AuthorityState, backup: Option<&AuthorityState>) -> u64 {
+    let backup = backup.filter(|b| b.window == a.window);
+    a.holders
+        .iter()
+        .map(|h| {
+            // The same holding's record, live or retired: another holding of the node (one
+            // it forgot, or made since) backs up none of this one's grants.
+            let backed = backup
+                .and_then(|b| b.holders.iter().find(|r| holding_id(r) == holding_id(h)))
+                .map_or(0, |r| r.granted.saturating_sub(r.returned));
+            h.granted.saturating_sub(h.returned).saturating_sub(backed)
+        })
+        .sum()
 }

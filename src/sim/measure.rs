@@ -5,10 +5,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use crate::clock::Nanos;
 use crate::mesh::MeshKind;
-use crate::mesh::authority::holding_id;
-use crate::mesh::message::AuthorityState;
 use crate::policy::Policy;
-use crate::sim::cut::Cut;
+use crate::sim::cut::{Cut, unbacked};
 use crate::sim::traffic::Arrival;
 use crate::sim::{START_NS, SimConfig, SimNode, SimReport, declared_bound};
 
@@ -558,24 +556,6 @@ impl Recorder {
         }
         report
     }
-}
-
-/// Tokens an authority leased in its window (granted and not given back) that `backup`, a
-/// copy of it another node keeps, does not show: what a takeover from that backup (or with
-/// none) cannot know.
-pub(crate) fn unbacked(a: &AuthorityState, backup: Option<&AuthorityState>) -> u64 {
-    let backup = backup.filter(|b| b.window == a.window);
-    a.holders
-        .iter()
-        .map(|h| {
-            // The same holding's record, live or retired: another holding of the node (one
-            // it forgot, or made since) backs up none of this one's grants.
-            let backed = backup
-                .and_then(|b| b.holders.iter().find(|r| holding_id(r) == holding_id(h)))
-                .map_or(0, |r| r.granted.saturating_sub(r.returned));
-            h.granted.saturating_sub(h.returned).saturating_sub(backed)
-        })
-        .sum()
 }
 
 /// Group `requests` by key in place, each key's in the order they were offered, and return
