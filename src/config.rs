@@ -351,6 +351,23 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         Some(spanned) => Some(build_jwt(source, spanned)?),
         None => None,
     };
+    if let Some(spanned) = &raw.access {
+        let line = |key| source.line_of_key(spanned.span(), key);
+        if !access.exempt_api_keys.is_empty() && raw.key_secret.is_none() {
+            return Err(source.error(
+                line("exempt_api_keys"),
+                "access.exempt_api_keys",
+                "API keys are listed by their hash under `key_secret`: set `key_secret`",
+            ));
+        }
+        if !access.exempt_subjects.is_empty() && jwt.is_none() {
+            return Err(source.error(
+                line("exempt_subjects"),
+                "access.exempt_subjects",
+                "subjects come from verified tokens: add a `[jwt]` section",
+            ));
+        }
+    }
     if jwt.is_none()
         && let Some(list) = &raw.tier_from
         && tier_from.iter().any(|t| matches!(t, TierSource::Jwt(_)))

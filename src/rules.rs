@@ -368,7 +368,9 @@ impl Rules {
             .any(|t| matches!(t, crate::config::TierSource::Header(_)));
         let reads_request =
             reads_request || tier_from_headers || compiled.routes.iter().any(|r| r.reads_request());
-        let reads_claims = tier_from_claims || models.iter().flatten().any(KeyModel::uses_claims);
+        let reads_claims = tier_from_claims
+            || !config.access.exempt_subjects.is_empty()
+            || models.iter().flatten().any(KeyModel::uses_claims);
         let jwt = match (&config.jwt, reads_claims) {
             (Some(jwt), true) => Some(JwtVerifier::new(jwt).map_err(RulesError::JwtKeys)?),
             _ => None,

@@ -239,3 +239,81 @@ fn plans_that_would_leak_or_cannot_work_are_refused() {
         "twice",
     );
 }
+
+#[tokio::test]
+async fn exempt_api_keys_and_jwt_subjects_are_never_limited() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("hmac.secret"), SECRET).unwrap();
+    let monitor = KeyHasher::from_secret("s").label("api_key", b"sk_monitoring");
+    let layer = layer_in(
+        dir.path(),
+        &file(&format!(
+            "\n[jwt]\nalgorithms = [\"HS256\"]\nsecret_file = \"hmac.secret\"\n\n\
+             [access]\nexempt_api_keys = [\"{monitor}\"]\nexempt_subjects = [\"svc-health\"]\n"
+        )),
+    )
+    .unwrap();
+    let key = |k: &str| vec![("x-api-key", k.to_string())];
+    assert_eq!(
+        admitted(&layer, "192.0.2.1", &key("sk_monitoring"), 5).await,
+        5
+    );
+    assert_eq!(
+        admitted(&layer, "192.0.2.1", &key("sk_someone"), 5).await,
+        1
+    );
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let bearer = |sub: &str, secret: &[u8]| {
+        let claims = serde_json::json!({ "sub": sub, "exp": exp });
+        let token = encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret),
+        );
+        vec![
+            ("x-api-key", format!("k-{sub}")),
+            ("authorization", format!("Bearer {}", token.unwrap())),
+        ]
+    };
+    assert_eq!(
+        admitted(&layer, "192.0.2.1", &bearer("svc-health", SECRET), 5).await,
+        5
+    );
+    assert_eq!(
+        admitted(&layer, "192.0.2.1", &bearer("alice", SECRET), 5).await,
+        1
+    );
+    // A forged token naming the exempt subject is limited like anyone.
+    let forged = bearer("svc-health", b"a forged secret of thirty-two bytes!");
+    let forged: Vec<(&str, String)> = forged
+        .into_iter()
+        .map(|(n, v)| {
+            if n == "x-api-key" {
+                (n, "k-forged".to_string())
+            } else {
+                (n, v)
+            }
+        })
+        .collect();
+    assert_eq!(admitted(&layer, "192.0.2.1", &forged, 5).await, 1);
+    // In clear, or without what verifies them: refused.
+    let bad = file("\n[access]\nexempt_api_keys = [\"sk_monitoring\"]\n");
+    assert!(
+        layer_in(dir.path(), &bad)
+            .err()
+            .unwrap()
+            .contains("never in clear")
+    );
+    let bad = file("\n[access]\nexempt_subjects = [\"svc-health\"]\n");
+    assert!(
+        layer_in(dir.path(), &bad)
+            .err()
+            .unwrap()
+            .contains("add a `[jwt]`")
+    );
+}

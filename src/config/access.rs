@@ -4,6 +4,8 @@
 //! ```toml
 //! [access]
 //! exempt = ["10.20.0.0/16"]        # the monitoring network: never limited, counted
+//! exempt_api_keys = ["api_key:9f2c41d07ab3e6f1"]   # by hash (`ratemesh hash-key`)
+//! exempt_subjects = ["svc-monitoring"]             # a verified JWT's `sub` (`[jwt]`)
 //! deny = ["203.0.113.0/24"]        # answered 403, before any counting
 //! ```
 //!
@@ -28,6 +30,10 @@ pub struct AccessLists {
     pub exempt: Vec<IpNet>,
     /// Answered `403 Forbidden` before any counting.
     pub deny: Vec<IpNet>,
+    /// API keys never limited, by the digest of their `api_key:` hash.
+    pub exempt_api_keys: Vec<u64>,
+    /// Subjects (`sub`) of verified JWTs never limited.
+    pub exempt_subjects: Vec<String>,
 }
 
 /// What the lists say of a client address.
@@ -45,6 +51,11 @@ impl AccessLists {
     /// Tell whether the lists are empty (no request needs its address looked up).
     pub fn is_empty(&self) -> bool {
         self.exempt.is_empty() && self.deny.is_empty()
+    }
+
+    /// Tell whether the lists name clients beyond addresses (API keys, JWT subjects).
+    pub fn names_clients(&self) -> bool {
+        !self.exempt_api_keys.is_empty() || !self.exempt_subjects.is_empty()
     }
 
     /// What the lists say of `ip` (an IPv4-mapped IPv6 address is its IPv4 address).
@@ -71,6 +82,10 @@ pub(super) struct RawAccess {
     exempt: Vec<String>,
     #[serde(default)]
     deny: Vec<String>,
+    #[serde(default)]
+    exempt_api_keys: Vec<String>,
+    #[serde(default)]
+    exempt_subjects: Vec<String>,
 }
 
 pub(super) fn build_access(
@@ -102,9 +117,51 @@ pub(super) fn build_access(
             })
             .collect()
     };
+    let fail = |key: &str, reason: String| {
+        source.error(
+            source.line_of_key(spanned.span(), key),
+            format!("access.{key}"),
+            reason,
+        )
+    };
+    let mut exempt_api_keys = Vec::new();
+    for text in &raw.exempt_api_keys {
+        let digest = text
+            .strip_prefix("api_key:")
+            .filter(|hex| {
+                hex.len() == 16
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            })
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .ok_or_else(|| {
+                fail(
+                    "exempt_api_keys",
+                    format!(
+                        "`{text}`: an API key is listed by its hash, never in clear (`ratemesh \
+                         hash-key` prints `api_key:` and 16 hex digits)"
+                    ),
+                )
+            })?;
+        exempt_api_keys.push(digest);
+    }
+    if raw.exempt_api_keys.len() > MAX_ACCESS_RANGES
+        || raw.exempt_subjects.len() > MAX_ACCESS_RANGES
+    {
+        return Err(fail(
+            "exempt_api_keys",
+            format!("at most {MAX_ACCESS_RANGES} entries per list"),
+        ));
+    }
+    if raw.exempt_subjects.iter().any(String::is_empty) {
+        return Err(fail("exempt_subjects", "an empty subject".into()));
+    }
     Ok(AccessLists {
         exempt: list("exempt", &raw.exempt)?,
         deny: list("deny", &raw.deny)?,
+        exempt_api_keys,
+        exempt_subjects: raw.exempt_subjects.clone(),
     })
 }
 
@@ -117,6 +174,7 @@ mod tests {
         let lists = AccessLists {
             exempt: vec!["10.0.0.0/8".parse().unwrap()],
             deny: vec!["10.9.0.0/16".parse().unwrap()],
+            ..AccessLists::default()
         };
         assert_eq!(lists.of("10.1.2.3".parse().unwrap()), Access::Exempt);
         assert_eq!(lists.of("10.9.2.3".parse().unwrap()), Access::Denied);

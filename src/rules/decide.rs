@@ -425,14 +425,34 @@ impl Rules {
     /// What `[access]` and the request's missing parts decide before any policy counts:
     /// `None` to go on.
     fn screen(&self, facts: &RequestFacts<'_>) -> Option<Outcome> {
-        if self.config.access.is_empty() {
+        let access = &self.config.access;
+        let by_address = match facts.request.client_ip {
+            Some(ip) if !access.is_empty() => access.of(ip),
+            _ => Access::Limited,
+        };
+        match by_address {
+            Access::Denied => return Some(self.before_counting(Some(Refusal::Denied))),
+            Access::Exempt => return Some(self.before_counting(None)),
+            Access::Limited => {}
+        }
+        if !access.names_clients() {
             return None;
         }
-        match self.config.access.of(facts.request.client_ip?) {
-            Access::Limited => None,
-            Access::Exempt => Some(self.before_counting(None)),
-            Access::Denied => Some(self.before_counting(Some(Refusal::Denied))),
-        }
+        let identity = facts.identity;
+        let exempt_key = identity.source == IdentitySource::ApiKey
+            && !access.exempt_api_keys.is_empty()
+            && access.exempt_api_keys.contains(
+                &self
+                    .hasher
+                    .label_digest("api_key", identity.value.as_bytes()),
+            );
+        let exempt_subject = facts
+            .request
+            .claims
+            .and_then(|claims| claims.get("sub"))
+            .and_then(|sub| sub.as_str())
+            .is_some_and(|sub| access.exempt_subjects.iter().any(|s| s == sub));
+        (exempt_key || exempt_subject).then(|| self.before_counting(None))
     }
 
     /// The outcome for a client that matches no tier under `no_tier = "refuse"`: denied by
