@@ -143,11 +143,11 @@ async fn a_policy_counts_by_header_cookie_query_or_combinations_and_says_what_is
     let text = format!(
         "{HEAD}[policies.per_account]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1m\"\n\
          by = [\"header:x-account\", \"method\"]\n\n\
-         [policies.per_session]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1m\"\n\
-         by = [\"cookie:session\"]\non_missing = \"skip\"\n\n\
+         [policies.per_sid]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1m\"\n\
+         by = [\"cookie:sid\"]\non_missing = \"skip\"\n\n\
          [policies.per_user_param]\nalgorithm = \"fixed-window\"\nlimit = 4\nwindow = \"1m\"\n\
          by = [\"query:user\", \"ip\"]\non_missing = \"skip\"\n\n\
-         [tiers.api]\npolicies = [\"per_account\", \"per_session\", \"per_user_param\"]\n"
+         [tiers.api]\npolicies = [\"per_account\", \"per_sid\", \"per_user_param\"]\n"
     );
     let layer = layer(&text);
     // No account header: refused with 400 and a body that names the part, nothing counted.
@@ -157,7 +157,7 @@ async fn a_policy_counts_by_header_cookie_query_or_combinations_and_says_what_is
     assert_eq!(body["error"], "missing_part");
     assert_eq!(body["part"], "header:x-account");
     assert_eq!(body["policy"], "per_account");
-    // Two per account, whatever the address; the session and query policies are skipped.
+    // Two per account, whatever the address; the cookie and query policies are skipped.
     let alice = [("x-account", &b"alice"[..])];
     assert_eq!(statuses(&layer, "192.0.2.1", "/", &alice, 1).await, [200]);
     assert_eq!(
@@ -170,8 +170,8 @@ async fn a_policy_counts_by_header_cookie_query_or_combinations_and_says_what_is
         statuses(&layer, "192.0.2.1", "/", &odd, 3).await,
         [200, 200, 429]
     );
-    // Three per session cookie, found in a 64 KiB cookie header.
-    let mut cookie = "x=".to_string() + &"y".repeat(64 * 1024) + "; session=s1";
+    // Three per `sid` cookie, found in a 64 KiB cookie header.
+    let mut cookie = "x=".to_string() + &"y".repeat(64 * 1024) + "; sid=s1";
     let jar = |c: &String, account: &'static str| -> Vec<(&'static str, Vec<u8>)> {
         vec![
             ("x-account", account.as_bytes().to_vec()),
@@ -184,8 +184,8 @@ async fn a_policy_counts_by_header_cookie_query_or_combinations_and_says_what_is
         let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, &v[..])).collect();
         seen.push(send(&layer, "192.0.2.1", "/", &headers).await.0);
     }
-    assert_eq!(seen, [200, 200, 200, 429], "three per session");
-    cookie = cookie.replace("session=s1", "session=s2");
+    assert_eq!(seen, [200, 200, 200, 429], "three per sid cookie");
+    cookie = cookie.replace("sid=s1", "sid=s2");
     let headers = jar(&cookie, "b5");
     let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, &v[..])).collect();
     assert_eq!(send(&layer, "192.0.2.1", "/", &headers).await.0, 200);

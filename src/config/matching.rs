@@ -205,8 +205,9 @@ impl HostPattern {
         match self {
             HostPattern::Exact(name) => host.eq_ignore_ascii_case(name),
             HostPattern::Subdomains(suffix) => {
+                let (host, suffix) = (host.as_bytes(), suffix.as_bytes());
                 host.len() > suffix.len() + 1
-                    && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+                    && host[host.len() - suffix.len() - 1] == b'.'
                     && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
             }
         }
@@ -315,5 +316,7 @@ mod tests {
         assert!(sub.matches("a.example.com") && sub.matches("a.b.example.com"));
         assert!(!sub.matches("example.com") && !sub.matches("badexample.com"));
         assert!(HostPattern::parse("a b").is_err());
+        // Any text a caller passes is safe to compare (no slicing inside a character).
+        assert!(!sub.matches("ééééééééééééé"));
     }
 }

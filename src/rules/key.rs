@@ -216,7 +216,7 @@ mod tests {
         let identity = Identity::new(IdentitySource::ApiKey, "k1");
         let mut headers = http::HeaderMap::new();
         headers.insert("x-account", "alice".parse().unwrap());
-        headers.append(http::header::COOKIE, "a=1; session=s9".parse().unwrap());
+        headers.append(http::header::COOKIE, "a=1; sid=s9".parse().unwrap());
         let config = IdentityConfig::default();
         let facts =
             |headers: &'static http::HeaderMap, ip: &str, query: &'static str| RequestFacts {
@@ -248,7 +248,7 @@ mod tests {
         );
         let with_route = account.key(&facts(headers, "", ""), Some("login"), &config);
         assert!(with_route.is_ok());
-        let cookie = model(&["cookie:session"]);
+        let cookie = model(&["cookie:sid"]);
         let query = model(&["query:user"]);
         assert!(cookie.key(&facts(headers, "", ""), None, &config).is_ok());
         assert_eq!(
