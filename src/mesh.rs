@@ -11,20 +11,17 @@
 //! Sans-IO throughout (no sockets, no clock): [`Node`] is the per-node state machine; a
 //! transport feeds it frames and timer ticks and sends what it returns ([`Transmit`]).
 //! [`message`] is what travels between nodes, [`wire`] the only parser of peer bytes
-//! ([`decode_frame`] adds the checks against the cluster's policies), [`counter`] the
-//! grow-only counter CRDT.
+//! ([`decode_frame`] adds the checks against the cluster's policies), [`tally`] a
+//! holding's grow-only counts (a CRDT).
 //!
 //! Inside (private modules, for readers of the source): `membership` (liveness, ownership,
 //! headers), `timing` (peers' clock offsets), `holder` (a key's lease and waiting requests
 //! on one node), `authority` (a key's budget), `lease` (the atomic cell the request path
 //! decides on), `cells` (the map of cells shared with the request path), `keymap` (the hasher
-//! of the node's maps), `outbox` (frames, and the checks on incoming ones) and `baseline`
-//! (the rules the simulator compares with).
+//! of the node's maps), and `outbox` (frames, and the checks on incoming ones).
 
 pub(crate) mod authority;
-pub(crate) mod baseline;
 pub(crate) mod cells;
-pub mod counter;
 pub(crate) mod holder;
 pub(crate) mod keymap;
 pub(crate) mod lease;
@@ -32,11 +29,11 @@ pub(crate) mod membership;
 pub mod message;
 pub(crate) mod node;
 pub(crate) mod outbox;
+pub mod tally;
 pub(crate) mod timing;
 pub mod wire;
 
 pub use authority::MeshKind;
-pub use baseline::Admission;
 pub use cells::{Behind, Cells};
 pub use lease::{LeaseCell, Miss};
 pub use membership::weight as rendezvous_weight;
@@ -44,6 +41,6 @@ pub use node::{
     Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event, LeaseState, MeshError, Node, NodeConfig,
     NodeStats, WhileJoining,
 };
-pub use outbox::{FrameError, FrameValue, Transmit, decode as decode_frame};
+pub use outbox::{FrameError, Transmit, decode as decode_frame};
 
 pub use crate::ids::{KeyHasher, NodeId};

@@ -1,9 +1,7 @@
 //! A deterministic simulator of a ratemesh cluster: N [`Node`]s in virtual time, driven by a
 //! seeded RNG, over links with latency, jitter (reordering), loss and duplication, with
 //! partitions and heals, per-node clock skew, crashes and restarts. The nodes hand each
-//! other their frames as values ([`Node::frames_as_values`]) with the length each would
-//! encode to, which is what the gossip bytes count; [`SimConfig::encode_frames`] runs the
-//! same through the wire encoding instead (the same run, slower).
+//! other their encoded frames, as a transport does; the gossip bytes count their lengths.
 //!
 //! It feeds the merged request stream, in true time order, to an oracle (one central limiter
 //! of the same policy) and reports the measures of `docs/overshoot.md`: overshoot (exact
@@ -13,6 +11,7 @@
 //! [`Admission::LocalOnly`], [`Admission::StaticSplit`] and [`Admission::StaleSum`] gives
 //! the baselines.
 
+mod baseline;
 pub(crate) mod cut;
 pub(crate) mod measure;
 pub(crate) mod traffic;
@@ -22,12 +21,14 @@ use std::collections::BinaryHeap;
 
 use crate::algorithm::KeyMachine;
 use crate::clock::Nanos;
-use crate::mesh::Admission;
 use crate::mesh::keymap::FixedMap;
 use crate::mesh::membership::weight;
-use crate::mesh::message::Frame;
+use crate::mesh::message::{Frame, KeyRef};
 use crate::mesh::node::{Admit, Event as NodeEvent, Node, NodeConfig};
 use crate::policy::Policy;
+
+pub use baseline::Admission;
+use baseline::{Baseline, Count};
 pub use traffic::{Arrival, Traffic, generate as arrivals};
 
 /// More events than this at one simulated instant is a livelock (every arrival of a
@@ -142,10 +143,6 @@ pub struct SimConfig {
     /// Tokens a node admits for a key it holds nothing of before the owner answers
     /// ([`NodeConfig::first_credit`]).
     pub first_credit: u64,
-    /// Pass frames between the nodes encoded and decoded, as a real transport does,
-    /// rather than as values with the length they would encode to
-    /// ([`Node::frames_as_values`]): the same run, slower.
-    pub encode_frames: bool,
     /// Split each node's rounds into slices of this many keys, with what arrives meanwhile
     /// taken in between, as `ratemesh node` does ([`Node::handle_timeout_within`]); 0: each
     /// round in one go.
@@ -179,7 +176,6 @@ impl SimConfig {
             max_wait_ns: 100_000_000,
             gossip_budget_bytes_per_s: crate::mesh::node::DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
             first_credit: 0,
-            encode_frames: false,
             round_slice_keys: 0,
         }
     }
@@ -189,7 +185,6 @@ impl SimConfig {
         let mut c = NodeConfig::new(id as u64, seeds, vec![self.policy]);
         c.gossip_interval_ns = self.gossip_interval_ns;
         c.dead_after_rounds = self.dead_after_rounds;
-        c.admission = self.admission;
         c.max_wait_ns = self.max_wait_ns;
         c.first_credit = self.first_credit;
         c.gossip_budget_bytes_per_s = self.gossip_budget_bytes_per_s;
@@ -357,15 +352,19 @@ enum Event {
     Split,
 }
 
-/// A frame on a link: encoded, or as a value.
+/// A frame on a link, and the `stale_sum` counts that ride on it.
 #[derive(Debug, Clone)]
-enum Payload {
-    Bytes(Vec<u8>),
-    Value(Frame),
+struct Payload {
+    bytes: Vec<u8>,
+    counts: Vec<Count>,
 }
 
 pub(crate) struct SimNode {
     pub(crate) node: Option<Node>,
+    /// A baseline run's rule, which decides the node's requests.
+    baseline: Option<Baseline>,
+    /// `stale_sum`: the counts each peer is owed, sent with the next frame to it.
+    counts_owed: FixedMap<u64, Vec<Count>>,
     pub(crate) offset_ns: i64,
     incarnation: u64,
     /// It drains: it takes no more requests and stops soon.
@@ -375,6 +374,25 @@ pub(crate) struct SimNode {
 }
 
 impl SimNode {
+    /// `stale_sum`, after a round: owe every live peer this node's counts changed since
+    /// the last round (they ride the next frame to it, the round's heartbeat).
+    fn owe_counts(&mut self) {
+        let (Some(b), Some(node)) = (&mut self.baseline, &self.node) else {
+            return;
+        };
+        let counts = b.changed_counts();
+        if counts.is_empty() {
+            return;
+        }
+        for (peer, alive) in node.members() {
+            if alive && peer != node.id() {
+                self.counts_owed
+                    .entry(peer)
+                    .or_default()
+                    .extend_from_slice(&counts);
+            }
+        }
+    }
     pub(crate) fn local(&self, true_ns: Nanos) -> Nanos {
         (true_ns as i64 + self.offset_ns) as Nanos
     }
@@ -423,12 +441,9 @@ impl World<'_> {
             if t != to {
                 continue;
             }
-            let items = match frame {
-                Payload::Value(f) => f.items.clone(),
-                Payload::Bytes(b) => crate::mesh::wire::decode::<Frame>(b)
-                    .map(|f| f.items)
-                    .unwrap_or_default(),
-            };
+            let items = crate::mesh::wire::decode::<Frame>(&frame.bytes)
+                .map(|f| f.items)
+                .unwrap_or_default();
             for item in items {
                 if let crate::mesh::message::Item::Handoff(state) = item {
                     states.push(state);
@@ -471,12 +486,17 @@ impl World<'_> {
         let local = self.nodes[i].local(now);
         self.nodes[i].incarnation += 1;
         let incarnation = local.max(1) + self.nodes[i].incarnation;
-        let mut node = Node::new(self.config.node_config(i, incarnation), local)
+        let node = Node::new(self.config.node_config(i, incarnation), local)
             .expect("valid simulated config");
-        if !self.config.encode_frames {
-            node.frames_as_values();
-        }
         self.nodes[i].node = Some(node);
+        self.nodes[i].counts_owed.clear();
+        self.nodes[i].baseline = (self.config.admission != Admission::Leases).then(|| {
+            Baseline::new(
+                self.config.admission,
+                self.config.nodes,
+                vec![self.config.policy],
+            )
+        });
         self.schedule(i, now);
     }
 
@@ -496,20 +516,27 @@ impl World<'_> {
         }
     }
 
-    /// Move node `i`'s outgoing frames onto the links.
+    /// Move node `i`'s outgoing frames onto the links (a rule that decides alone sends
+    /// nothing).
     fn flush(&mut self, i: usize, now: Nanos) {
+        let talks = self.config.admission.talks();
         loop {
             let Some(node) = self.nodes[i].node.as_mut() else {
                 return;
             };
-            let (to, len, reliable, frame) = if let Some(t) = node.poll_transmit() {
-                (t.to, t.bytes.len(), t.reliable, Payload::Bytes(t.bytes))
-            } else if let Some(v) = node.poll_frame_value() {
-                (v.to, v.len, v.reliable, Payload::Value(v.frame))
-            } else {
+            let Some(t) = node.poll_transmit() else {
                 return;
             };
-            self.send(i, now, to as usize, len, reliable, frame);
+            if !talks {
+                continue;
+            }
+            let counts = self.nodes[i].counts_owed.remove(&t.to).unwrap_or_default();
+            let len = t.bytes.len() + baseline::counts_len(&counts);
+            let frame = Payload {
+                bytes: t.bytes,
+                counts,
+            };
+            self.send(i, now, t.to as usize, len, t.reliable, frame);
         }
     }
 
@@ -603,6 +630,8 @@ pub fn run(config: &SimConfig) -> SimReport {
     let nodes = (0..config.nodes)
         .map(|_| SimNode {
             node: None,
+            baseline: None,
+            counts_owed: FixedMap::default(),
             offset_ns: if config.skew_ns > 0 {
                 rng.i64(-(config.skew_ns as i64)..=config.skew_ns as i64)
             } else {
@@ -708,8 +737,24 @@ pub fn run(config: &SimConfig) -> SimReport {
             match target {
                 Some(k) => {
                     let local = world.nodes[k].local(now);
-                    let node = world.nodes[k].node.as_mut().expect("live node");
-                    match node.decide(0, a.key + 1, a.cost, local) {
+                    let sim_node = &mut world.nodes[k];
+                    let admit = match &mut sim_node.baseline {
+                        Some(b) => Admit::Now(b.decide(
+                            KeyRef {
+                                policy: 0,
+                                key: a.key + 1,
+                            },
+                            a.cost,
+                            local,
+                        )),
+                        None => sim_node.node.as_mut().expect("live node").decide(
+                            0,
+                            a.key + 1,
+                            a.cost,
+                            local,
+                        ),
+                    };
+                    match admit {
                         Admit::Now(d) => record.decided(index, now, d.is_allowed(), 0),
                         Admit::Wait(id) => {
                             world.nodes[k].waiting.insert(id, (index, now));
@@ -741,10 +786,14 @@ pub fn run(config: &SimConfig) -> SimReport {
                     world.schedule(i, now);
                     continue;
                 }
+                let rounds = node.stats().rounds;
                 if config.round_slice_keys > 0 {
                     node.handle_timeout_within(local, config.round_slice_keys);
                 } else {
                     node.handle_timeout(local);
+                }
+                if node.stats().rounds != rounds {
+                    world.nodes[i].owe_counts();
                 }
                 record.ran(i);
                 record.check_cut(i, &world.nodes);
@@ -777,12 +826,15 @@ pub fn run(config: &SimConfig) -> SimReport {
                 let Some(node) = world.nodes[to].node.as_mut() else {
                     continue;
                 };
-                let handled = match frame {
-                    Payload::Bytes(bytes) => node.handle_frame(local, from as u64, &bytes),
-                    Payload::Value(frame) => node.handle_frame_value(local, from as u64, frame),
-                };
-                if handled.is_err() {
-                    world.frames_dropped += 1;
+                match node.handle_frame(local, from as u64, &frame.bytes) {
+                    Ok(()) => {
+                        if let Some(b) = &mut world.nodes[to].baseline {
+                            for c in &frame.counts {
+                                b.apply(from as u64, c, local);
+                            }
+                        }
+                    }
+                    Err(_) => world.frames_dropped += 1,
                 }
                 record.ran(to);
                 record.check_cut(to, &world.nodes);
@@ -889,6 +941,11 @@ fn drain_events(world: &mut World<'_>, record: &mut measure::Recorder, i: usize,
                 record.window(key.key - 1, window, start);
             }
             NodeEvent::PeerDown(p) | NodeEvent::PeerLeft(p) => record.peer_down(now, p as usize),
+            NodeEvent::PeerRestarted(p) => {
+                if let Some(b) = &mut world.nodes[i].baseline {
+                    b.forget(p);
+                }
+            }
             _ => {}
         }
     }

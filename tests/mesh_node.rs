@@ -11,6 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use ratemesh::mesh::FrameError;
 use ratemesh::mesh::message::{Frame, Header, Item, KeyRef, PolicyLimits, Want};
+use ratemesh::mesh::tally::Tally;
 use ratemesh::mesh::wire::{self, MAX_FRAME_BYTES, WIRE_VERSION, WireError};
 use ratemesh::mesh::{Admit, Event, Node, NodeConfig};
 use ratemesh::{Policy, Verdict};
@@ -206,7 +207,7 @@ fn a_first_request_goes_on_credit_and_the_owner_is_asked_for_its_tokens() {
         .iter()
         .find(|h| h.node == 1)
         .expect("node 1 holds");
-    assert!(record.granted >= 1, "{record:?}");
+    assert!(record.tally.granted >= 1, "{record:?}");
     assert_eq!(c.node(1).lease_state(0, key).unwrap().waiting, 0);
     assert!(
         !c.events
@@ -461,9 +462,11 @@ fn want(policy: u32, granted: u64, used: u64) -> Want {
     Want {
         key: KeyRef { policy, key: 7 },
         window: 0,
-        granted,
-        returned: 0,
-        used,
+        tally: Tally {
+            granted,
+            returned: 0,
+            used,
+        },
         closed: false,
         need: 1,
         smallest: 1,
@@ -657,7 +660,7 @@ fn a_restarted_owner_gets_its_authority_back_before_granting() {
     c.run_ms(100);
     assert!(c.node(0).is_running());
     let authority = c.node(0).authority_state(0, key).expect("owner again");
-    let granted: u64 = authority.holders.iter().map(|h| h.granted).sum();
+    let granted: u64 = authority.holders.iter().map(|h| h.tally.granted).sum();
     assert!(granted >= 400, "restored with {granted} granted");
     for _ in 0..400 {
         for i in 0..3 {
@@ -708,7 +711,7 @@ fn a_draining_owner_hands_its_keys_over_before_it_leaves() {
         .unwrap()
         .holders
         .iter()
-        .map(|h| h.granted - h.returned)
+        .map(|h| h.tally.granted - h.tally.returned)
         .sum();
     assert!(granted >= 300, "handed over with {granted} granted");
     // No detection delay: the survivors use the whole rest of the limit at once.

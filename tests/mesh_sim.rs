@@ -559,44 +559,6 @@ fn runs_are_deterministic() {
     assert_eq!(sim::run(&c), sim::run(&c));
 }
 
-/// Frames passed between the simulated nodes as values give the very run that encoded
-/// frames give: the same decisions, the same bytes counted and the same frames dropped,
-/// under loss, duplication, reordering, skewed clocks, a crash and a restart, a partition
-/// and a gossip budget that holds items back.
-#[test]
-fn frames_as_values_give_the_run_that_encoded_frames_give() {
-    for policy in [
-        window(100, 1000),
-        Policy::fixed_window(100, Duration::from_secs(1)).unwrap(),
-        Policy::token_bucket(100, Duration::from_secs(1), 50).unwrap(),
-    ] {
-        let mut c = config(policy, 6, Traffic::Bursty, 1.5);
-        c.keys = 40;
-        c.nodes_per_key = Some(3);
-        c.loss = 0.05;
-        c.duplication = 0.02;
-        c.jitter_ns = 3_000_000;
-        c.skew_ns = 100_000_000;
-        c.gossip_budget_bytes_per_s = 20_000;
-        c.duration_ns = 5_000_000_000;
-        c.crashes.push(Crash {
-            node: 2,
-            at_ns: 1_500_000_000,
-            restart_ns: Some(2_000_000_000),
-        });
-        c.partition = Some(Partition {
-            minority: 2,
-            at_ns: 3_000_000_000,
-            heal_ns: 3_600_000_000,
-        });
-        let values = sim::run(&c);
-        c.encode_frames = true;
-        let encoded = sim::run(&c);
-        assert_eq!(values, encoded);
-        assert!(values.gossip_bytes_per_node_per_s > 0.0 && values.admitted > 0);
-    }
-}
-
 /// Rounds split into slices of a few keys, with frames and requests taken in between (as
 /// `ratemesh node` splits a round of many keys): under the limit next to nothing is denied
 /// (at most 0.1% at 1% loss, as with whole rounds), over it the bound holds, and the keys are

@@ -258,8 +258,11 @@ async fn a_keys_first_request_on_credit_is_admitted_and_counted_by_its_owner() {
     let holder = other as u64 + 1;
     wait_until("the owner to count the credited request", || {
         nodes[o].with_node(|n| {
-            n.authority_state(0, k)
-                .is_some_and(|a| a.holders.iter().any(|h| h.node == holder && h.granted >= 2))
+            n.authority_state(0, k).is_some_and(|a| {
+                a.holders
+                    .iter()
+                    .any(|h| h.node == holder && h.tally.granted >= 2)
+            })
         })
     })
     .await;
@@ -330,7 +333,7 @@ async fn the_owners_crash_costs_at_most_its_lease_with_an_hour_long_window() {
             a.holders
                 .iter()
                 .filter(|h| h.node == me)
-                .map(|h| h.granted)
+                .map(|h| h.tally.granted)
                 .sum::<u64>()
         })
     };
@@ -340,7 +343,7 @@ async fn the_owners_crash_costs_at_most_its_lease_with_an_hour_long_window() {
             b.holders
                 .iter()
                 .filter(|h| h.node == dead_id)
-                .map(|h| h.granted)
+                .map(|h| h.tally.granted)
                 .sum::<u64>()
         })
     };
@@ -536,8 +539,11 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
                         (r.node, r.incarnation, r.holding) == (h.node, h.incarnation, h.holding)
                     })
                 })
-                .map_or(0, |r| r.granted.saturating_sub(r.returned));
-            h.granted.saturating_sub(h.returned).saturating_sub(backed)
+                .map_or(0, |r| r.tally.granted.saturating_sub(r.tally.returned));
+            h.tally
+                .granted
+                .saturating_sub(h.tally.returned)
+                .saturating_sub(backed)
         })
         .sum();
     eprintln!(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use ratemesh::Policy;
-use ratemesh::mesh::Admission;
+use ratemesh::sim::Admission;
 use ratemesh::sim::{self, Crash, Drain, Partition, SimConfig, SimReport, Traffic};
 
 /// The algorithms a global policy can use.

@@ -343,7 +343,7 @@ impl Authority {
                     .holders
                     .iter()
                     .filter(|h| !is_retired(h))
-                    .any(|h| h.granted.saturating_sub(h.returned).saturating_sub(h.used) > 0);
+                    .any(|h| h.tally.unspent() > 0);
                 let level_at = offset.latest_local(state.level_at).min(now);
                 !outstanding && state.level_ns.min(w).saturating_add(now - level_at) >= w
             }
@@ -449,7 +449,7 @@ impl Authority {
         self.holders
             .iter()
             .filter(|h| !is_retired(h))
-            .map(|h| h.granted.saturating_sub(h.returned).saturating_sub(h.used))
+            .map(|h| h.tally.unspent())
             .sum()
     }
 
@@ -481,7 +481,7 @@ impl Authority {
     fn allocated(&self) -> u64 {
         self.holders
             .iter()
-            .map(|h| h.granted.saturating_sub(h.returned))
+            .map(|h| h.tally.granted.saturating_sub(h.tally.returned))
             .sum()
     }
 
@@ -518,9 +518,9 @@ impl Authority {
         // were leased (an upper bound, lowered when their final count arrives).
         let held = |h: &HolderRecord| {
             if h.closed {
-                h.used
+                h.tally.used
             } else {
-                h.granted.saturating_sub(h.returned)
+                h.tally.granted.saturating_sub(h.tally.returned)
             }
         };
         self.previous = if skipped == 0 {
@@ -532,9 +532,9 @@ impl Authority {
             h.previous_held = if skipped == 0 { held(h) } else { 0 };
             // A departed holder's count (its record kept under a ghost id) is all there is.
             h.previous_final = skipped != 0 || h.closed || h.incarnation == 0;
-            h.granted = 0;
-            h.returned = 0;
-            h.used = 0;
+            h.tally.granted = 0;
+            h.tally.returned = 0;
+            h.tally.used = 0;
             h.closed = false;
         }
         self.window += 1 + skipped;
@@ -549,7 +549,7 @@ impl Authority {
         self.holders.retain(|h| {
             h.previous_held > 0
                 || h.demand > 0
-                || h.granted > 0
+                || h.tally.granted > 0
                 || waiting.iter().any(|w| w.node == h.node)
         });
     }
@@ -587,7 +587,7 @@ impl Authority {
     pub(crate) fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
         self.roll(now);
         let seen = if !self.kind.is_window() || want.window == self.window {
-            want.granted
+            want.tally.granted
         } else if want.window < self.window {
             0
         } else {
@@ -596,7 +596,7 @@ impl Authority {
         self.holders
             .iter()
             .find(|h| h.node == node && h.holding == want.holding)
-            .map_or(0, |h| h.granted.saturating_sub(seen))
+            .map_or(0, |h| h.tally.granted.saturating_sub(seen))
     }
 }
 

@@ -19,10 +19,38 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::local::Store;
 use crate::mesh::authority::MeshKind;
-use crate::mesh::baseline::scaled;
 use crate::mesh::lease::LeaseCell;
 use crate::mesh::message::KeyRef;
 use crate::policy::Policy;
+
+/// `policy` with a `1 / nodes` share of its limit (and rate): what a node enforces alone
+/// (its overflow store, and its decisions before it joined).
+pub(crate) fn scaled(policy: &Policy, nodes: usize) -> Policy {
+    let n = nodes.max(1) as u64;
+    let share = |x: u64| (x / n).max(1);
+    match MeshKind::of(policy) {
+        Some(MeshKind::Bucket) => {
+            // Rate r per window: r/n per window, burst/n.
+            let window = std::time::Duration::from_nanos(policy.window_ns());
+            let built = if policy.algorithm() == crate::policy::Algorithm::Gcra {
+                Policy::gcra(share(policy.capacity()), window, share(policy.capacity()))
+            } else {
+                Policy::token_bucket(share(policy.capacity()), window, share(policy.capacity()))
+            };
+            built.unwrap_or(*policy)
+        }
+        Some(MeshKind::FixedWindow) => Policy::fixed_window(
+            share(policy.capacity()),
+            std::time::Duration::from_nanos(policy.window_ns()),
+        )
+        .unwrap_or(*policy),
+        _ => Policy::sliding_window(
+            share(policy.capacity()),
+            std::time::Duration::from_nanos(policy.window_ns()),
+        )
+        .unwrap_or(*policy),
+    }
+}
 
 /// How [`Cells::decide_behind`] decided a request the node could not take in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

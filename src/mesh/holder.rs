@@ -25,6 +25,7 @@ use crate::mesh::authority::{MeshKind, SHORT_LEASE_ROUNDS};
 use crate::mesh::lease::{LeaseCell, Miss};
 use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{Grant, KeyRef, Want};
+use crate::mesh::tally::Tally;
 use crate::policy::Policy;
 
 /// How soon a holder asks again after a denial while requests still wait.
@@ -541,9 +542,11 @@ impl Holding {
         Want {
             key: self.key,
             window: self.window,
-            granted: self.granted,
-            returned: self.returned,
-            used,
+            tally: Tally {
+                granted: self.granted,
+                returned: self.returned,
+                used,
+            },
             closed: self.kind.is_window() && self.closed,
             need,
             smallest: self.waiting.iter().map(|w| w.cost).min().unwrap_or(0),

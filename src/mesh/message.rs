@@ -10,6 +10,7 @@
 use bincode::{Decode, Encode};
 
 use crate::mesh::NodeId;
+use crate::mesh::tally::Tally;
 
 /// One frame from a peer.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -87,8 +88,9 @@ pub enum Item {
     /// The sender finished answering a `syncing` header: everything it held for the receiver
     /// was in this frame or an earlier one.
     SyncDone,
-    /// The sender's own counts of a key (the `stale_sum` baseline's gossip).
-    Count(Count),
+    /// Never sent. It keeps the number of the items after it: an item's number is its
+    /// place in this list, so an item is never taken out of it, only retired.
+    Retired,
     /// What the sender knows of some members (at most [`MAX_MEMBERS_PER_ITEM`]): its whole
     /// list when a peer starts or now and then, and news (a member came, is suspected,
     /// refuted a suspicion, left) as it learns them.
@@ -150,21 +152,6 @@ pub enum MemberState {
     Left,
 }
 
-/// A node's own counts of a key, for the `stale_sum` baseline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
-pub struct Count {
-    /// The key.
-    pub key: KeyRef,
-    /// The window of `current` (windows).
-    pub window: u64,
-    /// The sender's count in `window`.
-    pub current: u64,
-    /// The sender's count in `window − 1`.
-    pub previous: u64,
-    /// The sender's admissions ever (buckets).
-    pub total: u64,
-}
-
 /// A key of a mesh policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Encode, Decode)]
 pub struct KeyRef {
@@ -181,12 +168,8 @@ pub struct Want {
     pub key: KeyRef,
     /// The window the counts are for (windows; 0 for buckets and before any grant).
     pub window: u64,
-    /// Tokens granted to the sender for `window` so far (cumulative).
-    pub granted: u64,
-    /// Tokens the sender gave back for `window` so far (cumulative).
-    pub returned: u64,
-    /// Tokens the sender admitted for `window` so far (cumulative).
-    pub used: u64,
+    /// What the sender was granted, gave back and admitted for `window` so far.
+    pub tally: Tally,
     /// The lease of `window` ended: `used` is the sender's final count of that window.
     pub closed: bool,
     /// Tokens the sender needs now for requests that wait.
@@ -248,12 +231,8 @@ pub struct HolderRecord {
     pub incarnation: u64,
     /// The holder's holding the counts are for ([`Want::holding`]).
     pub holding: u64,
-    /// Granted in the current window (cumulative).
-    pub granted: u64,
-    /// Returned in the current window (cumulative).
-    pub returned: u64,
-    /// Reported used in the current window (cumulative).
-    pub used: u64,
+    /// What the holding was granted, gave back and reported used in the current window.
+    pub tally: Tally,
     /// Demand in sixteenths of a token per round.
     pub demand: u32,
     /// What the holder held in the previous window (granted − returned), for the sliding

@@ -33,14 +33,13 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::mesh::NodeId;
 use crate::mesh::authority::{Authority, MeshKind};
-use crate::mesh::baseline::{Admission, Baseline};
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::keymap::FixedMap;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::membership::{Membership, RankMemo};
 use crate::mesh::message::{AuthorityState, Frame, Grant, Item, KeyRef};
-use crate::mesh::outbox::{self, FrameError, FrameValue, Out, Outbox, Transmit};
+use crate::mesh::outbox::{self, FrameError, Outbox, Transmit};
 use crate::mesh::timing::Offset;
 use crate::policy::Policy;
 
@@ -226,17 +225,14 @@ pub struct Node {
     holdings: FixedMap<KeyRef, Holding>,
     authorities: FixedMap<KeyRef, Authority>,
     backups: FixedMap<KeyRef, Backup>,
-    baseline: Option<Baseline>,
     cells: Arc<Cells>,
     outbox: Outbox,
     transmits: VecDeque<Transmit>,
-    /// Frames as values ([`Node::frames_as_values`]): `Some` once asked for.
-    values: Option<VecDeque<FrameValue>>,
     events: VecDeque<Event>,
     /// Scratch of the requests a holding decided (emptied into `events` each time).
     decided: Vec<(u64, Decision)>,
     /// Scratch of a flush: the frames made, before they are queued.
-    flushed: (Vec<Transmit>, Vec<FrameValue>),
+    flushed: Vec<Transmit>,
     /// The current round's keys, in order (kept between the calls a round is split over).
     due: Vec<KeyRef>,
     /// While a round is split over several calls: where its keys not looked at yet begin,
@@ -354,22 +350,10 @@ impl Node {
         let mut membership =
             Membership::new(config.id, incarnation, &config.seeds, dead_after, now);
         membership.set_configured(config.cluster_size);
-        let leases = config.admission == Admission::Leases;
-        let sync_waiting: BTreeSet<NodeId> = if leases {
-            membership.peers().keys().copied().collect()
-        } else {
-            BTreeSet::new()
-        };
+        let sync_waiting: BTreeSet<NodeId> = membership.peers().keys().copied().collect();
         let running = sync_waiting.is_empty() && !config.joins;
         membership.set_syncing(!running);
         membership.set_digest(config.digest);
-        let baseline = (!leases).then(|| {
-            Baseline::new(
-                config.admission,
-                membership.configured(),
-                config.policies.clone(),
-            )
-        });
         let cells = Arc::new(Cells::new(
             config
                 .policies
@@ -386,14 +370,12 @@ impl Node {
             holdings: FixedMap::default(),
             authorities: FixedMap::default(),
             backups: FixedMap::default(),
-            baseline,
             cells,
             outbox: Outbox::default(),
             transmits: VecDeque::new(),
-            values: None,
             events: VecDeque::new(),
             decided: Vec::new(),
-            flushed: (Vec::new(), Vec::new()),
+            flushed: Vec::new(),
             due: Vec::new(),
             round_left: None,
             deadline_keys: Vec::new(),
@@ -576,9 +558,6 @@ impl Node {
         let Some((p, _)) = self.policy(policy) else {
             return Admit::Now(Decision::cannot_fit(0));
         };
-        if let Some(b) = &mut self.baseline {
-            return Admit::Now(b.decide(kr, cost, now));
-        }
         if let Some(d) = self.cells.decide(policy, key, cost, now) {
             return Admit::Now(d);
         }
@@ -769,33 +748,6 @@ impl Node {
         result
     }
 
-    /// Send frames as values from now on ([`Node::poll_frame_value`] instead of
-    /// [`Node::poll_transmit`]), for a transport inside the process that hands them to
-    /// [`Node::handle_frame_value`] (the simulator): the same frames, not encoded and
-    /// decoded, with the length each would encode to.
-    pub fn frames_as_values(&mut self) {
-        self.values.get_or_insert_with(VecDeque::new);
-    }
-
-    /// Return the next frame to send as a value (see [`Node::frames_as_values`]).
-    pub fn poll_frame_value(&mut self) -> Option<FrameValue> {
-        self.values.as_mut()?.pop_front()
-    }
-
-    /// Handle `frame` from peer `from`, received as a value: checked as
-    /// [`Node::handle_frame`] checks the frames it decodes, then applied.
-    pub fn handle_frame_value(
-        &mut self,
-        now: Nanos,
-        from: NodeId,
-        frame: Frame,
-    ) -> Result<(), FrameError> {
-        let result = outbox::check(frame, &self.config.policies)
-            .and_then(|f| self.apply_frame(now, from, f));
-        self.count_frame(now, &result);
-        result
-    }
-
     fn count_frame(&mut self, now: Nanos, result: &Result<(), FrameError>) {
         match result {
             Ok(()) => self.stats.frames_received += 1,
@@ -895,11 +847,8 @@ impl Node {
                     self.join_answered(now, from);
                     self.finish_sync();
                 }
-                Item::Count(c) => {
-                    if let Some(b) = &mut self.baseline {
-                        b.apply(from, &c, now);
-                    }
-                }
+                // Refused by the frame's checks.
+                Item::Retired => {}
                 Item::Members(list) => self.on_members(now, from, &list),
                 Item::Limits(limits) => self.on_limits(from, limits),
             }
@@ -967,16 +916,12 @@ impl Node {
         if self.outbox.is_empty() {
             return;
         }
-        let (mut out, mut values) = std::mem::take(&mut self.flushed);
+        let mut out = std::mem::take(&mut self.flushed);
         let membership = &mut self.membership;
         self.outbox.flush(
             self.config.max_datagram_bytes,
             |to| membership.header(now, to),
-            if self.values.is_some() {
-                Out::Values(&mut values)
-            } else {
-                Out::Bytes(&mut out)
-            },
+            &mut out,
         );
         self.stats.gossip_held_back = self.outbox.held_back();
         for t in out.drain(..) {
@@ -984,16 +929,9 @@ impl Node {
             self.stats.bytes_sent += t.bytes.len() as u64;
             self.transmits.push_back(t);
         }
-        if let Some(queue) = &mut self.values {
-            for v in values.drain(..) {
-                self.stats.frames_sent += 1;
-                self.stats.bytes_sent += v.len as u64;
-                queue.push_back(v);
-            }
-        }
-        // The lists' room serves the next flush, unless a burst grew them.
-        if out.capacity() <= MAX_KEPT_FLUSHED && values.capacity() <= MAX_KEPT_FLUSHED {
-            self.flushed = (out, values);
+        // The list's room serves the next flush, unless a burst grew it.
+        if out.capacity() <= MAX_KEPT_FLUSHED {
+            self.flushed = out;
         }
     }
 }

@@ -26,28 +26,6 @@ pub struct Transmit {
     pub reliable: bool,
 }
 
-/// A frame for one peer as a value, for a transport inside the process (the simulator):
-/// what [`Transmit`] would carry, not encoded ([`crate::mesh::Node::frames_as_values`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FrameValue {
-    /// The peer.
-    pub to: NodeId,
-    /// The frame.
-    pub frame: Frame,
-    /// The bytes it encodes to (what [`Transmit::bytes`] would hold).
-    pub len: usize,
-    /// Send on a stream (state transfers) rather than as a datagram.
-    pub reliable: bool,
-}
-
-/// Where a flush puts its frames: encoded, or as values with their encoded length.
-pub(crate) enum Out<'a> {
-    /// Encoded frames.
-    Bytes(&'a mut Vec<Transmit>),
-    /// Frames as values.
-    Values(&'a mut Vec<FrameValue>),
-}
-
 /// Items waiting for the next flush, per peer.
 ///
 /// Datagram items are sent within a byte budget per round ([`Outbox::new_round`]), most
@@ -154,7 +132,7 @@ fn urgency(item: &Item) -> u8 {
         | Item::Restore(_) => 0,
         Item::Grant(_) | Item::Recall { .. } | Item::NotOwner(_) => 1,
         Item::Want(w) if w.need > 0 || w.refill || w.closed || w.previous_used.is_some() => 1,
-        Item::Want(_) | Item::Backup(_) | Item::Count(_) => 2,
+        Item::Want(_) | Item::Backup(_) | Item::Retired => 2,
     }
 }
 
@@ -238,10 +216,10 @@ impl Outbox {
         &mut self,
         max_datagram_bytes: usize,
         mut header: impl FnMut(NodeId) -> Header,
-        mut out: Out<'_>,
+        out: &mut Vec<Transmit>,
     ) {
         let mut frames = std::mem::take(&mut self.frames);
-        for (to, mut items) in std::mem::take(&mut self.reliable) {
+        for (to, items) in std::mem::take(&mut self.reliable) {
             let h = header(to);
             split(
                 &h,
@@ -249,11 +227,11 @@ impl Outbox {
                 MAX_FRAME_BYTES - 1,
                 &mut frames,
             );
-            let sized = items.iter_mut().map(|item| {
+            let sized = items.iter().map(|item| {
                 let len = item_len(item);
                 (item, len)
             });
-            emit(to, &h, sized, &frames, None, &mut out);
+            emit(to, &h, sized, &frames, None, out);
             frames.clear();
         }
         let mut beats = std::mem::take(&mut self.beats);
@@ -331,13 +309,13 @@ impl Outbox {
                 max_datagram_bytes.saturating_sub(1),
                 &mut frames,
             );
-            // The items sent are taken (as values, moved into their frames); the others
+            // The items sent are encoded into their frames; the others
             // are held for the next round below.
             let items = mine
-                .iter_mut()
+                .iter()
                 .filter(|(_, _, go)| *go)
                 .map(|(item, len, _)| (item, *len));
-            emit(to, &h, items, &frames, Some(max_datagram_bytes), &mut out);
+            emit(to, &h, items, &frames, Some(max_datagram_bytes), out);
             frames.clear();
         }
         if frames.capacity() <= MAX_KEPT_SCRATCH {
@@ -416,58 +394,27 @@ fn item_len(item: &Item) -> usize {
 /// Encode `items` (each with its [`item_len`]) after `header` as the frames `frames` lists
 /// (item count, length bound), for `to`: on a stream, or as datagrams if
 /// `max_datagram_bytes` is given (a frame larger than that, a big backup, still goes on a
-/// stream). As values, each frame gets the length it would encode to, and is dropped where
-/// its encoding would be refused (larger than any frame a peer accepts); the items are moved
-/// into the frames, leaving [`Item::SyncDone`] in their place (the caller drops them).
+/// stream). A frame that fails to encode (larger than any frame a peer accepts) is dropped.
 fn emit<'a>(
     to: NodeId,
     header: &Header,
-    mut items: impl Iterator<Item = (&'a mut Item, usize)>,
+    mut items: impl Iterator<Item = (&'a Item, usize)>,
     frames: &[(usize, usize)],
     max_datagram_bytes: Option<usize>,
-    out: &mut Out<'_>,
+    out: &mut Vec<Transmit>,
 ) {
     let reliable = |len: usize| max_datagram_bytes.is_none_or(|max| len > max);
-    let header_len = match out {
-        Out::Bytes(_) => 0,
-        Out::Values(_) => wire::encoded_len(header),
-    };
     for &(count, len) in frames {
         let mut chunk = items.by_ref().take(count);
-        match out {
-            Out::Bytes(out) => {
-                let encoded =
-                    wire::encode_frame(header, count, chunk.by_ref().map(|(i, _)| &*i), len);
-                // A frame that failed to encode leaves the next its own items.
-                chunk.for_each(drop);
-                if let Ok(bytes) = encoded {
-                    out.push(Transmit {
-                        to,
-                        reliable: reliable(bytes.len()),
-                        bytes,
-                    });
-                }
-            }
-            Out::Values(out) => {
-                // The version byte, the header, the item count, the items.
-                let mut len = 1 + header_len + wire::encoded_len(&(count as u64));
-                let mut items = Vec::with_capacity(count);
-                items.extend(chunk.map(|(item, item_len)| {
-                    len = len.saturating_add(item_len - ITEM_SLACK);
-                    std::mem::replace(item, Item::SyncDone)
-                }));
-                if items.len() == count && len <= MAX_FRAME_BYTES {
-                    out.push(FrameValue {
-                        to,
-                        frame: Frame {
-                            header: header.clone(),
-                            items,
-                        },
-                        len,
-                        reliable: reliable(len),
-                    });
-                }
-            }
+        let encoded = wire::encode_frame(header, count, chunk.by_ref().map(|(i, _)| i), len);
+        // A frame that failed to encode leaves the next its own items.
+        chunk.for_each(drop);
+        if let Ok(bytes) = encoded {
+            out.push(Transmit {
+                to,
+                reliable: reliable(bytes.len()),
+                bytes,
+            });
         }
     }
 }
@@ -528,9 +475,8 @@ pub fn decode(bytes: &[u8], policies: &[Policy]) -> Result<Frame, FrameError> {
     check(wire::decode(bytes)?, policies)
 }
 
-/// Check a frame received as a value (see [`FrameValue`]) against the cluster's
-/// `policies`, as [`decode`] checks the frames it decodes.
-pub(crate) fn check(frame: Frame, policies: &[Policy]) -> Result<Frame, FrameError> {
+/// Check a decoded frame against the cluster's `policies`.
+fn check(frame: Frame, policies: &[Policy]) -> Result<Frame, FrameError> {
     if frame.header.incarnation == 0 {
         return Err(invalid("header.incarnation", "is 0"));
     }
@@ -563,7 +509,10 @@ const MAX_COUNT: u64 = 1 << 62;
 
 fn check_want(w: &Want, policies: &[Policy]) -> Result<(), FrameError> {
     policy_of(policies, w.key.policy)?;
-    if w.granted > MAX_COUNT || w.returned > w.granted || w.used > w.granted {
+    if w.tally.granted > MAX_COUNT
+        || w.tally.returned > w.tally.granted
+        || w.tally.used > w.tally.granted
+    {
         return Err(invalid("want", "counts out of range"));
     }
     // A peer's limit may differ from this node's while a change rolls out: bounded by the
@@ -588,7 +537,10 @@ fn check_state(s: &AuthorityState, policies: &[Policy]) -> Result<(), FrameError
         return Err(invalid("state.level_ns", "above any bucket's depth"));
     }
     for h in &s.holders {
-        if h.granted > MAX_COUNT || h.returned > h.granted || h.used > h.granted {
+        if h.tally.granted > MAX_COUNT
+            || h.tally.returned > h.tally.granted
+            || h.tally.used > h.tally.granted
+        {
             return Err(invalid("state.holders", "counts out of range"));
         }
     }
@@ -637,7 +589,7 @@ fn check_item(item: &Item, policies: &[Policy]) -> Result<(), FrameError> {
         }
         Item::Backup(s) | Item::Handoff(s) | Item::Restore(s) => check_state(s, policies),
         Item::SyncDone => Ok(()),
-        Item::Count(c) => policy_of(policies, c.key.policy).map(|_| ()),
+        Item::Retired => Err(invalid("item", "is retired (never sent)")),
         Item::Members(m) => check_members(m),
         Item::Limits(l) => check_limits(l),
     }
@@ -647,6 +599,7 @@ fn check_item(item: &Item, policies: &[Policy]) -> Result<(), FrameError> {
 mod tests {
     use super::*;
     use crate::mesh::message::{Grant, KeyRef};
+    use crate::mesh::tally::Tally;
 
     fn grant(key: u64) -> Item {
         Item::Grant(Grant {
@@ -675,7 +628,7 @@ mod tests {
                 sent_at: u64::MAX >> 1,
                 ..Header::default()
             },
-            Out::Bytes(&mut out),
+            &mut out,
         );
         assert!(out.len() > 10);
         assert!(out.iter().all(|t| t.bytes.len() <= 1150 && !t.reliable));
@@ -692,9 +645,11 @@ mod tests {
         Item::Want(Want {
             key: KeyRef { policy: 0, key },
             window: 0,
-            granted: 100,
-            returned: 0,
-            used,
+            tally: Tally {
+                granted: 100,
+                returned: 0,
+                used,
+            },
             closed: false,
             need,
             smallest: 1,
@@ -743,7 +698,7 @@ mod tests {
         outbox.push(3, want(11, 2, 5));
         outbox.heartbeat(4);
         let mut out = Vec::new();
-        outbox.flush(1150, header, Out::Bytes(&mut out));
+        outbox.flush(1150, header, &mut out);
         let items = sent(&out);
         let keys: Vec<u64> = items
             .iter()
@@ -763,11 +718,11 @@ mod tests {
         outbox.new_round(usize::MAX);
         outbox.push(2, want(1, 0, 9));
         let mut out = Vec::new();
-        outbox.flush(1150, header, Out::Bytes(&mut out));
+        outbox.flush(1150, header, &mut out);
         let mut reports: Vec<(u64, u64)> = sent(&out)
             .into_iter()
             .map(|(_, i)| match i {
-                Item::Want(w) => (w.key.key, w.used),
+                Item::Want(w) => (w.key.key, w.tally.used),
                 _ => unreachable!(),
             })
             .collect();
@@ -783,7 +738,7 @@ mod tests {
         outbox.push(2, Item::SyncDone);
         outbox.heartbeat(3);
         let mut out = Vec::new();
-        outbox.flush(1150, header, Out::Bytes(&mut out));
+        outbox.flush(1150, header, &mut out);
         let items = sent(&out);
         assert_eq!(items, vec![(2, Item::SyncDone)]);
         assert!(out.iter().any(|t| t.to == 3));
@@ -816,7 +771,7 @@ mod tests {
         };
         let mut outbox = filled();
         let mut out = Vec::new();
-        outbox.flush(1150, header, Out::Bytes(&mut out));
+        outbox.flush(1150, header, &mut out);
         let policies =
             [crate::Policy::fixed_window(1000, std::time::Duration::from_secs(1)).unwrap()];
         // Several datagrams for each of three peers, one frame on a stream, a heartbeat.
@@ -831,13 +786,5 @@ mod tests {
         assert!(outbox.held_back() > 0);
         let sent = sent(&out).len() as u64;
         assert_eq!(sent + outbox.held_back(), 601);
-        // As values: the same frames, in the same order, each with its encoded length.
-        let mut values = Vec::new();
-        filled().flush(1150, header, Out::Values(&mut values));
-        assert_eq!(values.len(), out.len());
-        for (v, t) in values.iter().zip(&out) {
-            assert_eq!((v.to, v.reliable, v.len), (t.to, t.reliable, t.bytes.len()));
-            assert_eq!(v.frame, decode(&t.bytes, &policies).unwrap());
-        }
     }
 }

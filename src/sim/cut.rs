@@ -113,8 +113,11 @@ pub(crate) fn unbacked(a: &AuthorityState, backup: Option<&AuthorityState>) -> u
             // it forgot, or made since) backs up none of this one's grants.
             let backed = backup
                 .and_then(|b| b.holders.iter().find(|r| holding_id(r) == holding_id(h)))
-                .map_or(0, |r| r.granted.saturating_sub(r.returned));
-            h.granted.saturating_sub(h.returned).saturating_sub(backed)
+                .map_or(0, |r| r.tally.granted.saturating_sub(r.tally.returned));
+            h.tally
+                .granted
+                .saturating_sub(h.tally.returned)
+                .saturating_sub(backed)
         })
         .sum()
 }

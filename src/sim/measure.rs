@@ -208,7 +208,7 @@ impl Recorder {
             let leased: u64 = state
                 .holders
                 .iter()
-                .map(|h| h.granted.saturating_sub(h.returned))
+                .map(|h| h.tally.granted.saturating_sub(h.tally.returned))
                 .sum();
             self.crash_term = self.crash_term.max(leased as f64 / limit as f64);
         }

@@ -98,7 +98,7 @@ impl Authority {
             .ok()
             .map(|i| &self.holders[i])
             .filter(|h| !h.closed)
-            .map_or(0, unspent);
+            .map_or(0, |h| h.tally.unspent());
         let short = smallest.saturating_sub(held).saturating_sub(coming);
         let retry = self.retry_after(now, short.max(1));
         match answer {
@@ -153,8 +153,8 @@ impl Authority {
         let interval = self.interval();
         let kind = self.kind;
         let r = self.record_mut(node, incarnation);
-        r.granted += tokens;
-        let granted = r.granted;
+        r.tally.granted += tokens;
+        let granted = r.tally.granted;
         if kind == MeshKind::Bucket {
             self.level_ns = self
                 .level_ns
@@ -180,7 +180,7 @@ impl Authority {
             .holders
             .iter()
             .filter(|h| h.node != except && h.incarnation != 0)
-            .map(unspent)
+            .map(|h| h.tally.unspent())
             .sum();
         let pending_finals = if self.kind == MeshKind::SlidingWindow {
             let unconfirmed: u64 = self
@@ -212,16 +212,16 @@ impl Authority {
         let candidates: Vec<&HolderRecord> = self
             .holders
             .iter()
-            .filter(|h| h.incarnation != 0 && !waiting.contains(&h.node) && unspent(h) > 0)
+            .filter(|h| h.incarnation != 0 && !waiting.contains(&h.node) && h.tally.unspent() > 0)
             .collect();
         let beyond_a_round: u64 = candidates
             .iter()
-            .map(|h| unspent(h).saturating_sub(round(h)))
+            .map(|h| h.tally.unspent().saturating_sub(round(h)))
             .sum();
         let keep_a_round = beyond_a_round >= shortfall;
         let targets: Vec<(NodeId, u64)> = candidates
             .into_iter()
-            .filter(|h| !keep_a_round || unspent(h) > round(h))
+            .filter(|h| !keep_a_round || h.tally.unspent() > round(h))
             .map(|h| (h.node, if keep_a_round { round(h) } else { 0 }))
             .collect();
         if !targets.is_empty() {
@@ -323,7 +323,7 @@ impl Authority {
             .holders
             .iter()
             .find(|h| h.node == node)
-            .map_or(0, |h| h.granted);
+            .map_or(0, |h| h.tally.granted);
         Answer::Grant {
             window: if self.kind.is_window() {
                 self.window
@@ -362,7 +362,7 @@ impl Authority {
             SHORT_LEASE_ROUNDS
         };
         let target = (demand * rounds).div_ceil(16);
-        let unspent = r.granted.saturating_sub(r.returned).saturating_sub(r.used);
+        let unspent = r.tally.unspent();
         let cap = (u128::from(headroom) * u128::from(demand) / u128::from(total) / 2) as u64;
         target.saturating_sub(unspent).min(cap)
     }
@@ -398,9 +398,4 @@ impl Authority {
             }
         }
     }
-}
-
-/// Tokens a holder was leased and has not reported spent or given back.
-fn unspent(h: &HolderRecord) -> u64 {
-    h.granted.saturating_sub(h.returned).saturating_sub(h.used)
 }

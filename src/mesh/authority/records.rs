@@ -14,11 +14,14 @@
 //! for a node, which is how every version of the protocol has sent the records of
 //! departed holders.
 
+use crdts::CvRDT;
+
 use super::{Authority, MeshKind};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::membership::mix;
 use crate::mesh::message::{HolderRecord, Want};
+use crate::mesh::tally::Tally;
 
 /// How many retired records a bucket keeps (72 bytes each; a window keeps its own until
 /// they count nothing, two windows at most).
@@ -46,12 +49,10 @@ pub(crate) fn holding_id(h: &HolderRecord) -> NodeId {
     }
 }
 
-/// Fold `theirs` into `mine`, two records of one holding: each count its largest; a final
-/// count of the previous window (exact) over an upper bound of it.
+/// Fold `theirs` into `mine`, two records of one holding: their tallies merged (each count
+/// its largest); a final count of the previous window (exact) over an upper bound of it.
 fn absorb(mine: &mut HolderRecord, theirs: &HolderRecord) {
-    mine.granted = mine.granted.max(theirs.granted);
-    mine.returned = mine.returned.max(theirs.returned);
-    mine.used = mine.used.max(theirs.used);
+    mine.tally.merge(theirs.tally);
     mine.closed |= theirs.closed;
     match (mine.previous_final, theirs.previous_final) {
         (false, true) => {
@@ -61,11 +62,6 @@ fn absorb(mine: &mut HolderRecord, theirs: &HolderRecord) {
         (true, false) => {}
         _ => mine.previous_held = mine.previous_held.max(theirs.previous_held),
     }
-}
-
-/// Tokens a record was leased and has not reported spent or given back.
-fn unspent(h: &HolderRecord) -> u64 {
-    h.granted.saturating_sub(h.returned).saturating_sub(h.used)
 }
 
 impl Authority {
@@ -101,24 +97,20 @@ impl Authority {
             return;
         }
         // What each state's records show beyond the other's (a bucket's level, below).
-        let traffic = |a: &Authority| -> u64 {
-            a.holders
-                .iter()
-                .map(|h| h.granted.saturating_add(h.returned))
-                .sum()
-        };
+        let traffic = |a: &Authority| -> u64 { a.holders.iter().map(|h| h.tally.traffic()).sum() };
         let (seen_here, seen_there) = (traffic(self), traffic(other));
         let (mut mine_out, mut mine_back) = (0u64, 0u64);
         for mine in &self.holders {
             let id = holding_id(mine);
             match other.holders.iter().find(|h| holding_id(h) == id) {
                 Some(theirs) => {
-                    mine_out += mine.granted.saturating_sub(theirs.granted);
-                    mine_back += mine.returned.saturating_sub(theirs.returned);
+                    let (granted, returned) = mine.tally.beyond(&theirs.tally);
+                    mine_out += granted;
+                    mine_back += returned;
                 }
                 None => {
-                    mine_out += mine.granted;
-                    mine_back += mine.returned;
+                    mine_out += mine.tally.granted;
+                    mine_back += mine.tally.returned;
                 }
             }
         }
@@ -126,13 +118,14 @@ impl Authority {
         for theirs in &other.holders {
             let id = holding_id(theirs);
             if let Some(mine) = self.holders.iter_mut().find(|h| holding_id(h) == id) {
-                out += theirs.granted.saturating_sub(mine.granted);
-                back += theirs.returned.saturating_sub(mine.returned);
+                let (granted, returned) = theirs.tally.beyond(&mine.tally);
+                out += granted;
+                back += returned;
                 absorb(mine, theirs);
                 continue;
             }
-            out += theirs.granted;
-            back += theirs.returned;
+            out += theirs.tally.granted;
+            back += theirs.tally.returned;
             if is_retired(theirs) {
                 self.keep_retired(*theirs);
                 continue;
@@ -260,7 +253,7 @@ impl Authority {
         match self.holders.binary_search_by_key(&ghost.node, |h| h.node) {
             Ok(i) => absorb(&mut self.holders[i], &ghost),
             Err(i) => {
-                if self.kind.is_window() && ghost.granted == 0 && ghost.previous_held == 0 {
+                if self.kind.is_window() && ghost.tally.granted == 0 && ghost.previous_held == 0 {
                     return;
                 }
                 self.holders.insert(i, ghost);
@@ -272,7 +265,7 @@ impl Authority {
                 let Some(at) = self
                     .holders
                     .iter()
-                    .position(|h| is_retired(h) && unspent(h) == 0)
+                    .position(|h| is_retired(h) && h.tally.unspent() == 0)
                 else {
                     break;
                 };
@@ -391,31 +384,24 @@ impl Authority {
                 // A bucket taken over from a backup learns here of grants made after the
                 // backup: those tokens left the bucket too (a window counts its holders'
                 // grants, so the maximum below is enough there).
-                if kind == MeshKind::Bucket && known && want.granted > r.granted {
-                    granted_unseen = want.granted - r.granted;
+                if kind == MeshKind::Bucket && known && want.tally.granted > r.tally.granted {
+                    granted_unseen = want.tally.granted - r.tally.granted;
                 }
                 // A holder this state has no record of (a fresh authority, or one taken
                 // over from a backup made before the holder's first grant): what it gave
                 // back went back into another state's bucket, and what it still holds is
                 // out of this one.
                 if kind == MeshKind::Bucket && !known {
-                    granted_unseen = want
-                        .granted
-                        .saturating_sub(want.returned)
-                        .saturating_sub(want.used);
-                    r.returned = want.returned;
+                    granted_unseen = want.tally.unspent();
+                    r.tally.returned = want.tally.returned;
                 }
                 // The holder's counts are authoritative for what it received and gave back:
                 // a grant is always made on top of its latest report.
-                r.granted = r.granted.max(want.granted);
-                if want.returned > r.returned {
-                    returned_tokens = want.returned - r.returned;
-                    r.returned = want.returned;
+                returned_tokens = want.tally.returned.saturating_sub(r.tally.returned);
+                if known {
+                    spent = want.tally.used.saturating_sub(r.tally.used);
                 }
-                if known && want.used > r.used {
-                    spent = want.used - r.used;
-                }
-                r.used = r.used.max(want.used);
+                r.tally.merge(want.tally);
                 if kind.is_window() && want.closed && !r.closed {
                     r.closed = true;
                     news = true;
@@ -423,7 +409,7 @@ impl Authority {
             }
             // The holder's final count of the window before ours, if it knows it.
             let previous_final = if want.window + 1 == window && want.closed {
-                Some(want.used)
+                Some(want.tally.used)
             } else if want.window == window {
                 want.previous_used
             } else {
@@ -446,7 +432,7 @@ impl Authority {
                     }
                     None if want.window + 1 == window => {
                         // What it held then, as it reports it: an upper bound of its count.
-                        let held = want.granted.saturating_sub(want.returned);
+                        let held = want.tally.granted.saturating_sub(want.tally.returned);
                         if held > r.previous_held {
                             previous_raise = held - r.previous_held;
                             r.previous_held = held;
@@ -474,7 +460,7 @@ impl Authority {
         if kind == MeshKind::Bucket && spent > 0 {
             self.credit_spent(now, spent, want.spent_ago);
             // A bucket's lease spent out: the holder waits to hear that it was counted.
-            news |= unspent(&self.holders[i]) == 0;
+            news |= self.holders[i].tally.unspent() == 0;
         }
         self.version += 1;
         news || returned_tokens > 0
@@ -484,7 +470,7 @@ impl Authority {
     /// it waits to see confirmed before it forgets the key.
     pub(crate) fn at_rest(&self, node: NodeId) -> bool {
         self.live_index(node)
-            .is_some_and(|i| unspent(&self.holders[i]) == 0)
+            .is_some_and(|i| self.holders[i].tally.unspent() == 0)
     }
 }
 
@@ -493,9 +479,11 @@ fn blank(node: NodeId, incarnation: u64) -> HolderRecord {
         node,
         incarnation,
         holding: 0,
-        granted: 0,
-        returned: 0,
-        used: 0,
+        tally: Tally {
+            granted: 0,
+            returned: 0,
+            used: 0,
+        },
         demand: 0,
         previous_held: 0,
         previous_final: true,

@@ -1,3 +1,4 @@
+use crate::mesh::tally::Tally;
 use std::time::Duration;
 
 use super::*;
@@ -9,9 +10,11 @@ fn want(window: u64, granted: u64, used: u64, demand: u32) -> Want {
     Want {
         key: KEY,
         window,
-        granted,
-        returned: 0,
-        used,
+        tally: Tally {
+            granted,
+            returned: 0,
+            used,
+        },
         closed: false,
         need: 0,
         smallest: 0,
@@ -46,7 +49,7 @@ fn a_fixed_window_never_leases_more_than_the_limit() {
             .holders()
             .iter()
             .find(|h| h.node == node)
-            .map_or(0, |h| h.granted);
+            .map_or(0, |h| h.tally.granted);
         a.report(10 * S + i, node, 1, &want(10, before, before, 32), true);
         let (g, _) = granted(a.request(10 * S + i, node, 1, 1, 0));
         total += g - before;
@@ -156,12 +159,12 @@ fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
     // spent 600: 24 are still in its lease, and its 91 returned tokens went back into
     // the earlier state's bucket, not into this one.
     let mut w = want(0, 715, 600, 0);
-    w.returned = 91;
+    w.tally.returned = 91;
     a.report(10 * S, 0, 1, &w, true);
     assert_eq!(a.available(10 * S), 76);
     // Once its lease is spent, later reports change nothing until the bucket refills.
     let mut w = want(0, 715, 624, 0);
-    w.returned = 91;
+    w.tally.returned = 91;
     a.report(10 * S, 0, 1, &w, true);
     assert_eq!(a.available(10 * S), 76);
 }
@@ -178,7 +181,7 @@ fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
     // Node 1 gives 5 back.
     let window = a.frame().0;
     let mut back = want(window, 10, 2, 0);
-    back.returned = 5;
+    back.tally.returned = 5;
     a.report(10 * S + 1, 1, 1, &back, true);
     let answers = a.serve_waiting(10 * S + 1);
     assert_eq!(answers.len(), 1);

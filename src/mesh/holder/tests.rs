@@ -42,7 +42,7 @@ fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     assert_eq!(h.slow(10 * S, 2, 2, 11 * S), Slow::Waits);
     assert_eq!(h.need(), 5);
     let want = h.want(10 * S, 500, false, 1);
-    assert_eq!((want.need, want.window, want.granted), (5, 0, 0));
+    assert_eq!((want.need, want.window, want.tally.granted), (5, 0, 0));
     let decided = apply(&mut h, 10 * S + 1, &grant(10, 8, 0), 11 * S);
     assert_eq!(decided.len(), 2);
     assert!(decided.iter().all(|(_, d)| d.is_allowed()));
@@ -53,7 +53,7 @@ fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     h.expire(11 * S);
     let want = h.want(11 * S, 550, false, 1);
     assert!(want.closed);
-    assert_eq!(want.used, 8);
+    assert_eq!(want.tally.used, 8);
     // A grant for the next window carries the final count of this one.
     h.slow(11 * S, 3, 1, 12 * S);
     apply(&mut h, 11 * S + 1, &grant(11, 1, 0), 12 * S);
@@ -153,7 +153,12 @@ fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
     assert!(tell, "its final count is due");
     let want = h.want(12 * S, 600, false, 1);
     assert_eq!(
-        (want.window, want.granted, want.used, want.closed),
+        (
+            want.window,
+            want.tally.granted,
+            want.tally.used,
+            want.closed
+        ),
         (11, 5, 0, true)
     );
 }
@@ -206,7 +211,7 @@ fn an_idle_lease_is_given_back() {
         h.tick(S + round, round, true);
     }
     assert_eq!(h.cell().remaining(), 0);
-    assert_eq!(h.want(2 * S, 100, false, 1).returned, 5);
+    assert_eq!(h.want(2 * S, 100, false, 1).tally.returned, 5);
 }
 
 #[test]

@@ -2,7 +2,6 @@
 
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
-use crate::mesh::baseline::Admission;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::policy::Policy;
 
@@ -29,8 +28,6 @@ pub struct NodeConfig {
     /// the next (membership news, state transfers and heartbeats are never held back).
     /// `u64::MAX`: no budget.
     pub gossip_budget_bytes_per_s: u64,
-    /// The rule of admission (the baselines are for the simulator).
-    pub admission: Admission,
     /// The most keys a node holds.
     pub max_keys: usize,
     /// The cluster's global policies, indexed by position (the same list on every node).
@@ -106,7 +103,6 @@ impl NodeConfig {
             max_wait_ns: 100_000_000,
             max_datagram_bytes: 1150,
             gossip_budget_bytes_per_s: DEFAULT_GOSSIP_BUDGET_BYTES_PER_S,
-            admission: Admission::Leases,
             max_keys: 1_000_000,
             policies,
             incarnation: 0,

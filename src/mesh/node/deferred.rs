@@ -87,14 +87,17 @@ impl Deferred {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mesh::tally::Tally;
 
     fn want(key: u64, holding: u64, seq: u32, returned: u64) -> Want {
         Want {
             key: KeyRef { policy: 0, key },
             window: 0,
-            granted: returned,
-            returned,
-            used: 0,
+            tally: Tally {
+                granted: returned,
+                returned,
+                used: 0,
+            },
             closed: false,
             need: 0,
             smallest: 0,
@@ -117,7 +120,7 @@ mod tests {
         d.defer(2, 2, 7, &want(2, 1, 1, 0));
         let one = d.take(KeyRef { policy: 0, key: 1 });
         assert_eq!(one.len(), 2);
-        assert_eq!((one[0].from, one[0].want.returned), (2, 6));
+        assert_eq!((one[0].from, one[0].want.tally.returned), (2, 6));
         assert_eq!(one[1].from, 3);
         assert!(d.take(KeyRef { policy: 0, key: 1 }).is_empty());
         assert_eq!(d.count, 1);

@@ -21,7 +21,7 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::local::Store;
 use crate::mesh::NodeId;
-use crate::mesh::baseline::scaled;
+use crate::mesh::cells::scaled;
 use crate::mesh::message::KeyRef;
 use crate::mesh::node::config::{NodeConfig, WhileJoining};
 use crate::policy::Policy;

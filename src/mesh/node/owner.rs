@@ -221,7 +221,7 @@ impl Node {
             match a.current(now, from) {
                 Answer::Grant {
                     window, granted, ..
-                } if window == want.window && granted == want.granted && !at_rest => None,
+                } if window == want.window && granted == want.tally.granted && !at_rest => None,
                 Answer::Grant {
                     window,
                     granted: 0,
@@ -286,7 +286,7 @@ impl Node {
         let grant = Grant {
             key,
             window: want.window,
-            granted: want.granted,
+            granted: want.tally.granted,
             ends_at: if want.window == window && want.window > 0 {
                 ends_at
             } else {

@@ -265,9 +265,6 @@ impl Node {
                     for a in self.authorities.values_mut() {
                         a.forget_holder(p);
                     }
-                    if let Some(b) = &mut self.baseline {
-                        b.forget(p);
-                    }
                     self.answered_sync.remove(&p);
                     self.deaths_seen.remove(&p);
                     self.returning.retain(|_, to| *to != p);

@@ -373,23 +373,6 @@ impl Node {
             self.returning
                 .retain(|k, _| membership.owner_and_successor(k.key).0 == me);
         }
-        if let Some(b) = &mut self.baseline {
-            let counts = b.changed_counts();
-            if !counts.is_empty() {
-                let peers: Vec<NodeId> = self
-                    .membership
-                    .peers()
-                    .iter()
-                    .filter(|(_, p)| p.alive)
-                    .map(|(&id, _)| id)
-                    .collect();
-                for p in peers {
-                    for c in &counts {
-                        self.outbox.push(p, Item::Count(*c));
-                    }
-                }
-            }
-        }
         if self.declared_dead_at.is_some() && self.heard_back() {
             self.declared_dead_at = None;
         }

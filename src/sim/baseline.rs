@@ -1,5 +1,7 @@
-//! The rules the simulator compares the mesh with, run by the same [`crate::mesh::Node`] so
-//! they pay the same gossip and see the same faults:
+//! The rules the simulator compares the mesh with. Each node of a baseline run is a
+//! [`crate::mesh::Node`] (its membership, heartbeats and failure detection, so the rule pays
+//! the same gossip and sees the same faults) beside a [`Baseline`] that decides its requests;
+//! the `stale_sum` counts ride each round's frames on the simulated links, never the wire:
 //!
 //! - `local_only`: every node enforces the whole limit alone (up to N times the limit);
 //! - `static_split`: every node enforces `limit / N` (denies skewed traffic it could admit);
@@ -13,12 +15,13 @@ use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::mesh::NodeId;
 use crate::mesh::authority::MeshKind;
+use crate::mesh::cells::scaled;
 use crate::mesh::keymap::FixedMap;
-use crate::mesh::message::{Count, KeyRef};
+use crate::mesh::message::KeyRef;
 use crate::policy::Policy;
 
-/// How a node decides admission. Only [`Admission::Leases`] is bounded; the others are the
-/// baselines the simulator compares it with.
+/// How the simulated nodes decide admission. Only [`Admission::Leases`] (the mesh) is
+/// bounded; the others are the baselines it is compared with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Admission {
     /// Leases from each key's authority (the bounded rule).
@@ -38,6 +41,29 @@ impl Admission {
     pub fn talks(self) -> bool {
         matches!(self, Admission::Leases | Admission::StaleSum)
     }
+}
+
+/// A node's own counts of a key, for the `stale_sum` baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bincode::Encode)]
+pub(crate) struct Count {
+    /// The key.
+    pub(crate) key: KeyRef,
+    /// The window of `current` (windows).
+    pub(crate) window: u64,
+    /// The sender's count in `window`.
+    pub(crate) current: u64,
+    /// The sender's count in `window − 1`.
+    pub(crate) previous: u64,
+    /// The sender's admissions ever (buckets).
+    pub(crate) total: u64,
+}
+
+/// The bytes `counts` add to the frame they ride on (each as an item would take).
+pub(crate) fn counts_len(counts: &[Count]) -> usize {
+    counts
+        .iter()
+        .map(|c| 1 + crate::mesh::wire::encoded_len(c))
+        .sum()
 }
 
 #[derive(Debug)]
@@ -63,34 +89,6 @@ pub(crate) struct Baseline {
     nodes: usize,
     policies: Vec<Policy>,
     keys: FixedMap<KeyRef, BaseKey>,
-}
-
-/// `policy` with a `1 / nodes` share of its limit (and rate).
-pub(crate) fn scaled(policy: &Policy, nodes: usize) -> Policy {
-    let n = nodes.max(1) as u64;
-    let share = |x: u64| (x / n).max(1);
-    match MeshKind::of(policy) {
-        Some(MeshKind::Bucket) => {
-            // Rate r per window: r/n per window, burst/n.
-            let window = std::time::Duration::from_nanos(policy.window_ns());
-            let built = if policy.algorithm() == crate::policy::Algorithm::Gcra {
-                Policy::gcra(share(policy.capacity()), window, share(policy.capacity()))
-            } else {
-                Policy::token_bucket(share(policy.capacity()), window, share(policy.capacity()))
-            };
-            built.unwrap_or(*policy)
-        }
-        Some(MeshKind::FixedWindow) => Policy::fixed_window(
-            share(policy.capacity()),
-            std::time::Duration::from_nanos(policy.window_ns()),
-        )
-        .unwrap_or(*policy),
-        _ => Policy::sliding_window(
-            share(policy.capacity()),
-            std::time::Duration::from_nanos(policy.window_ns()),
-        )
-        .unwrap_or(*policy),
-    }
 }
 
 impl Baseline {
