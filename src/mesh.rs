@@ -41,6 +41,7 @@ pub use node::{
     Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event, LeaseState, MeshError, Node, NodeConfig,
     NodeStats, WhileJoining,
 };
-pub use outbox::{FrameError, Transmit, decode as decode_frame};
+pub use outbox::Transmit;
+pub use wire::check::{FrameError, decode as decode_frame};
 
 pub use crate::ids::{KeyHasher, NodeId};

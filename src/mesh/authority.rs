@@ -153,8 +153,6 @@ pub(crate) struct Authority {
     dirty: bool,
     /// The key's owner and successor, as last ranked.
     rank: RankMemo,
-    /// The earliest instant the node's timers hold for the key, when it has no holding.
-    queued: Option<Nanos>,
 }
 
 impl Authority {
@@ -184,7 +182,6 @@ impl Authority {
             hold_ns: 0,
             dirty: false,
             rank: RankMemo::default(),
-            queued: None,
         }
     }
 
@@ -251,7 +248,6 @@ impl Authority {
             hold_ns: 0,
             dirty: false,
             rank: RankMemo::default(),
-            queued: None,
         };
         a.holders.sort_by_key(|h| h.node);
         a.holders.dedup_by_key(|h| h.node);
@@ -293,16 +289,6 @@ impl Authority {
     /// The key's ranking as this node last made it ([`RankMemo`]).
     pub(crate) fn rank(&self) -> &RankMemo {
         &self.rank
-    }
-
-    /// The instant the node's timers hold for the key, if any.
-    pub(crate) fn queued(&self) -> Option<Nanos> {
-        self.queued
-    }
-
-    /// The instant the node's timers hold for the key, to change ([`crate::mesh::node`]).
-    pub(crate) fn queued_mut(&mut self) -> &mut Option<Nanos> {
-        &mut self.queued
     }
 
     pub(crate) fn with_hold(mut self, hold_ns: Nanos) -> Self {

@@ -138,8 +138,6 @@ pub(crate) struct Holding {
     keep_until: Nanos,
     /// The key's owner and successor, as last ranked.
     rank: RankMemo,
-    /// The earliest instant the node's timers hold for the key.
-    queued: Option<Nanos>,
 }
 
 impl Holding {
@@ -191,18 +189,7 @@ impl Holding {
             rounds: 0,
             keep_until: 0,
             rank: RankMemo::default(),
-            queued: None,
         }
-    }
-
-    /// The instant the node's timers hold for the key, if any.
-    pub(crate) fn queued(&self) -> Option<Nanos> {
-        self.queued
-    }
-
-    /// The instant the node's timers hold for the key, to change ([`crate::mesh::node`]).
-    pub(crate) fn queued_mut(&mut self) -> &mut Option<Nanos> {
-        &mut self.queued
     }
 
     /// The key's ranking as this node last made it ([`RankMemo`]).

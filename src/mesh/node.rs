@@ -24,9 +24,7 @@
 //! A starting node asks every peer for what it should hold (its authorities, its backups)
 //! and creates no new authority until each peer answered or was declared dead.
 
-use std::cmp::Reverse;
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use crate::clock::Nanos;
@@ -38,13 +36,14 @@ use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::keymap::FixedMap;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::membership::{Membership, RankMemo};
-use crate::mesh::message::{AuthorityState, Frame, Grant, Item, KeyRef};
-use crate::mesh::outbox::{self, FrameError, Outbox, Transmit};
-use crate::mesh::timing::Offset;
+use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
+use crate::mesh::outbox::{Outbox, Transmit};
 use crate::policy::Policy;
+use schedule::Schedule;
 
 mod config;
 mod deferred;
+mod frames;
 mod inspect;
 mod join;
 mod limits;
@@ -52,6 +51,7 @@ mod members;
 mod owner;
 mod recovery;
 mod rounds;
+mod schedule;
 
 pub use config::{DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, MeshError, NodeConfig, WhileJoining};
 pub use inspect::LeaseState;
@@ -233,16 +233,7 @@ pub struct Node {
     decided: Vec<(u64, Decision)>,
     /// Scratch of a flush: the frames made, before they are queued.
     flushed: Vec<Transmit>,
-    /// The current round's keys, in order (kept between the calls a round is split over).
-    due: Vec<KeyRef>,
-    /// While a round is split over several calls: where its keys not looked at yet begin,
-    /// and the instant of the last call.
-    round_left: Option<(usize, Nanos)>,
-    /// Scratch of a timeout outside a round's start: the keys due.
-    deadline_keys: Vec<KeyRef>,
     stats: NodeStats,
-    round: u64,
-    next_tick: Nanos,
     next_id: u64,
     /// The number the next holding of a key gets ([`crate::mesh::message::Want::holding`]).
     next_holding: u64,
@@ -273,24 +264,8 @@ pub struct Node {
     declared_dead_at: Option<Nanos>,
     running: bool,
     membership_version: u64,
-    /// When each key needs the node next (a waiting request's deadline or resend, a lease's
-    /// end, an authority's waiter), earliest first. The instant queued for a key is kept
-    /// with its holding, or with its authority if it has no holding ([`Node::arm`]); an
-    /// entry that is not that instant any more is stale, and skipped.
-    timers: BinaryHeap<Reverse<(Nanos, KeyRef)>>,
-    /// The node's count of rounds whose look at the keys is done: the last round's during
-    /// its keys' looks, that round's afterwards.
-    rounds_done: u64,
-    /// Keys changed since the last call: their timers are armed before it returns.
-    touched: Vec<KeyRef>,
-    /// Keys the next round looks at: changed since the last round, or with work left.
-    candidates: Vec<KeyRef>,
-    /// Keys whose holding is at rest, by the round at which to look at them again (an
-    /// entry may be stale: looking at a key early is harmless).
-    wakes: BinaryHeap<Reverse<(u64, KeyRef)>>,
-    /// Holdings at rest whose demand still fades, by the round at which it reaches 0: a
-    /// round later than the next one (a late node) looks at them, as it would report it.
-    fading: Vec<(u64, KeyRef)>,
+    /// The node's rounds, and when each key needs the node next.
+    schedule: Schedule,
     /// Joining the cluster, and the decisions before.
     join: join::Join,
     /// The node's own policies, and its peers' while their configurations differ.
@@ -376,23 +351,13 @@ impl Node {
             events: VecDeque::new(),
             decided: Vec::new(),
             flushed: Vec::new(),
-            due: Vec::new(),
-            round_left: None,
-            deadline_keys: Vec::new(),
             stats: NodeStats::default(),
-            round: now / g,
-            next_tick: (now / g + 1) * g,
             next_id: 1,
             next_holding: 1,
             local_depth: 0,
             dirty: Vec::new(),
             running,
-            timers: BinaryHeap::new(),
-            rounds_done: 0,
-            touched: Vec::new(),
-            candidates: Vec::new(),
-            wakes: BinaryHeap::new(),
-            fading: Vec::new(),
+            schedule: Schedule::new(now, g),
             sync_waiting,
             answered_sync: FixedMap::default(),
             deaths_seen: BTreeMap::new(),
@@ -417,13 +382,7 @@ impl Node {
     /// Return when the node must be called again (its clock), at the latest: at once while a
     /// round is split over several calls ([`Node::handle_timeout_within`]).
     pub fn poll_timeout(&self) -> Nanos {
-        if let Some((_, at)) = self.round_left {
-            return at;
-        }
-        match self.timers.peek() {
-            Some(Reverse((at, _))) => self.next_tick.min(*at),
-            None => self.next_tick,
-        }
+        self.schedule.next_timeout()
     }
 
     /// Note that `key`'s authority changed since its last backup (listed once until the
@@ -436,68 +395,35 @@ impl Node {
         }
     }
 
-    /// Queue the next instant `key` needs the node (its holding's or its authority's
-    /// earliest deadline), and remember it in the key's holding, or in its authority if it
-    /// has no holding. An entry of the timers is *live* while it is the instant so
-    /// remembered ([`Node::is_queued`]); one that is not (the deadline moved, or went) is
-    /// dropped when it comes up.
+    /// Queue the next instant `key` needs the node: its holding's or its authority's
+    /// earliest deadline.
     fn arm(&mut self, key: KeyRef) {
-        let holding = self.holdings.get_mut(&key);
-        let authority = self.authorities.get_mut(&key);
+        let holding = self.holdings.get(&key);
+        let authority = self.authorities.get(&key);
+        if holding.is_none() && authority.is_none() {
+            return;
+        }
         let at = [
-            holding.as_deref().and_then(Holding::next_deadline),
-            authority.as_deref().and_then(Authority::next_timeout),
+            holding.and_then(Holding::next_deadline),
+            authority.and_then(Authority::next_timeout),
         ]
         .into_iter()
         .flatten()
         .min();
-        let queued = match (holding, authority) {
-            (Some(h), _) => h.queued_mut(),
-            (None, Some(a)) => a.queued_mut(),
-            (None, None) => return,
-        };
-        if *queued != at {
-            *queued = at;
-            if let Some(at) = at {
-                self.timers.push(Reverse((at, key)));
-            }
-        }
+        self.schedule.arm(key, at);
     }
 
-    /// Tell whether the timers' entry `(at, key)` is live: the instant `key` needs the node,
-    /// or any entry of a key whose authority has requests waiting (each look may find room
-    /// for them: a sliding window's previous count fades continuously).
-    fn is_queued(&self, at: Nanos, key: KeyRef) -> bool {
-        let authority = self.authorities.get(&key);
-        let queued = match self.holdings.get(&key) {
-            Some(h) => h.queued(),
-            None => authority.and_then(Authority::queued),
-        };
-        queued == Some(at) || authority.is_some_and(Authority::has_waiters)
+    /// Tell whether `key`'s authority has requests waiting: every look at it may find room
+    /// for them (a sliding window's previous count fades continuously), so any timer of the
+    /// key is live.
+    fn busy(authorities: &FixedMap<KeyRef, Authority>) -> impl Fn(KeyRef) -> bool + '_ {
+        move |key| authorities.get(&key).is_some_and(Authority::has_waiters)
     }
 
-    /// `key`'s queued instant, up to `now`, has been taken from the timers.
-    fn fired(&mut self, key: KeyRef, now: Nanos) {
-        let queued = match self.holdings.get_mut(&key) {
-            Some(h) => h.queued_mut(),
-            None => match self.authorities.get_mut(&key) {
-                Some(a) => a.queued_mut(),
-                None => return,
-            },
-        };
-        if queued.is_some_and(|q| q <= now) {
-            *queued = None;
-        }
-    }
-
-    /// Drop the timers' first entries while they are not live, so that
-    /// [`Node::poll_timeout`] names an instant the node has something to do at.
-    fn drop_stale_timers(&mut self) {
-        while let Some(&Reverse((at, key))) = self.timers.peek() {
-            if self.is_queued(at, key) {
-                return;
-            }
-            self.timers.pop();
+    /// `key` has no holding and no authority any more: nothing is queued for it.
+    fn forget_if_gone(&mut self, key: KeyRef) {
+        if !self.holdings.contains_key(&key) && !self.authorities.contains_key(&key) {
+            self.schedule.forget(key);
         }
     }
 
@@ -540,10 +466,6 @@ impl Node {
             let (policy, kind) = self.policy(key.policy)?;
             let mut h = Holding::new(key, policy, kind, self.next_holding);
             h.count_rounds_from(self.stats.rounds);
-            // The key's queued instant moves to its holding with the entry it names.
-            if let Some(a) = self.authorities.get_mut(&key) {
-                *h.queued_mut() = a.queued_mut().take();
-            }
             self.next_holding += 1;
             self.cells.insert(key, Arc::clone(h.cell()));
             self.holdings.insert(key, h);
@@ -585,7 +507,7 @@ impl Node {
         };
         let slow = h.slow(now, id, cost, deadline);
         // The next round counts what was offered.
-        self.touched.push(kr);
+        self.schedule.touch(kr);
         match slow {
             Slow::Decided(d) => Admit::Now(d),
             Slow::Waits => {
@@ -634,8 +556,8 @@ impl Node {
     /// [`Node::ask`]; `last`: a leaving node's report, which must arrive (it goes on a
     /// reliable frame).
     fn ask_with(&mut self, key: KeyRef, now: Nanos, refill: bool, last: bool) {
-        self.touched.push(key);
-        let round = self.round;
+        self.schedule.touch(key);
+        let round = self.schedule.round();
         let leaving_owner = self
             .membership
             .is_leaving()
@@ -644,7 +566,7 @@ impl Node {
             return;
         };
         // Rounds it skipped at rest since it was last looked at count before it reports.
-        h.catch_up_to(self.rounds_done);
+        h.catch_up_to(self.schedule.rounds_done());
         let owner = leaving_owner
             .unwrap_or_else(|| self.membership.owner_and_successor_in(key.key, h.rank()).0);
         let resend = resend_after(&self.membership, &self.config, owner, now);
@@ -706,7 +628,7 @@ impl Node {
         let Some(h) = self.holdings.get_mut(&grant.key) else {
             return;
         };
-        self.touched.push(grant.key);
+        self.schedule.touch(grant.key);
         h.apply_grant(now, &grant, expiry, &mut self.decided);
         if grant.window >= h.lease().0 {
             h.previous_confirmed();
@@ -732,128 +654,6 @@ impl Node {
             self.ask(grant.key, now, false);
             self.local_depth -= 1;
         }
-    }
-
-    /// Apply a frame from peer `from` received at `now`. A frame that fails any check is
-    /// refused whole: nothing it carried is applied.
-    pub fn handle_frame(
-        &mut self,
-        now: Nanos,
-        from: NodeId,
-        bytes: &[u8],
-    ) -> Result<(), FrameError> {
-        let result = outbox::decode(bytes, &self.config.policies)
-            .and_then(|frame| self.apply_frame(now, from, frame));
-        self.count_frame(now, &result);
-        result
-    }
-
-    fn count_frame(&mut self, now: Nanos, result: &Result<(), FrameError>) {
-        match result {
-            Ok(()) => self.stats.frames_received += 1,
-            Err(_) => self.stats.frames_dropped += 1,
-        }
-        self.flush(now);
-    }
-
-    fn apply_frame(&mut self, now: Nanos, from: NodeId, frame: Frame) -> Result<(), FrameError> {
-        if from == self.config.id || self.membership.peer(from).is_none() {
-            return Err(FrameError::UnknownPeer(from));
-        }
-        let changes = self.membership.heard(now, from, &frame.header);
-        self.apply_changes(now, &changes);
-        self.heard_digest(from, frame.header.digest);
-        self.check_deaths(now, from);
-        let incarnation = frame.header.incarnation;
-        // Sent before the peer heard that this node restarted: its grants and recalls are
-        // about the leases of this node's earlier run.
-        let to_earlier_run = frame.header.to_incarnation != 0
-            && frame.header.to_incarnation != self.membership.incarnation();
-        if frame.header.syncing && self.answered_sync.get(&from) != Some(&incarnation) {
-            self.answer_sync(now, from, incarnation);
-        }
-        for item in frame.items {
-            match item {
-                Item::Want(mut w) => {
-                    // Its last counted admission was at least `spent_ago` before the want,
-                    // which left no later than the frame: here, no later than the latest
-                    // local instant the frame's send time can be.
-                    if let Some(o) = self.membership.offset(from, now) {
-                        let at = o.latest_local(frame.header.sent_at.saturating_sub(w.spent_ago));
-                        w.spent_ago = w.spent_ago.max(now.saturating_sub(at));
-                    }
-                    self.on_want(now, from, incarnation, w)
-                }
-                Item::Grant(_) | Item::Recall { .. } if to_earlier_run => {
-                    self.stats.to_earlier_run += 1;
-                }
-                Item::Grant(g) => self.on_grant(now, from, g),
-                Item::Recall { key, keep } => {
-                    // Give back what it can, and report either way: the authority then knows
-                    // what can still be had.
-                    if let Some(h) = self.holdings.get_mut(&key) {
-                        h.recall(keep);
-                        self.ask(key, now, false);
-                    }
-                }
-                Item::Backup(state) => {
-                    if self.authorities.contains_key(&state.key) {
-                        continue;
-                    }
-                    match self.backups.entry(state.key) {
-                        Entry::Occupied(mut kept) => {
-                            // The key's kept ranking stays: it is checked against the
-                            // membership before each use.
-                            let b = kept.get_mut();
-                            if b.from != from || b.state.version <= state.version {
-                                b.from = from;
-                                b.state = state;
-                            }
-                        }
-                        Entry::Vacant(slot) => {
-                            slot.insert(Backup {
-                                from,
-                                state,
-                                rank: RankMemo::default(),
-                            });
-                        }
-                    }
-                }
-                Item::Handoff(state) => self.on_handoff(now, from, state),
-                Item::Restore(state) => {
-                    // Its times are on this node's clock, before the restart.
-                    let me = self.config.id;
-                    let error = self.config.gossip_interval_ns;
-                    self.install(
-                        now,
-                        me,
-                        Offset {
-                            offset: 0,
-                            error,
-                            round_trip: 0,
-                        },
-                        state,
-                    );
-                }
-                Item::NotOwner(key) => {
-                    // The holder's view and the peer's differ: ask again at the next round.
-                    if let Some(h) = self.holdings.get_mut(&key) {
-                        h.report_due();
-                        self.touched.push(key);
-                    }
-                }
-                Item::SyncDone => {
-                    self.sync_waiting.remove(&from);
-                    self.join_answered(now, from);
-                    self.finish_sync();
-                }
-                // Refused by the frame's checks.
-                Item::Retired => {}
-                Item::Members(list) => self.on_members(now, from, &list),
-                Item::Limits(limits) => self.on_limits(from, limits),
-            }
-        }
-        Ok(())
     }
 
     /// Leave the cluster at `now` (a drain): give every lease back, hand every authority to
@@ -903,16 +703,14 @@ impl Node {
     }
 
     fn flush(&mut self, now: Nanos) {
-        let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        touched.dedup();
+        let touched = self.schedule.take_touched();
         for &key in &touched {
             self.arm(key);
-            self.candidates.push(key);
+            self.schedule.candidate(key);
         }
-        touched.clear();
-        self.touched = touched;
-        self.drop_stale_timers();
+        self.schedule.keep_touched(touched);
+        self.schedule
+            .drop_stale_timers(Node::busy(&self.authorities));
         if self.outbox.is_empty() {
             return;
         }

@@ -1,5 +1,6 @@
 //! The only place that parses bytes from peers: a version byte, then a bincode-2 body decoded
-//! with a size limit, and nothing after it.
+//! with a size limit, and nothing after it; [`check`] then holds a frame's values to the
+//! cluster's policies and the protocol's bounds.
 //!
 //! A frame that is empty, too large, of another version, malformed or followed by trailing
 //! bytes is a typed [`WireError`]; decoding never panics and never allocates more than the
@@ -10,6 +11,8 @@
 
 use bincode::config::{self, Configuration, Limit, LittleEndian, Varint};
 use bincode::{Decode, Encode};
+
+pub mod check;
 
 /// The version of the frames this build writes and reads.
 pub const WIRE_VERSION: u8 = 8;

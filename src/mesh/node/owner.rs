@@ -165,7 +165,7 @@ impl Node {
     /// A holder's want reached this node (the key's owner, as the holder sees it).
     pub(super) fn on_want(&mut self, now: Nanos, from: NodeId, incarnation: u64, want: Want) {
         let key = want.key;
-        self.touched.push(key);
+        self.schedule.touch(key);
         // A holder that left (or is counted dead) sends its last report: it corrects its
         // record, and nothing is granted to it.
         let alive = self.membership.is_alive(from);
@@ -361,7 +361,7 @@ impl Node {
     }
 
     pub(super) fn serve_waiting(&mut self, key: KeyRef, now: Nanos) {
-        self.touched.push(key);
+        self.schedule.touch(key);
         let Some(a) = self.authorities.get_mut(&key) else {
             return;
         };

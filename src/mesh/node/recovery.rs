@@ -24,6 +24,7 @@ impl Node {
             return;
         }
         if let Some(a) = self.authorities.remove(&key) {
+            self.forget_if_gone(key);
             self.stats.handoffs_sent += 1;
             self.outbox.push_reliable(to, Item::Handoff(a.state()));
         }
@@ -45,7 +46,7 @@ impl Node {
         state: AuthorityState,
     ) {
         let key = state.key;
-        self.touched.push(key);
+        self.schedule.touch(key);
         let Some((policy, kind)) = self.policy(key.policy) else {
             return;
         };
@@ -296,7 +297,7 @@ impl Node {
         for key in keys {
             let h = self.holdings.get_mut(&key).expect("listed");
             h.report_due();
-            self.touched.push(key);
+            self.schedule.touch(key);
             if h.waiting() > 0 {
                 self.ask(key, now, false);
             }

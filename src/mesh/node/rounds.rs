@@ -14,8 +14,6 @@
 //! still fades, as their own rounds would have reported it. Looking at a key in any round
 //! is what every round once did, so skipping changes no decision.
 
-use std::cmp::Reverse;
-
 use super::{Event, Node};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
@@ -25,9 +23,6 @@ use crate::mesh::message::{Item, KeyRef};
 /// Rounds between two looks at every authority for those idle (a look visits them all; an
 /// idle authority kept a little longer changes nothing).
 const IDLE_SWEEP_ROUNDS: u64 = 8;
-
-/// The most keys' room the list of due keys keeps from one timeout to the next.
-const MAX_KEPT_DUE: usize = 4096;
 
 impl Node {
     /// Run the node's timer at `now`: a round's work when a round began, and the deadlines.
@@ -43,8 +38,8 @@ impl Node {
     /// finished first.
     pub fn handle_timeout_within(&mut self, now: Nanos, max_keys: usize) -> bool {
         let max_keys = max_keys.max(1);
-        if self.round_left.is_some() {
-            if now < self.next_tick {
+        if self.schedule.round_unfinished() {
+            if now < self.schedule.next_tick() {
                 // Deadlines due meanwhile, then the round's next keys.
                 self.deadlines(now);
                 return self.round_slice(now, max_keys);
@@ -52,23 +47,19 @@ impl Node {
             self.round_slice(now, usize::MAX);
         }
         let g = self.config.gossip_interval_ns;
-        let new_round = now >= self.next_tick;
-        let previous_round = self.round;
-        if !new_round {
+        if now < self.schedule.next_tick() {
             self.deadlines(now);
             return false;
         }
         // A round later than an interval: this node itself did not run meanwhile (a starved
         // thread, a long pause); its peers' silence over that time is its own.
-        let late = now - self.next_tick;
+        let late = now - self.schedule.next_tick();
         if late > g {
             self.membership.paused(late, now);
         }
         self.membership.round_late(late, g);
-        self.round = now / g;
-        self.next_tick = (self.round + 1) * g;
         self.stats.rounds += 1;
-        self.rounds_done = self.stats.rounds - 1;
+        let previous_round = self.schedule.begin_round(now, g, self.stats.rounds);
         self.outbox.new_round(self.config.round_budget_bytes());
         let changes = self.membership.check(now);
         self.apply_changes(now, &changes);
@@ -83,136 +74,80 @@ impl Node {
         if !self.departed.is_empty() {
             self.departed.retain(|&(_, due)| due > now);
         }
-        let round = self.round;
         // The keys due now, and those the round must look at.
-        let mut due = std::mem::take(&mut self.due);
-        self.pop_due(now, &mut due);
-        due.append(&mut self.candidates);
-        // Keys the membership change just touched are looked at in this round.
-        due.append(&mut self.touched);
-        while let Some(&Reverse((at, key))) = self.wakes.peek() {
-            if at > round {
-                break;
-            }
-            self.wakes.pop();
-            due.push(key);
-        }
-        if round > previous_round + 1 {
-            due.extend(self.fading.drain(..).map(|(_, key)| key));
-        } else {
-            self.fading.retain(|&(until, _)| until > round);
-        }
-        due.sort_unstable();
-        due.dedup();
-        self.due = due;
-        self.round_left = Some((0, now));
+        self.schedule
+            .plan_round(now, previous_round, Node::busy(&self.authorities));
         self.round_slice(now, max_keys)
-    }
-
-    /// Take the timers' entries due at `now` that are live into `due`.
-    fn pop_due(&mut self, now: Nanos, due: &mut Vec<KeyRef>) {
-        while let Some(&Reverse((at, key))) = self.timers.peek() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            if self.is_queued(at, key) {
-                due.push(key);
-            }
-        }
     }
 
     /// The keys' deadlines due at `now`, outside a round's start.
     fn deadlines(&mut self, now: Nanos) {
-        let mut due = std::mem::take(&mut self.deadline_keys);
-        self.pop_due(now, &mut due);
-        due.sort_unstable();
-        due.dedup();
+        let due = self
+            .schedule
+            .deadline_keys(now, Node::busy(&self.authorities));
         for &key in &due {
-            self.fired(key, now);
+            self.schedule.fired(key, now);
             self.key_timeout(key, now, None);
-            self.touched.push(key);
+            self.schedule.touch(key);
         }
-        due.clear();
-        if due.capacity() <= MAX_KEPT_DUE {
-            self.deadline_keys = due;
-        }
+        self.schedule.keep_deadline_keys(due);
         self.flush(now);
     }
 
-    /// Look at up to `max_keys` more of the current round's keys (`self.due`, from
-    /// `self.round_left`); finish the round once none is left. Return whether some are.
+    /// Look at up to `max_keys` more of the current round's keys; finish the round once
+    /// none is left. Return whether some are.
     fn round_slice(&mut self, now: Nanos, max_keys: usize) -> bool {
-        let Some((from, _)) = self.round_left else {
+        let Some((due, from, to)) = self.schedule.slice(max_keys) else {
             return false;
         };
-        let round = self.round;
-        let due = std::mem::take(&mut self.due);
-        let to = due.len().min(from.saturating_add(max_keys));
+        let round = self.schedule.round();
         // Keys touched before this slice (by a request taken in between) stay for the next
         // round, as between rounds.
-        let start = self.touched.len();
+        let start = self.schedule.touched_len();
         for &key in &due[from..to] {
-            let before = self.touched.len();
-            self.fired(key, now);
+            let before = self.schedule.touched_len();
+            self.schedule.fired(key, now);
             self.key_timeout(key, now, Some(round));
             // While its entries are at hand: a key's round touches no other key.
-            debug_assert!(self.touched[before..].iter().all(|&k| k == key));
-            self.schedule(key, round);
+            debug_assert!(self.schedule.touched_only(before, key));
+            self.after_round(key, round);
         }
         // What the next rounds must look at.
-        let mut touched = std::mem::take(&mut self.touched);
+        let mut touched = self.schedule.take_touched_list();
         for &key in &touched[start..] {
             if due.binary_search(&key).is_err() {
                 self.arm(key);
-                self.candidates.push(key);
+                self.schedule.candidate(key);
             }
         }
         touched.truncate(start);
-        self.touched = touched;
-        self.due = due;
-        if to < self.due.len() {
-            self.round_left = Some((to, now));
+        self.schedule.put_touched(touched);
+        if !self.schedule.end_slice(due, to, now, self.stats.rounds) {
             self.flush(now);
             return true;
         }
-        self.round_left = None;
-        self.rounds_done = self.stats.rounds;
         if round.is_multiple_of(IDLE_SWEEP_ROUNDS) {
             self.drop_idle_authorities(now);
         }
-        let due = std::mem::take(&mut self.due);
-        self.keep_due(due);
         self.round_work(now);
         self.flush(now);
         false
     }
 
-    /// Keep the emptied list of due keys for the next timeout, unless a burst grew it.
-    fn keep_due(&mut self, mut due: Vec<KeyRef>) {
-        due.clear();
-        if due.capacity() <= MAX_KEPT_DUE {
-            self.due = due;
-        }
-    }
-
     /// After `key`'s round: queue its next instant, and say when a round looks at it next
     /// (the next round, or its wake round if its holding is at rest).
-    fn schedule(&mut self, key: KeyRef, round: u64) {
+    fn after_round(&mut self, key: KeyRef, round: u64) {
         self.arm(key);
         let holding = self.holdings.get(&key);
         let busy_authority = self.authorities.get(&key).is_some_and(|a| a.has_waiters());
         match holding {
             Some(h) if h.at_rest(round) && !busy_authority => {
-                let fading = h.fading_rounds();
-                if fading > 0 {
-                    self.fading.push((round + fading, key));
-                }
                 let g = self.config.gossip_interval_ns;
-                self.wakes.push(Reverse((h.wake_round(round, g), key)));
+                self.schedule
+                    .rest(key, h.wake_round(round, g), h.fading_rounds());
             }
-            Some(_) => self.candidates.push(key),
-            None if busy_authority => self.candidates.push(key),
+            Some(_) => self.schedule.candidate(key),
+            None if busy_authority => self.schedule.candidate(key),
             None => {}
         }
     }
@@ -227,6 +162,7 @@ impl Node {
             .collect();
         for key in idle {
             self.authorities.remove(&key);
+            self.forget_if_gone(key);
         }
     }
 
@@ -255,13 +191,9 @@ impl Node {
             if h.should_ask(now) || tell || ended {
                 self.ask(key, now, refill);
             } else if round.is_some() && h.is_idle(now) {
-                let queued = h.queued_mut().take();
                 self.holdings.remove(&key);
                 self.cells.remove(&key);
-                // The key's queued instant moves to its authority with the entry it names.
-                if let Some(a) = self.authorities.get_mut(&key) {
-                    *a.queued_mut() = queued;
-                }
+                self.forget_if_gone(key);
             }
         }
         if self.authorities.contains_key(&key) {
@@ -270,7 +202,7 @@ impl Node {
             } else if let Some(a) = self.authorities.get_mut(&key) {
                 // Deadlines pass even while the authority may not grant: deny those, and look
                 // at the others again at the next round.
-                a.defer_wakes(self.next_tick);
+                a.defer_wakes(self.schedule.next_tick());
                 for (node, answer) in a.deny_overdue(now) {
                     self.answer(now, key, node, answer);
                 }
@@ -280,6 +212,7 @@ impl Node {
                 && a.is_idle(now)
             {
                 self.authorities.remove(&key);
+                self.forget_if_gone(key);
             }
         }
     }
@@ -317,15 +250,7 @@ impl Node {
         shrink_map(&mut self.holdings);
         shrink_map(&mut self.authorities);
         shrink_map(&mut self.backups);
-        if self.timers.capacity() > 1024 && self.timers.len() < self.timers.capacity() / 4 {
-            self.timers.shrink_to(self.timers.len() * 2);
-        }
-        if self.wakes.capacity() > 1024 && self.wakes.len() < self.wakes.capacity() / 4 {
-            self.wakes.shrink_to(self.wakes.len() * 2);
-        }
-        if self.fading.capacity() > 1024 && self.fading.len() < self.fading.capacity() / 4 {
-            self.fading.shrink_to(self.fading.len() * 2);
-        }
+        self.schedule.shrink();
         if self.dirty.capacity() > 1024 {
             self.dirty.shrink_to(1024);
         }
@@ -356,7 +281,7 @@ impl Node {
         self.dirty = dirty;
         // Backups of a live owner that stopped sending them, or of keys nobody would give
         // this node any more, are dropped.
-        let round = self.round;
+        let round = self.schedule.round();
         if round.is_multiple_of(64) {
             self.shrink();
         }
