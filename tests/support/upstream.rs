@@ -258,7 +258,7 @@ pub fn scripted_length_body() -> Vec<u8> {
 /// `/interim` (two 1xx answers before the final one), `/nocontent` (204), `/close`
 /// (HTTP/1.0, the body runs to the close), `/garbage` (not HTTP), `/two-lengths` (two
 /// different `Content-Length` values), `/cut` (the connection closes mid-body), `/bare-lf`
-/// (chunks whose lines end in a bare LF), `/brief` (`Keep-Alive: timeout=1`), `/drop` (the connection closes with no answer; counted in [`scripted_drops`]); a `HEAD` gets the
+/// (chunks whose lines end in a bare LF, which the node refuses), `/brief` (`Keep-Alive: timeout=1`), `/drop` (the connection closes with no answer; counted in [`scripted_drops`]); a `HEAD` gets the
 /// head alone. Returns its address and how many connections it accepted.
 pub async fn scripted() -> (SocketAddr, Arc<Mutex<usize>>, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -12,6 +12,12 @@
 //! `Content-Length` (every value the same), otherwise the body runs to the close. Interim
 //! 1xx answers are skipped. A connection is kept only after a complete HTTP/1.1 answer that
 //! did not ask to close, whose framing was unambiguous, with nothing unread after it.
+//!
+//! Where parsers may read one answer two ways, it is refused instead (the node reads no answer
+//! that hyper's client refuses: `h1/differential.rs`): a `Transfer-Encoding` in an HTTP/1.0
+//! answer, with a coding other than `chunked` or an empty element; in chunked framing, a line
+//! not ended by CRLF (a bare LF, or a CR elsewhere), blanks other than SP and HTAB before
+//! extensions, more than 8 KiB of extensions in one body or of trailer section.
 
 use std::future::Future;
 use std::io;
@@ -40,21 +46,25 @@ mod streamed;
 use streamed::State;
 pub(crate) use streamed::Streamed;
 #[cfg(test)]
-use streamed::chunk_size;
+use streamed::{chunk_size, trailer_section};
 
 /// How long a pooled connection may go unused before it is closed (the upstream's own
 /// `Keep-Alive: timeout` may make it shorter).
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// `Keep-Alive` (an HTTP/1.0-era field some upstreams still send with their idle timeout).
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-/// The most bytes an answer's head (or a chunked body's trailer section) may take.
+/// The most bytes an answer's head may take.
 const MAX_HEAD: usize = u16::MAX as usize;
+/// The most bytes a chunked body's trailer section may take.
+const MAX_TRAILERS: usize = 8 * 1024;
 /// The most header fields in an answer's head.
 const MAX_FIELDS: usize = 100;
 /// Room made in the read buffer before each read.
 const READ_ROOM: usize = 8 * 1024;
 /// The longest chunk-size line (with extensions) accepted.
 const MAX_CHUNK_LINE: usize = 1024;
+/// The most bytes of chunk extensions accepted in one body.
+const MAX_CHUNK_EXTENSIONS: usize = 8 * 1024;
 
 /// One kept-alive connection to an upstream.
 pub(crate) struct Conn {
@@ -278,6 +288,7 @@ pub(crate) async fn exchange<K: Keeper>(
                 _ => State::Close,
             },
             keep,
+            extensions: 0,
         }),
     };
     let (parts, ()) = response.into_parts();
@@ -503,7 +514,8 @@ struct Head {
 struct Facts {
     /// `Transfer-Encoding` is present; `Some(true)` when its last coding is `chunked`.
     chunked: Option<bool>,
-    /// A transfer coding other than `chunked` (which the node does not decode).
+    /// A transfer coding other than `chunked` (which the node does not decode), or an empty
+    /// element of the list.
     other_coding: bool,
     /// The `Content-Length` (every value the same); `Err` when they differ or one is invalid.
     length: Option<Result<u64, ()>>,
@@ -548,10 +560,12 @@ impl Facts {
                 .map(<[u8]>::trim_ascii)
                 .rfind(|token| !token.is_empty());
             self.chunked = Some(last.is_some_and(|last| last.eq_ignore_ascii_case(b"chunked")));
+            // An empty element too: some parsers skip it, others take it for the last coding
+            // (`chunked,` is then not chunked), so the body's end would be in doubt.
             self.other_coding |= value
                 .split(|&b| b == b',')
                 .map(<[u8]>::trim_ascii)
-                .any(|token| !token.is_empty() && !token.eq_ignore_ascii_case(b"chunked"));
+                .any(|token| !token.eq_ignore_ascii_case(b"chunked"));
         } else if name == KEEP_ALIVE {
             for parameter in value.split(|&b| b == b',') {
                 let Some((key, seconds)) = std::str::from_utf8(parameter)
@@ -731,6 +745,11 @@ fn framing(method: &Method, head: &Head) -> Result<(Framing, bool), Failure> {
     if *method == Method::CONNECT {
         return Ok((Framing::Close, false));
     }
+    // `Transfer-Encoding` in an HTTP/1.0 answer is faulty framing (RFC 9112 §6.1), which
+    // other parsers refuse: so does the node.
+    if facts.chunked.is_some() && head.version == Version::HTTP_10 {
+        return Err(Failure::Malformed);
+    }
     // A body in another transfer coding (`gzip, chunked`) could not be passed on as it is:
     // the coding is hop-by-hop, and the client would get the coded bytes unannounced.
     if facts.other_coding {
@@ -746,5 +765,7 @@ fn framing(method: &Method, head: &Head) -> Result<(Framing, bool), Failure> {
     }
 }
 
+#[cfg(test)]
+mod differential;
 #[cfg(test)]
 mod tests;

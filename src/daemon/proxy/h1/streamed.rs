@@ -12,7 +12,7 @@ use bytes::Buf;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use hyper::body::{Frame, SizeHint};
 
-use super::{Keeper, Link, MAX_CHUNK_LINE, MAX_HEAD};
+use super::{Keeper, Link, MAX_CHUNK_EXTENSIONS, MAX_CHUNK_LINE, MAX_TRAILERS};
 
 /// Where a streamed body's reading stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +50,8 @@ pub(crate) struct Streamed {
     pub(super) keeper: Arc<dyn Keeper>,
     pub(super) state: State,
     pub(super) keep: bool,
+    /// Bytes of chunk extensions read so far.
+    pub(super) extensions: usize,
 }
 
 impl Streamed {
@@ -94,15 +96,15 @@ impl Streamed {
                 Ok(Step::Frame(Frame::data(buf.split_to(take).freeze())))
             }
             State::DataEnd => {
-                // CRLF, or a bare LF (RFC 9112 §2.2), as on a chunk-size line.
-                let ending = match buf.first() {
+                // CRLF, as on a chunk-size line: a bare LF is not taken for a line's end in
+                // the chunked framing (other parsers refuse it).
+                match buf.first() {
                     None => return Ok(Step::More),
-                    Some(b'\n') => 1,
                     Some(b'\r') if buf.len() < 2 => return Ok(Step::More),
-                    Some(b'\r') if buf[1] == b'\n' => 2,
+                    Some(b'\r') if buf[1] == b'\n' => {}
                     Some(_) => return Err(self.fail("a chunk's data ran past its size")),
-                };
-                buf.advance(ending);
+                }
+                buf.advance(2);
                 self.state = State::Size;
                 Ok(Step::Continue)
             }
@@ -116,6 +118,14 @@ impl Streamed {
                 let Some(size) = chunk_size(&buf[..end]) else {
                     return Err(self.fail("a malformed chunk-size line"));
                 };
+                // Extensions are skipped, but there is no end of them in one body: the bytes
+                // after each `;` (to the CR) count towards a bound.
+                if let Some(at) = buf[..end].iter().position(|&b| b == b';') {
+                    self.extensions += end - at - 2;
+                    if self.extensions > MAX_CHUNK_EXTENSIONS {
+                        return Err(self.fail("the chunk extensions are too long"));
+                    }
+                }
                 buf.advance(end + 1);
                 self.state = if size == 0 {
                     State::Trailers
@@ -125,23 +135,23 @@ impl Streamed {
                 Ok(Step::Continue)
             }
             State::Trailers => {
-                // The empty line that ends the body: CRLF, or a bare LF.
-                match buf.first() {
-                    None => return Ok(Step::More),
-                    Some(b'\n') => {
-                        buf.advance(1);
-                        return Ok(Step::End);
+                // Lines that end in CRLF, up to an empty one: a bare CR or LF is refused, as
+                // on a chunk-size line.
+                let length = match trailer_section(&buf[..buf.len().min(MAX_TRAILERS)]) {
+                    Err(()) => return Err(self.fail("a malformed trailer section")),
+                    Ok(None) if buf.len() >= MAX_TRAILERS => {
+                        return Err(self.fail("the trailer section is too long"));
                     }
-                    Some(b'\r') if buf.len() < 2 => return Ok(Step::More),
-                    Some(b'\r') if buf[1] == b'\n' => {
+                    Ok(None) => return Ok(Step::More),
+                    Ok(Some(2)) => {
                         buf.advance(2);
                         return Ok(Step::End);
                     }
-                    Some(_) => {}
-                }
+                    Ok(Some(length)) => length,
+                };
                 let mut fields = [httparse::EMPTY_HEADER; 32];
-                match httparse::parse_headers(buf, &mut fields) {
-                    Ok(httparse::Status::Complete((length, fields))) => {
+                match httparse::parse_headers(&buf[..length], &mut fields) {
+                    Ok(httparse::Status::Complete((_, fields))) => {
                         let mut trailers = HeaderMap::with_capacity(fields.len());
                         for field in fields {
                             if let (Ok(name), Ok(value)) = (
@@ -155,29 +165,58 @@ impl Streamed {
                         self.state = State::Length(0);
                         Ok(Step::Frame(Frame::trailers(trailers)))
                     }
-                    Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-                        Err(self.fail("the trailer section is too long"))
+                    Ok(httparse::Status::Partial) | Err(_) => {
+                        Err(self.fail("a malformed trailer section"))
                     }
-                    Ok(httparse::Status::Partial) => Ok(Step::More),
-                    Err(_) => Err(self.fail("a malformed trailer section")),
                 }
             }
         }
     }
 }
 
-/// The size on a chunk-size line (without its LF): hexadecimal digits, then perhaps
-/// extensions after `;`.
+/// The length of the trailer section at the start of `buf` (its field lines and the empty
+/// line after them, every line ending in CRLF); `None` while it is incomplete, `Err` at a CR
+/// without its LF or an LF without its CR.
+pub(super) fn trailer_section(buf: &[u8]) -> Result<Option<usize>, ()> {
+    let mut line = 0;
+    loop {
+        let Some(at) = buf[line..].iter().position(|&b| b == b'\r' || b == b'\n') else {
+            return Ok(None);
+        };
+        let end = line + at;
+        match (buf[end], buf.get(end + 1)) {
+            (b'\r', None) => return Ok(None),
+            (b'\r', Some(b'\n')) => {}
+            _ => return Err(()),
+        }
+        if end == line {
+            return Ok(Some(end + 2));
+        }
+        line = end + 2;
+    }
+}
+
+/// The size on a chunk-size line (without its LF): hexadecimal digits, perhaps blanks (SP or
+/// HTAB), perhaps extensions after `;`, then the CR of its CRLF. A bare LF ending the line, or
+/// a CR anywhere else in it, is refused: other parsers end or split the line elsewhere.
 pub(super) fn chunk_size(line: &[u8]) -> Option<u64> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let line = line.strip_suffix(b"\r")?;
     let end = line
         .iter()
         .position(|b| !b.is_ascii_hexdigit())
         .unwrap_or(line.len());
     let (digits, rest) = line.split_at(end);
     // After the digits: nothing, or (after optional blanks) the extensions after `;`.
-    let rest = rest.trim_ascii_start();
-    if digits.is_empty() || digits.len() > 16 || !(rest.is_empty() || rest[0] == b';') {
+    let blanks = rest
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    let rest = &rest[blanks..];
+    if digits.is_empty()
+        || digits.len() > 16
+        || !(rest.is_empty() || rest[0] == b';')
+        || rest.contains(&b'\r')
+    {
         return None;
     }
     digits
