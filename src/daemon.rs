@@ -29,6 +29,9 @@ mod server;
 mod signals;
 mod telemetry;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use proxy::fuzz_head;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -150,6 +150,20 @@ pub mod rules;
 pub mod sim;
 mod sync;
 
+/// Entry points for fuzz targets (`fuzz/`, feature `fuzzing`): not part of the supported API,
+/// and changed as the fuzz targets need.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Parse `data` as an upstream's answer the way the reverse proxy's HTTP/1.1 client reads
+    /// one: its final head (interim 1xx heads skipped), the body framing that head gives, a
+    /// chunk-size line and a trailer section. Panics if a result breaks what the proxy relies
+    /// on (a hop-by-hop field handed on, a framing that contradicts the fields, ...).
+    pub fn h1_head(data: &[u8]) {
+        crate::daemon::fuzz_head(data);
+    }
+}
+
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub use clock::TokioClock;

@@ -16,6 +16,9 @@ mod h1;
 pub(crate) mod headers;
 mod pool;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use h1::fuzz_head;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

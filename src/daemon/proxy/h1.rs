@@ -767,5 +767,9 @@ fn framing(method: &Method, head: &Head) -> Result<(Framing, bool), Failure> {
 
 #[cfg(test)]
 mod differential;
+#[cfg(any(test, feature = "fuzzing"))]
+mod fuzz;
+#[cfg(feature = "fuzzing")]
+pub(crate) use fuzz::fuzz_head;
 #[cfg(test)]
 mod tests;
