@@ -150,7 +150,7 @@ pub mod rules;
 pub mod sim;
 mod sync;
 
-/// Entry points for fuzz targets (`fuzz/`, feature `fuzzing`): not part of the supported API,
+/// Entry points for fuzz targets (`tests/fuzz/`, feature `fuzzing`): not part of the supported API,
 /// and changed as the fuzz targets need.
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]

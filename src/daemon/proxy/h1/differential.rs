@@ -14,7 +14,8 @@
 //! hop-by-hop ones, those `Connection` names, and `Content-Length` beside a
 //! `Transfer-Encoding`: [`handed_on`]), the whole body and the trailers. Refusing more than
 //! hyper is allowed. The count of cases is `PROPTEST_CASES` (512 by default); a failing case
-//! is saved under `proptest-regressions/` and replayed first by later runs.
+//! is saved beside this file (`differential.proptest-regressions`) and replayed first by later
+//! runs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -278,7 +279,8 @@ async fn check(case: &Case) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// The configuration: `PROPTEST_CASES` or 256 cases, failures saved beside the sources.
+/// The configuration: `PROPTEST_CASES` or 512 cases, a failure saved beside this file
+/// (`differential.proptest-regressions`).
 fn config() -> Config {
     Config {
         cases: std::env::var("PROPTEST_CASES")
@@ -287,7 +289,7 @@ fn config() -> Config {
             .unwrap_or(512),
         source_file: Some(file!()),
         failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions"),
+            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
         )),
         ..Config::default()
     }

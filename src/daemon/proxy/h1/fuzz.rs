@@ -1,4 +1,4 @@
-//! The answer's head parser as a fuzzer drives it (`fuzz/fuzz_targets/h1_head.rs`, through
+//! The answer's head parser as a fuzzer drives it (`tests/fuzz/fuzz_targets/h1_head.rs`, through
 //! `ratemesh::fuzzing::h1_head` with the `fuzzing` feature), and a short run of it on stable
 //! Rust: seeded random and mutated inputs, from the differential test's answers.
 
