@@ -27,6 +27,9 @@ use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{Grant, KeyRef, Want};
 use crate::mesh::tally::Tally;
 use crate::policy::Policy;
+use demand::Demand;
+
+mod demand;
 
 /// How soon a holder asks again after a denial while requests still wait.
 const DENIED_RESEND_NS: Nanos = 2_000_000;
@@ -101,13 +104,12 @@ pub(crate) struct Holding {
     /// decided no earlier).
     want_at: Nanos,
     answered: u32,
-    /// Cost offered per round, exponentially averaged, in sixteenths.
-    demand: u32,
+    /// What the key asks for, round by round.
+    demand: Demand,
     used_at_tick: u64,
     /// The count of admissions last seen, and when it was first seen: the last admission
     /// it counts was no later ([`Want::spent_ago`]).
     used_seen: (u64, Nanos),
-    offered: u64,
     reported_used: u64,
     reported_round: u64,
     reported_demand: u32,
@@ -123,16 +125,9 @@ pub(crate) struct Holding {
     /// Reports of the same unconfirmed counts sent at rest (the holder stops waiting after
     /// [`CONFIRM_TRIES`]: an owner that never confirms, such as one of an earlier version).
     confirm_tries: u8,
-    idle_rounds: u32,
-    /// The last round with requests, and how many rounds before it the one before came
-    /// (`u64::MAX`: none).
-    busy_round: Option<u64>,
-    busy_gap: u64,
     /// Tell the authority at the next round: the key's owner changed (a new one learns
     /// this lease), or a lease closed as it arrived (its final count is due).
     report_due: bool,
-    /// The node's count of rounds at this holding's last round (see [`Holding::catch_up`]).
-    rounds: u64,
     /// Kept at least until then (a holding that admitted a request on credit): the node
     /// takes a key's credit again only once it forgot the key.
     keep_until: Nanos,
@@ -169,10 +164,9 @@ impl Holding {
             denied_cost: 0,
             want_at: 0,
             answered: 0,
-            demand: 0,
+            demand: Demand::default(),
             used_at_tick: 0,
             used_seen: (0, 0),
-            offered: 0,
             reported_used: 0,
             reported_round: 0,
             reported_demand: 0,
@@ -182,11 +176,7 @@ impl Holding {
             sent: (0, (0, 0)),
             confirmed: (0, 0),
             confirm_tries: 0,
-            idle_rounds: 0,
-            busy_round: None,
-            busy_gap: u64::MAX,
             report_due: false,
-            rounds: 0,
             keep_until: 0,
             rank: RankMemo::default(),
         }
@@ -221,47 +211,29 @@ impl Holding {
         let used = self.used();
         self.waiting.is_empty()
             && self.reserve == 0
-            && self.offered == 0
+            && self.demand.offered() == 0
             && self.reported_demand == 0
             && (self.closed || self.cell.remaining() == 0)
             && used == self.used_at_tick
             && (used == self.reported_used || self.spent_out_at(0))
             && self.previous_used.is_none()
             && !(self.report_due && self.granted > 0)
-            && self.demand_fades_unreported(round)
+            && self.demand.fades_unreported(
+                round,
+                self.reported_round.saturating_add(self.report_every()),
+            )
     }
 
     /// Return the rounds with nothing offered after which the demand is 0.
     pub(crate) fn fading_rounds(&self) -> u64 {
-        let mut demand = self.demand;
-        let mut rounds = 0;
-        while demand > 0 {
-            demand = fade(demand);
-            rounds += 1;
-        }
-        rounds
-    }
-
-    /// The demand is 0, or fades to 0 over the rounds after `round` with nothing offered
-    /// before any of those rounds reports it, or asks for a refill (see [`Holding::tick`]).
-    fn demand_fades_unreported(&self, round: u64) -> bool {
-        if self.demand == 0 {
-            return true;
-        }
-        if self.busy_gap <= u64::from(IDLE_ROUNDS) {
-            return false;
-        }
-        // The rounds after `round` but the last of them leave some demand: a report of it
-        // would come due in the last of those.
-        let fading = self.fading_rounds();
-        fading == 1 || round + fading - 1 < self.reported_round.saturating_add(self.report_every())
+        self.demand.fading_rounds()
     }
 
     /// Return the first round at which a holding at rest after round `round` may be
     /// forgotten ([`Holding::is_idle`]; rounds are `interval` ns long): its idle rounds are
     /// enough and its times have passed. Before, its rounds change nothing but the idle count.
     pub(crate) fn wake_round(&self, round: u64, interval: Nanos) -> u64 {
-        let idle = round + u64::from(IDLE_ROUNDS.saturating_sub(self.idle_rounds)).max(1);
+        let idle = round + self.demand.idle_rounds_left().max(1);
         let at = self
             .denied_until
             .max(self.keep_until)
@@ -280,37 +252,19 @@ impl Holding {
 
     /// Start counting rounds from the node's count `rounds` (a new holding).
     pub(crate) fn count_rounds_from(&mut self, rounds: u64) {
-        self.rounds = rounds;
+        self.demand.count_rounds_from(rounds);
     }
 
     /// The node runs its round number `rounds` (its count) for this holding: the rounds it
     /// skipped since the holding's last, all at rest, were idle rounds.
     pub(crate) fn catch_up(&mut self, rounds: u64) {
-        self.skip_rounds(rounds.saturating_sub(self.rounds).saturating_sub(1));
-        self.rounds = rounds;
+        self.demand.catch_up(rounds);
     }
 
     /// The node ran its rounds up to its count `rounds`, and this holding was not looked at
     /// since its last: count them (all at rest) before anything reads the demand.
     pub(crate) fn catch_up_to(&mut self, rounds: u64) {
-        if rounds > self.rounds {
-            self.skip_rounds(rounds - self.rounds);
-            self.rounds = rounds;
-        }
-    }
-
-    /// `skipped` rounds at rest: idle, the demand fading as a round with nothing offered
-    /// fades it.
-    fn skip_rounds(&mut self, skipped: u64) {
-        self.idle_rounds = self
-            .idle_rounds
-            .saturating_add(u32::try_from(skipped).unwrap_or(u32::MAX));
-        for _ in 0..skipped {
-            if self.demand == 0 {
-                break;
-            }
-            self.demand = fade(self.demand);
-        }
+        self.demand.catch_up_to(rounds);
     }
 
     /// Return the lease cell the request path uses.
@@ -338,7 +292,7 @@ impl Holding {
     /// demand here reports as before, so the authority's view of what it could recall
     /// stays fresh). A bucket's authority needs to hear of spending to refill.
     fn spent_out(&self) -> bool {
-        self.spent_out_at(self.demand)
+        self.spent_out_at(self.demand.level())
     }
 
     /// [`Holding::spent_out`] once the demand is `demand`.
@@ -452,11 +406,11 @@ impl Holding {
                 Err(Miss::Short { .. } | Miss::Expired) => {}
             }
             if now < self.denied_until && cost >= self.denied_cost {
-                self.offered += cost;
+                self.demand.offer(cost);
                 return Slow::Decided(self.denied(now, self.denied_until - now));
             }
         }
-        self.offered += cost;
+        self.demand.offer(cost);
         if !self.closed {
             self.reserve += self.cell.withdraw(u64::MAX);
         }
@@ -524,7 +478,7 @@ impl Holding {
         self.reported_used = used;
         self.reported_round = round;
         self.report_due = false;
-        self.reported_demand = self.demand;
+        self.reported_demand = self.demand.level();
         self.sent = (self.want_seq, self.counts(used));
         Want {
             key: self.key,
@@ -539,7 +493,7 @@ impl Holding {
             smallest: self.waiting.iter().map(|w| w.cost).min().unwrap_or(0),
             seq: self.want_seq,
             refill,
-            demand: self.demand,
+            demand: self.demand.level(),
             spent_ago: now.saturating_sub(self.used_seen.1),
             previous_used: self.previous_used,
             holding: self.id,
@@ -598,7 +552,8 @@ impl Holding {
                     .then_some(self.closed_used);
                 // What the old lease admitted since the last round still counts toward the
                 // demand; the new lease's count starts at 0.
-                self.offered += self.closed_used.saturating_sub(self.used_at_tick);
+                self.demand
+                    .offer(self.closed_used.saturating_sub(self.used_at_tick));
                 self.used_at_tick = 0;
                 // The authority's record of the new window starts at 0 too.
                 self.reported_used = 0;
@@ -782,47 +737,29 @@ impl Holding {
         let used = self.see_used(now);
         let spent = used.saturating_sub(self.used_at_tick);
         // More than one token asked for this round (spent, or asked for on the slow path).
-        let several = spent.max(self.offered) > 1;
-        let offered = spent + self.offered + self.waiting.iter().map(|w| w.cost).sum::<u64>();
-        self.offered = 0;
+        let waiting = self.waiting.iter().map(|w| w.cost).sum::<u64>();
+        let several = self.demand.round(round, spent, waiting);
         // A closed lease's final count was counted when it was spent: it is no new demand.
         self.used_at_tick = used;
-        let sample = u32::try_from(offered.saturating_mul(16)).unwrap_or(u32::MAX);
-        self.demand = if offered == 0 {
-            fade(self.demand)
-        } else {
-            self.demand - self.demand.div_ceil(8) + sample / 8
-        };
-        if offered > 0 {
-            self.busy_gap = self
-                .busy_round
-                .map_or(u64::MAX, |last| round.saturating_sub(last));
-            self.busy_round = Some(round);
-        }
-        self.idle_rounds = if offered == 0 {
-            self.idle_rounds + 1
-        } else {
-            0
-        };
         let mut tell = self.final_due(was_closed);
-        if self.idle_rounds >= IDLE_ROUNDS && self.give_back(0) > 0 {
+        if self.demand.idle_rounds() >= IDLE_ROUNDS && self.give_back(0) > 0 {
             tell = true;
         }
         let unspent = self.unspent();
-        let per_round = u64::from(self.demand).div_ceil(16);
+        let per_round = self.demand.per_round();
         // Only while requests come: a key quiet for `IDLE_ROUNDS` gives its lease back, and
         // refilling it then would only be given back again. And not for a lone request (one
         // token in a round, none in the `IDLE_ROUNDS` before: a sparse key's usual request,
         // in a holding made for it), which would give most of a lease fetched ahead back
         // unspent, at the cost of a want, a grant and a return.
-        let refill = self.demand > 0
-            && (several || self.busy_gap <= u64::from(IDLE_ROUNDS))
-            && self.idle_rounds < IDLE_ROUNDS
+        let refill = self.demand.level() > 0
+            && (several || self.demand.busy())
+            && self.demand.idle_rounds() < IDLE_ROUNDS
             && self.waiting.is_empty()
             && now >= self.denied_until
             && unspent * 2 < per_round * SHORT_LEASE_ROUNDS;
         let changed = (used != self.reported_used && !self.spent_out())
-            || self.demand.abs_diff(self.reported_demand) > self.reported_demand / 2;
+            || self.demand.level().abs_diff(self.reported_demand) > self.reported_demand / 2;
         if changed && round >= self.reported_round + self.report_every() {
             tell = true;
         }
@@ -834,7 +771,7 @@ impl Holding {
         }
         // Counts at rest that the authority has not confirmed: told again until it does (or
         // until the holder stops waiting).
-        if self.idle_rounds > 0
+        if self.demand.idle_rounds() > 0
             && self.unconfirmed()
             && round >= self.reported_round + REPORT_ROUNDS
         {
@@ -871,8 +808,8 @@ impl Holding {
     pub(crate) fn is_idle(&self, now: Nanos) -> bool {
         now >= self.counted_until()
             && self.waiting.is_empty()
-            && self.demand == 0
-            && self.idle_rounds >= IDLE_ROUNDS
+            && self.demand.level() == 0
+            && self.demand.idle_rounds() >= IDLE_ROUNDS
             && now >= self.denied_until
             && now >= self.keep_until
             && (self.closed || self.cell.remaining() == 0)
@@ -886,13 +823,6 @@ impl Holding {
         self.report_due = true;
         self.want_sent_at = None;
     }
-}
-
-/// The demand (sixteenths of a token per round, averaged) after a round with nothing
-/// offered. `div_ceil`: it reaches 0 (a floor would stop at 7); below 2 it is 0.
-fn fade(demand: u32) -> u32 {
-    let faded = demand - demand.div_ceil(8);
-    if faded < 2 { 0 } else { faded }
 }
 
 #[cfg(test)]

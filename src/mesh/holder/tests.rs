@@ -298,7 +298,7 @@ fn a_closed_lease_is_no_new_demand() {
         h.expire_now(now);
         let (_, refill) = h.tick(now, 501 + r, true);
         refills += u32::from(refill && now > 11 * S);
-        demands.push(h.demand);
+        demands.push(h.demand.level());
     }
     assert_eq!(refills, 0, "{demands:?}");
 }
@@ -326,12 +326,12 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
     assert_eq!(ticked, (false, false));
     let (mut skipped, _) = lone(1);
     // Demand is left, but it fades out before a report of it is due: at rest.
-    assert!(skipped.demand > 0 && skipped.fading_rounds() > 1);
+    assert!(skipped.demand.level() > 0 && skipped.fading_rounds() > 1);
     assert!(skipped.at_rest(501));
     // Asked again one round later (a recall, say): it reports what round-by-round would.
     each.catch_up(2);
     assert_eq!(each.tick(at(502), 502, true), (false, false));
-    assert!(each.demand > 0);
+    assert!(each.demand.level() > 0);
     skipped.catch_up_to(2);
     let round_by_round = each.want(at(502) + 1, 502, false, 1);
     assert_eq!(skipped.want(at(502) + 1, 502, false, 1), round_by_round);
@@ -347,14 +347,14 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
     }
     skipped.catch_up(12);
     each.catch_up(12);
-    assert_eq!(skipped.demand, 0);
+    assert_eq!(skipped.demand.level(), 0);
     assert_eq!(
-        (skipped.demand, skipped.idle_rounds),
-        (each.demand, each.idle_rounds)
+        (skipped.demand.level(), skipped.demand.idle_rounds()),
+        (each.demand.level(), each.demand.idle_rounds())
     );
     // A larger request's demand is still there when its report comes due: not at rest
     // (its rounds report it).
     let (big, _) = lone(40);
-    assert!(big.demand > 0);
+    assert!(big.demand.level() > 0);
     assert!(!big.at_rest(501));
 }
