@@ -165,9 +165,6 @@ pub struct NetStats {
     /// not cover them (the mesh's other holders may have the rest of the limit: the node's
     /// share would admit on top of it).
     pub late: AtomicU64,
-    /// Requests for new keys while the node holds `max_keys`, decided by its share alone
-    /// (the node counts those it meets itself in its own stats).
-    pub overflow: AtomicU64,
 }
 
 /// A request the lease could not decide, on its way to the node.
@@ -196,9 +193,6 @@ pub(crate) struct Shared {
     cells: Arc<Cells>,
     /// Wakes the driver when the request path gave the node something to send.
     wake: tokio::sync::Notify,
-    running: AtomicBool,
-    /// The node has joined its cluster.
-    joined: AtomicBool,
     closed: AtomicBool,
     clock: SystemClock,
     stats: NetStats,
@@ -206,10 +200,7 @@ pub(crate) struct Shared {
     refusals: Refusals,
     /// Requests for the driver to take to the node.
     intros: mpsc::Sender<Intro>,
-    /// The configured members (the share of a request decided alone), as of the last flush.
-    members: std::sync::atomic::AtomicUsize,
-    /// The node's key cap and longest wait (fixed at start).
-    max_keys: usize,
+    /// The node's longest wait (fixed at start).
     max_wait_ns: u64,
 }
 
@@ -218,9 +209,14 @@ impl Shared {
     /// `overflow` of [`NetStats`]).
     fn alone(&self, counter: &AtomicU64, policy: u32, key: u64, cost: u64, now: u64) -> Decision {
         counter.fetch_add(1, Ordering::Relaxed);
-        let members = self.members.load(Ordering::Relaxed);
-        self.cells
-            .overflow_decide(policy, key, cost, now, members, self.max_keys)
+        self.cells.overflow_decide(
+            policy,
+            key,
+            cost,
+            now,
+            self.cells.members(),
+            self.cells.max_keys(),
+        )
     }
 
     /// Decide a request the node cannot take in time (its queue is full, or the request
@@ -315,7 +311,6 @@ impl MeshNet {
     pub async fn start(config: NetConfig) -> Result<MeshNet, NetError> {
         let clock = SystemClock::new();
         let node = Node::new(config.node.clone(), clock.now_ns())?;
-        let joined = node.is_joined();
         let bind_error = |source| NetError::Bind {
             addr: config.listen,
             source,
@@ -330,7 +325,6 @@ impl MeshNet {
         .map_err(bind_error)?;
         endpoint.set_default_client_config(config.tls.client.clone());
         let (intros, intro_receiver) = mpsc::channel(INTRO_QUEUE);
-        let members = node.membership().configured();
         let shared = Arc::new(Shared {
             cells: node.cells(),
             inner: Mutex::new(Inner {
@@ -340,15 +334,11 @@ impl MeshNet {
                 heard: HashMap::new(),
             }),
             wake: tokio::sync::Notify::new(),
-            running: AtomicBool::new(false),
-            joined: AtomicBool::new(joined),
             closed: AtomicBool::new(false),
             clock,
             stats: NetStats::default(),
             refusals: Refusals::default(),
             intros,
-            members: std::sync::atomic::AtomicUsize::new(members),
-            max_keys: config.node.max_keys,
             max_wait_ns: config.node.max_wait_ns,
         });
         let (inputs, receiver) = mpsc::unbounded_channel();
@@ -458,12 +448,17 @@ impl MeshNet {
     /// Tell whether the node has joined its cluster (before, it decides by
     /// `while_joining` and owns no key).
     pub fn is_joined(&self) -> bool {
-        self.shared.joined.load(Ordering::Acquire)
+        self.shared.cells.is_joined()
+    }
+
+    /// The node's admission front: its lease cells and what it publishes of itself.
+    pub(crate) fn cells(&self) -> &Cells {
+        &self.shared.cells
     }
 
     /// Tell whether the node has recovered its state and admits.
     pub fn is_running(&self) -> bool {
-        self.shared.running.load(Ordering::Acquire)
+        self.shared.cells.is_running()
     }
 
     /// Return the transport's counters.
@@ -508,12 +503,8 @@ impl MeshNet {
     pub fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
         let shared = &*self.shared;
         let now = shared.clock.now_ns();
-        if let Some(d) = shared.cells.decide(policy, key, cost, now) {
-            return MeshDecision::Ready(Some(d));
-        }
-        if shared.cells.len() >= shared.max_keys && !shared.cells.contains(policy, key) {
-            // Beyond the key cap: no need to ask the node.
-            let d = shared.alone(&shared.stats.overflow, policy, key, cost, now);
+        // By the key's lease, or beyond the key cap by the node's share: no need to ask it.
+        if let Some(d) = shared.cells.admit(policy, key, cost, now) {
             return MeshDecision::Ready(Some(d));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();

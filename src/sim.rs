@@ -1,4 +1,4 @@
-//! A deterministic simulator of a ratemesh cluster: N [`Node`]s in virtual time, driven by a
+//! A deterministic simulator of a ratemesh cluster: N [`Node`](crate::mesh::Node)s in virtual time, driven by a
 //! seeded RNG, over links with latency, jitter (reordering), loss and duplication, with
 //! partitions and heals, per-node clock skew, crashes and restarts. The nodes hand each
 //! other their encoded frames, as a transport does; the gossip bytes count their lengths.
@@ -147,7 +147,7 @@ pub struct SimConfig {
     /// ([`NodeConfig::first_credit`]).
     pub first_credit: u64,
     /// Split each node's rounds into slices of this many keys, with what arrives meanwhile
-    /// taken in between, as `ratemesh node` does ([`Node::handle_timeout_within`]); 0: each
+    /// taken in between, as `ratemesh node` does ([`Node::handle_timeout_within`](crate::mesh::Node::handle_timeout_within)); 0: each
     /// round in one go.
     pub round_slice_keys: usize,
 }

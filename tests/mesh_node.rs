@@ -395,7 +395,7 @@ fn keys_beyond_the_cap_are_held_to_the_nodes_share_without_gossip() {
         "{} authorities",
         c.node(1).authority_count()
     );
-    assert_eq!(c.node(1).stats().overflow, 100);
+    assert_eq!(c.node(1).cells().overflowed(), 100);
     assert_eq!(c.admitted[1], 200, "denied {:?}", c.denied);
     // One overflowing key sent 1000 times: node 1's share (half of the limit) and no more.
     let before = c.admitted[1];

@@ -76,7 +76,7 @@ impl Exporter {
             .absolute(node_stats.timeouts + load(&net.late));
         metrics::counter!("ratemesh_mesh_grants_total").absolute(node_stats.grants);
         metrics::counter!("ratemesh_mesh_overflow_decisions_total")
-            .absolute(node_stats.overflow + load(&net.overflow));
+            .absolute(mesh.cells().overflowed());
         metrics::counter!("ratemesh_mesh_shed_decisions_total").absolute(load(&net.shed));
         metrics::counter!("ratemesh_mesh_takeovers_total").absolute(node_stats.promotions);
         metrics::counter!("ratemesh_mesh_handoffs_total", "direction" => "sent")

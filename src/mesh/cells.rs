@@ -10,7 +10,7 @@
 //! decided by this node alone at its share of the limit, in a local store per policy, with
 //! no lock wider than the local store's shard.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
@@ -63,13 +63,24 @@ pub enum Behind {
     Unheld,
 }
 
-/// The lease cells of one node, by key.
+/// A node's admission front: the lease cells of its keys, which the request path decides
+/// on without the node ([`Cells::admit`]), the keys beyond the node's cap decided by its
+/// share alone, and what the node tells the request path of itself (running, joined, its
+/// cluster's size). The node owns it and alone writes it; a transport reads it.
 #[derive(Debug)]
 pub struct Cells {
     map: DashMap<KeyRef, Arc<LeaseCell>, ahash::RandomState>,
     policies: Vec<Limits>,
     /// Per policy, the keys decided by this node's share alone (made at the first such key).
     overflow: Vec<OnceLock<Store<u64>>>,
+    /// The most keys the node holds leases for (its `max_keys`).
+    max_keys: usize,
+    /// Requests for keys beyond `max_keys`, decided by the node's share alone.
+    overflowed: AtomicU64,
+    /// What the node published at its last call.
+    running: AtomicBool,
+    joined: AtomicBool,
+    members: AtomicUsize,
 }
 
 /// What the request path needs of a policy; its limit and rate change live
@@ -84,9 +95,15 @@ struct Limits {
 }
 
 impl Cells {
-    /// An empty map for the cluster's `policies` (all of a kind the mesh shares).
-    pub fn new(policies: Vec<(Policy, MeshKind)>) -> Self {
+    /// An empty map for the cluster's `policies` (all of a kind the mesh shares), for a
+    /// node that holds leases for at most `max_keys` keys.
+    pub fn new(policies: Vec<(Policy, MeshKind)>, max_keys: usize) -> Self {
         Cells {
+            max_keys: max_keys.max(1),
+            overflowed: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+            joined: AtomicBool::new(false),
+            members: AtomicUsize::new(1),
             map: DashMap::with_hasher(ahash::RandomState::new()),
             overflow: policies.iter().map(|_| OnceLock::new()).collect(),
             policies: policies
@@ -99,6 +116,66 @@ impl Cells {
                 })
                 .collect(),
         }
+    }
+
+    /// Decide a request at the front, without the node: by the key's lease if it covers it
+    /// ([`Cells::decide`]), or by the node's share alone for a new key while the node holds
+    /// its most keys (counted: [`Cells::overflowed`]). `None`: the node must decide it.
+    pub fn admit(&self, policy: u32, key: u64, cost: u64, now: Nanos) -> Option<Decision> {
+        if let Some(d) = self.decide(policy, key, cost, now) {
+            return Some(d);
+        }
+        if self.is_full(policy, key) {
+            return Some(self.overflow(policy, key, cost, now));
+        }
+        None
+    }
+
+    /// Tell whether `key` is a new key while the node holds its most keys.
+    pub(crate) fn is_full(&self, policy: u32, key: u64) -> bool {
+        self.map.len() >= self.max_keys && !self.contains(policy, key)
+    }
+
+    /// Decide a request for a key beyond the node's cap by its share alone, counted
+    /// ([`Cells::overflowed`]).
+    pub(crate) fn overflow(&self, policy: u32, key: u64, cost: u64, now: Nanos) -> Decision {
+        self.overflowed.fetch_add(1, Ordering::Relaxed);
+        let members = self.members();
+        self.overflow_decide(policy, key, cost, now, members, self.max_keys)
+    }
+
+    /// Return how many requests for keys beyond the node's cap were decided by its share.
+    pub fn overflowed(&self) -> u64 {
+        self.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// The node's cap on the keys it holds leases for.
+    pub(crate) fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Publish the node's state to the request path (the node's own call, after each of
+    /// its calls): whether it runs, whether it joined, its cluster's configured size.
+    pub(crate) fn publish(&self, running: bool, joined: bool, members: usize) {
+        self.running.store(running, Ordering::Release);
+        self.joined.store(joined, Ordering::Release);
+        self.members.store(members.max(1), Ordering::Relaxed);
+    }
+
+    /// Tell whether the node has recovered its state and admits (as last published).
+    pub(crate) fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Tell whether the node has joined its cluster (as last published).
+    pub(crate) fn is_joined(&self) -> bool {
+        self.joined.load(Ordering::Acquire)
+    }
+
+    /// The node's configured cluster size (as last published): the share of a request
+    /// decided alone is `1 / members` of the limit.
+    pub(crate) fn members(&self) -> usize {
+        self.members.load(Ordering::Relaxed)
     }
 
     /// Return policy number `policy`'s limit (its capacity), 0 for no such policy.
@@ -227,7 +304,7 @@ mod tests {
 
     fn cells() -> Cells {
         let policy = Policy::fixed_window(30, std::time::Duration::from_secs(1)).unwrap();
-        Cells::new(vec![(policy, MeshKind::FixedWindow)])
+        Cells::new(vec![(policy, MeshKind::FixedWindow)], 1_000_000)
     }
 
     #[test]

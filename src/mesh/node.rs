@@ -24,7 +24,7 @@
 //! A starting node asks every peer for what it should hold (its authorities, its backups)
 //! and creates no new authority until each peer answered or was declared dead.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::clock::Nanos;
@@ -40,6 +40,7 @@ use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
 use crate::mesh::outbox::{Outbox, Transmit};
 use crate::policy::Policy;
 use schedule::Schedule;
+use transfers::Transfers;
 
 mod config;
 mod deferred;
@@ -52,6 +53,7 @@ mod owner;
 mod recovery;
 mod rounds;
 mod schedule;
+mod transfers;
 
 pub use config::{DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, MeshError, NodeConfig, WhileJoining};
 pub use inspect::LeaseState;
@@ -136,8 +138,6 @@ pub struct NodeStats {
     pub handoffs_received: u64,
     /// Backups sent.
     pub backups_sent: u64,
-    /// Requests for keys beyond `max_keys`, decided by the node's share alone.
-    pub overflow: u64,
     /// Grants and recalls dropped because they were sent to this node's earlier run.
     pub to_earlier_run: u64,
     /// Changes of the limits a policy is enforced with (reloads, peers' differing limits).
@@ -241,27 +241,11 @@ pub struct Node {
     local_depth: u8,
     /// Authorities changed since their last backup (each flagged too: see `mark_dirty`).
     dirty: Vec<KeyRef>,
-    /// Peers whose answer to this node's start the node waits for.
-    sync_waiting: BTreeSet<NodeId>,
-    /// The incarnation of each peer whose start this node answered.
-    answered_sync: FixedMap<NodeId, u64>,
-    /// How many times each peer had declared this node dead when it last checked.
-    deaths_seen: BTreeMap<NodeId, u32>,
-    /// Keys whose authority this node keeps for an owner that does not answer yet
-    /// ([`Node::hand_off`]): looked at again every round.
-    held: Vec<KeyRef>,
-    /// Members that left lately, and until when (local time) their handoffs are awaited: a
-    /// key one of them ranked above this node for gets no authority made here meanwhile.
-    departed: Vec<(NodeId, Nanos)>,
-    /// Keys this node owns whose authority it handed to the peer that had declared it dead,
-    /// to merge and hand back: no fresh authority is made for them meanwhile.
-    returning: FixedMap<KeyRef, NodeId>,
+    /// Whose start answer the node waits for, whose it answered, the authorities it keeps
+    /// or awaits, and whether a peer declared it dead.
+    transfers: Transfers,
     /// Holders' reports kept for keys this node owns while their authority is not here.
     deferred: deferred::Deferred,
-    /// When this node last learned that a peer declared it dead (local time), until every
-    /// member it counts alive has echoed one of its frames sent since: until then, a member
-    /// that still counts it dead may own and grant its keys, and it grants nothing.
-    declared_dead_at: Option<Nanos>,
     running: bool,
     membership_version: u64,
     /// The node's rounds, and when each key needs the node next.
@@ -325,8 +309,8 @@ impl Node {
         let mut membership =
             Membership::new(config.id, incarnation, &config.seeds, dead_after, now);
         membership.set_configured(config.cluster_size);
-        let sync_waiting: BTreeSet<NodeId> = membership.peers().keys().copied().collect();
-        let running = sync_waiting.is_empty() && !config.joins;
+        let transfers = Transfers::new(membership.peers().keys().copied());
+        let running = transfers.synced() && !config.joins;
         membership.set_syncing(!running);
         membership.set_digest(config.digest);
         let cells = Arc::new(Cells::new(
@@ -336,6 +320,7 @@ impl Node {
                 .copied()
                 .zip(kinds.iter().copied())
                 .collect(),
+            config.max_keys,
         ));
         let g = config.gossip_interval_ns;
         let mut node = Node {
@@ -358,14 +343,8 @@ impl Node {
             dirty: Vec::new(),
             running,
             schedule: Schedule::new(now, g),
-            sync_waiting,
-            answered_sync: FixedMap::default(),
-            deaths_seen: BTreeMap::new(),
-            held: Vec::new(),
-            departed: Vec::new(),
-            returning: FixedMap::default(),
+            transfers,
             deferred: deferred::Deferred::default(),
-            declared_dead_at: None,
             join: join::Join::new(&config, now),
             limits: limits::Limits::new(config.policies.clone()),
             config,
@@ -444,23 +423,6 @@ impl Node {
         ))
     }
 
-    /// Decide a request for a key beyond `max_keys` (a flood of new keys, or more keys in
-    /// use than the node is sized for): this node's share of the limit, with no gossip; the
-    /// cluster then admits at most the limit for such a key, and may deny a key whose
-    /// traffic leans on one node.
-    fn overflow_decide(&mut self, key: KeyRef, cost: u64, now: Nanos) -> Decision {
-        self.stats.overflow += 1;
-        let members = self.membership.configured();
-        self.cells.overflow_decide(
-            key.policy,
-            key.key,
-            cost,
-            now,
-            members,
-            self.config.max_keys,
-        )
-    }
-
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
         if !self.holdings.contains_key(&key) {
             let (policy, kind) = self.policy(key.policy)?;
@@ -489,8 +451,12 @@ impl Node {
         if !self.join.joined() {
             return Admit::Now(self.joining_decide(kr, p, cost, now));
         }
-        if self.holdings.len() >= self.config.max_keys && !self.holdings.contains_key(&kr) {
-            return Admit::Now(self.overflow_decide(kr, cost, now));
+        // A key beyond `max_keys` (a flood of new keys, or more keys in use than the node is
+        // sized for): this node's share of the limit, with no gossip; the cluster then admits
+        // at most the limit for such a key, and may deny a key whose traffic leans on one
+        // node.
+        if self.cells.is_full(policy, key) {
+            return Admit::Now(self.cells.overflow(policy, key, cost, now));
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -703,6 +669,11 @@ impl Node {
     }
 
     fn flush(&mut self, now: Nanos) {
+        self.cells.publish(
+            self.running,
+            self.join.joined(),
+            self.membership.configured(),
+        );
         let touched = self.schedule.take_touched();
         for &key in &touched {
             self.arm(key);

@@ -445,7 +445,7 @@ impl Driver {
     }
 
     fn flush(&mut self) {
-        let (transmits, events, running, joined) = {
+        let (transmits, events) = {
             let mut inner = self.shared.inner.lock();
             let mut transmits = Vec::new();
             while let Some(t) = inner.node.poll_transmit() {
@@ -473,14 +473,8 @@ impl Driver {
                     e => events.push((e, None)),
                 }
             }
-            let node = &inner.node;
-            self.shared
-                .members
-                .store(node.membership().configured(), Ordering::Relaxed);
-            (transmits, events, node.is_running(), node.is_joined())
+            (transmits, events)
         };
-        self.shared.running.store(running, Ordering::Release);
-        self.shared.joined.store(joined, Ordering::Release);
         for (event, addr) in events {
             self.event(event, addr);
         }

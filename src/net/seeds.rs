@@ -64,7 +64,7 @@ pub(crate) async fn resolve_loop(
         if inputs.send(Input::Seeds { addrs, complete }).is_err() {
             return;
         }
-        let joined = shared.joined.load(Ordering::Acquire);
+        let joined = shared.cells.is_joined();
         let wait = if joined {
             refresh
         } else {

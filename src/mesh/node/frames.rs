@@ -48,7 +48,7 @@ impl Node {
         // about the leases of this node's earlier run.
         let to_earlier_run = frame.header.to_incarnation != 0
             && frame.header.to_incarnation != self.membership.incarnation();
-        if frame.header.syncing && self.answered_sync.get(&from) != Some(&incarnation) {
+        if frame.header.syncing && !self.transfers.has_answered(from, incarnation) {
             self.answer_sync(now, from, incarnation);
         }
         for item in frame.items {
@@ -122,7 +122,7 @@ impl Node {
                     }
                 }
                 Item::SyncDone => {
-                    self.sync_waiting.remove(&from);
+                    self.transfers.answered_by(from);
                     self.join_answered(now, from);
                     self.finish_sync();
                 }

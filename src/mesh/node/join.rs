@@ -98,7 +98,7 @@ impl Node {
     /// Start a cluster of its own at `now`, if the node is still joining with no member to
     /// wait for (its seeds resolved to itself alone, or to nothing).
     pub fn start_alone(&mut self, now: Nanos) {
-        if !self.join.joined && !self.has_configured_peers() && self.sync_waiting.is_empty() {
+        if !self.join.joined && !self.has_configured_peers() && self.transfers.synced() {
             self.become_joined(now);
         }
     }

@@ -36,7 +36,7 @@ impl Node {
         if kept.is_some() {
             return true;
         }
-        if !self.running || self.returning.contains_key(&key) {
+        if !self.running || self.transfers.is_returning(key) {
             // Recovering, or the key's authority is on its way back: a fresh one would count
             // the window from zero again.
             return false;
@@ -121,7 +121,7 @@ impl Node {
     /// first frame on, and hands over the keys this node owns at once, so once each has
     /// echoed a later frame, none of them still grants this node's keys.
     pub(super) fn heard_back(&self) -> bool {
-        let Some(since) = self.declared_dead_at else {
+        let Some(since) = self.transfers.declared_dead_at() else {
             return true;
         };
         self.membership

@@ -18,8 +18,8 @@ impl Node {
     /// again or learns that it is gone (the membership changes, and it is handed on).
     pub(super) fn hand_off(&mut self, now: Nanos, key: KeyRef, to: NodeId) {
         if !self.membership.is_responsive(to, now) {
-            if self.authorities.contains_key(&key) && !self.held.contains(&key) {
-                self.held.push(key);
+            if self.authorities.contains_key(&key) {
+                self.transfers.hold(key);
             }
             return;
         }
@@ -51,7 +51,7 @@ impl Node {
             return;
         };
         self.backups.remove(&key);
-        self.returning.remove(&key);
+        self.transfers.returned(key);
         let incoming = Authority::from_state(&state, policy, kind, offset, now)
             .with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
@@ -83,11 +83,12 @@ impl Node {
     /// member whose authority would be idle by now says nothing is coming: it dropped
     /// the authority too.
     pub(super) fn awaits_handoff(&self, key: KeyRef, now: Nanos) -> bool {
-        if self.departed.is_empty() {
+        let departed = self.transfers.departed_members();
+        if departed.is_empty() {
             return false;
         }
         let mine = weight(key.key, self.config.id);
-        self.departed.iter().any(|&(p, due)| {
+        departed.iter().any(|&(p, due)| {
             if due <= now || weight(key.key, p) < mine {
                 return false;
             }
@@ -105,7 +106,7 @@ impl Node {
     /// Hand on the authorities kept for owners that did not answer ([`Node::hand_off`]),
     /// those that answer now; keep those this node owns now.
     pub(super) fn retry_held(&mut self, now: Nanos) {
-        for key in std::mem::take(&mut self.held) {
+        for key in self.transfers.take_held() {
             let owner = self.rightful_owner(key.key, now);
             if owner != self.config.id {
                 self.hand_off(now, key, owner);
@@ -148,12 +149,9 @@ impl Node {
         let Some(deaths) = self.membership.peer(from).map(|p| p.my_deaths) else {
             return;
         };
-        let seen = self.deaths_seen.entry(from).or_insert(0);
-        if deaths <= *seen {
+        if !self.transfers.declared_dead(from, deaths, now) {
             return;
         }
-        *seen = deaths;
-        self.declared_dead_at = Some(now);
         let keys: Vec<KeyRef> = self
             .authorities
             .keys()
@@ -162,14 +160,14 @@ impl Node {
             .collect();
         for key in keys {
             self.hand_off(now, key, from);
-            self.returning.insert(key, from);
+            self.transfers.returning(key, from);
         }
     }
 
     /// Send a starting peer what it should hold: the authorities it owns, the backups of the
     /// keys it would take over.
     pub(super) fn answer_sync(&mut self, now: Nanos, to: NodeId, incarnation: u64) {
-        self.answered_sync.insert(to, incarnation);
+        self.transfers.answer(to, incarnation);
         // The members it should know first (a joining node learns its cluster here).
         self.send_members(to, true);
         let owned: Vec<KeyRef> = self
@@ -205,7 +203,7 @@ impl Node {
     }
 
     pub(super) fn finish_sync(&mut self) {
-        if !self.running && self.sync_waiting.is_empty() && self.join.joined() {
+        if !self.running && self.transfers.synced() && self.join.joined() {
             self.running = true;
             self.membership.set_syncing(false);
             self.events.push_back(Event::Recovered);
@@ -232,15 +230,13 @@ impl Node {
                         // take a backup over or make an authority afresh.
                         let wait = (self.config.max_wait_ns / 2)
                             .min(self.config.dead_after_rounds * self.config.gossip_interval_ns);
-                        self.departed.retain(|&(q, due)| q != p && due > now);
-                        self.departed.push((p, now.saturating_add(wait)));
+                        self.transfers.departed(p, now, now.saturating_add(wait));
                     }
                     for a in self.authorities.values_mut() {
                         a.forget_holder(p);
                     }
-                    self.sync_waiting.remove(&p);
                     // What it was to hand back is lost with it.
-                    self.returning.retain(|_, to| *to != p);
+                    self.transfers.peer_gone(p);
                 }
                 Change::Up(p) | Change::Learned(p) => {
                     self.events.push_back(if matches!(change, Change::Up(_)) {
@@ -250,25 +246,20 @@ impl Node {
                     });
                     // A joining node waits for every member it learns of before it owns keys.
                     if !self.join.joined() {
-                        self.sync_waiting.insert(p);
+                        self.transfers.await_answer(p);
                     }
                 }
                 Change::Suspected(p) => self.events.push_back(Event::PeerSuspected(p)),
                 Change::Forgotten(p) => {
                     self.events.push_back(Event::PeerForgotten(p));
-                    self.sync_waiting.remove(&p);
-                    self.answered_sync.remove(&p);
-                    self.deaths_seen.remove(&p);
-                    self.returning.retain(|_, to| *to != p);
+                    self.transfers.peer_forgotten(p);
                 }
                 Change::Restarted(p) => {
                     self.events.push_back(Event::PeerRestarted(p));
                     for a in self.authorities.values_mut() {
                         a.forget_holder(p);
                     }
-                    self.answered_sync.remove(&p);
-                    self.deaths_seen.remove(&p);
-                    self.returning.retain(|_, to| *to != p);
+                    self.transfers.peer_restarted(p);
                 }
             }
         }

@@ -68,12 +68,10 @@ impl Node {
             // Leases whose requests waited at the leave, served or denied since.
             self.give_back_all(now);
         }
-        if !self.held.is_empty() {
+        if self.transfers.holds_any() {
             self.retry_held(now);
         }
-        if !self.departed.is_empty() {
-            self.departed.retain(|&(_, due)| due > now);
-        }
+        self.transfers.expire_departed(now);
         // The keys due now, and those the round must look at.
         self.schedule
             .plan_round(now, previous_round, Node::busy(&self.authorities));
@@ -295,11 +293,11 @@ impl Node {
             });
             // This node owns such a key again only once the peer holding it is gone, which
             // ends the wait anyway.
-            self.returning
-                .retain(|k, _| membership.owner_and_successor(k.key).0 == me);
+            self.transfers
+                .keep_returning(|k| membership.owner_and_successor(k.key).0 == me);
         }
-        if self.declared_dead_at.is_some() && self.heard_back() {
-            self.declared_dead_at = None;
+        if self.transfers.declared_dead_at().is_some() && self.heard_back() {
+            self.transfers.heard_back();
         }
         self.spread_members(round);
         self.limits_round();
