@@ -452,7 +452,7 @@ impl MeshNet {
     }
 
     /// The node's admission front: its lease cells and what it publishes of itself.
-    pub(crate) fn cells(&self) -> &Cells {
+    pub fn cells(&self) -> &Cells {
         &self.shared.cells
     }
 

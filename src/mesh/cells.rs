@@ -150,7 +150,7 @@ impl Cells {
     }
 
     /// The node's cap on the keys it holds leases for.
-    pub(crate) fn max_keys(&self) -> usize {
+    pub fn max_keys(&self) -> usize {
         self.max_keys
     }
 
@@ -163,18 +163,18 @@ impl Cells {
     }
 
     /// Tell whether the node has recovered its state and admits (as last published).
-    pub(crate) fn is_running(&self) -> bool {
+    pub fn is_running(&self) -> bool {
         self.running.load(Ordering::Acquire)
     }
 
     /// Tell whether the node has joined its cluster (as last published).
-    pub(crate) fn is_joined(&self) -> bool {
+    pub fn is_joined(&self) -> bool {
         self.joined.load(Ordering::Acquire)
     }
 
     /// The node's configured cluster size (as last published): the share of a request
     /// decided alone is `1 / members` of the limit.
-    pub(crate) fn members(&self) -> usize {
+    pub fn members(&self) -> usize {
         self.members.load(Ordering::Relaxed)
     }
 
