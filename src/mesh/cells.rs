@@ -70,6 +70,9 @@ pub enum Behind {
 #[derive(Debug)]
 pub struct Cells {
     map: DashMap<KeyRef, Arc<LeaseCell>, ahash::RandomState>,
+    /// How many cells `map` holds (kept beside it: a `DashMap`'s own count reads every
+    /// shard).
+    count: AtomicUsize,
     policies: Vec<Limits>,
     /// Per policy, the keys decided by this node's share alone (made at the first such key).
     overflow: Vec<OnceLock<Store<u64>>>,
@@ -105,6 +108,7 @@ impl Cells {
             joined: AtomicBool::new(false),
             members: AtomicUsize::new(1),
             map: DashMap::with_hasher(ahash::RandomState::new()),
+            count: AtomicUsize::new(0),
             overflow: policies.iter().map(|_| OnceLock::new()).collect(),
             policies: policies
                 .into_iter()
@@ -132,8 +136,9 @@ impl Cells {
     }
 
     /// Tell whether `key` is a new key while the node holds its most keys.
+    #[inline]
     pub(crate) fn is_full(&self, policy: u32, key: u64) -> bool {
-        self.map.len() >= self.max_keys && !self.contains(policy, key)
+        self.len() >= self.max_keys && !self.contains(policy, key)
     }
 
     /// Decide a request for a key beyond the node's cap by its share alone, counted
@@ -174,6 +179,7 @@ impl Cells {
 
     /// The node's configured cluster size (as last published): the share of a request
     /// decided alone is `1 / members` of the limit.
+    #[inline]
     pub fn members(&self) -> usize {
         self.members.load(Ordering::Relaxed)
     }
@@ -268,13 +274,14 @@ impl Cells {
     }
 
     /// Return the number of cells.
+    #[inline]
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.count.load(Ordering::Relaxed)
     }
 
     /// Tell whether there are no cells.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len() == 0
     }
 
     /// Tell whether the node holds a lease cell for `key` under policy `policy`.
@@ -284,17 +291,21 @@ impl Cells {
 
     /// Give back the memory of a map that a burst of keys grew and that is now mostly empty.
     pub(crate) fn shrink(&self) {
-        if self.map.capacity() > 1024 && self.map.len() < self.map.capacity() / 4 {
+        if self.map.capacity() > 1024 && self.len() < self.map.capacity() / 4 {
             self.map.shrink_to_fit();
         }
     }
 
     pub(crate) fn insert(&self, key: KeyRef, cell: Arc<LeaseCell>) {
-        self.map.insert(key, cell);
+        if self.map.insert(key, cell).is_none() {
+            self.count.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn remove(&self, key: &KeyRef) {
-        self.map.remove(key);
+        if self.map.remove(key).is_some() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 

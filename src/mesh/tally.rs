@@ -28,6 +28,7 @@ pub struct Tally {
 
 impl Tally {
     /// Tokens leased and not reported spent or given back.
+    #[inline]
     pub fn unspent(&self) -> u64 {
         self.granted
             .saturating_sub(self.returned)
@@ -35,11 +36,13 @@ impl Tally {
     }
 
     /// Tokens that moved between the holding and the authority: granted plus given back.
+    #[inline]
     pub fn traffic(&self) -> u64 {
         self.granted.saturating_add(self.returned)
     }
 
     /// What this tally counts beyond `other` of the same holding: `(granted, returned)`.
+    #[inline]
     pub fn beyond(&self, other: &Tally) -> (u64, u64) {
         (
             self.granted.saturating_sub(other.granted),
@@ -55,6 +58,7 @@ impl CvRDT for Tally {
         Ok(())
     }
 
+    #[inline]
     fn merge(&mut self, other: Self) {
         self.granted = self.granted.max(other.granted);
         self.returned = self.returned.max(other.returned);

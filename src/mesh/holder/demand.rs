@@ -38,26 +38,31 @@ impl Default for Demand {
 
 impl Demand {
     /// The demand, in sixteenths of a token per round.
+    #[inline]
     pub(super) fn level(&self) -> u32 {
         self.level
     }
 
     /// Tokens per round the demand asks for (rounded up).
+    #[inline]
     pub(super) fn per_round(&self) -> u64 {
         u64::from(self.level).div_ceil(16)
     }
 
     /// Cost offered since the last round, beyond the lease's count.
+    #[inline]
     pub(super) fn offered(&self) -> u64 {
         self.offered
     }
 
     /// Rounds in a row with nothing offered.
+    #[inline]
     pub(super) fn idle_rounds(&self) -> u32 {
         self.idle_rounds
     }
 
     /// Requests came less than [`IDLE_ROUNDS`] rounds apart lately (not a lone request).
+    #[inline]
     pub(super) fn busy(&self) -> bool {
         self.busy_gap <= u64::from(IDLE_ROUNDS)
     }

@@ -10,6 +10,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::collections::hash_map::Entry;
 
 use crate::clock::Nanos;
 use crate::mesh::keymap::FixedMap;
@@ -73,6 +74,7 @@ impl Schedule {
 
     /// When the node must be called again, at the latest: at once while a round is split
     /// over several calls, else the next round or the earliest timer.
+    #[inline]
     pub(super) fn next_timeout(&self) -> Nanos {
         if let Some((_, at)) = self.round_left {
             return at;
@@ -84,16 +86,19 @@ impl Schedule {
     }
 
     /// The current round's number.
+    #[inline]
     pub(super) fn round(&self) -> u64 {
         self.round
     }
 
     /// When the next round begins.
+    #[inline]
     pub(super) fn next_tick(&self) -> Nanos {
         self.next_tick
     }
 
     /// The count of rounds whose look at the keys is done.
+    #[inline]
     pub(super) fn rounds_done(&self) -> u64 {
         self.rounds_done
     }
@@ -114,6 +119,7 @@ impl Schedule {
     }
 
     /// Note that `key` changed in this call.
+    #[inline]
     pub(super) fn touch(&mut self, key: KeyRef) {
         self.touched.push(key);
     }
@@ -121,29 +127,35 @@ impl Schedule {
     /// Queue `at`, the next instant `key` needs the node (`None`: none), unless it is the
     /// one queued already.
     pub(super) fn arm(&mut self, key: KeyRef, at: Option<Nanos>) {
-        if self.queued.get(&key).copied() == at {
-            return;
-        }
-        match at {
-            Some(at) => {
-                self.queued.insert(key, at);
+        match (self.queued.entry(key), at) {
+            (Entry::Occupied(e), Some(at)) if *e.get() == at => {}
+            (Entry::Occupied(mut e), Some(at)) => {
+                e.insert(at);
                 self.timers.push(Reverse((at, key)));
             }
-            None => {
-                self.queued.remove(&key);
+            (Entry::Vacant(e), Some(at)) => {
+                e.insert(at);
+                self.timers.push(Reverse((at, key)));
             }
+            (Entry::Occupied(e), None) => {
+                e.remove();
+            }
+            (Entry::Vacant(_), None) => {}
         }
     }
 
     /// Tell whether the timers' entry `(at, key)` is the instant queued for `key`.
+    #[inline]
     fn is_queued(&self, at: Nanos, key: KeyRef) -> bool {
         self.queued.get(&key) == Some(&at)
     }
 
     /// `key`'s queued instant, up to `now`, has been taken from the timers.
     pub(super) fn fired(&mut self, key: KeyRef, now: Nanos) {
-        if self.queued.get(&key).is_some_and(|&q| q <= now) {
-            self.queued.remove(&key);
+        if let Entry::Occupied(e) = self.queued.entry(key)
+            && *e.get() <= now
+        {
+            e.remove();
         }
     }
 
@@ -277,6 +289,7 @@ impl Schedule {
     }
 
     /// The next round looks at `key`.
+    #[inline]
     pub(super) fn candidate(&mut self, key: KeyRef) {
         self.candidates.push(key);
     }
