@@ -135,10 +135,6 @@ pub fn transport_config() -> Arc<quinn::TransportConfig> {
 pub struct NetStats {
     /// Connections whose handshake failed or whose certificate names no member.
     pub refused: AtomicU64,
-    /// Frames the node refused (malformed, out of range).
-    pub frames_dropped: AtomicU64,
-    /// Frames received.
-    pub frames_received: AtomicU64,
     /// Datagrams sent.
     pub datagrams_sent: AtomicU64,
     /// Streams (snapshots) sent.

@@ -309,7 +309,7 @@ async fn another_cas_node_is_refused_and_changes_nothing() {
     })
     .await;
     // ...and nothing it could send reached the node.
-    assert_eq!(nodes[0].stats().frames_dropped.load(Ordering::Relaxed), 0);
+    assert_eq!(nodes[0].with_node(|n| n.stats().frames_dropped), 0);
     assert!(nodes[0].with_node(|n| n.members().iter().all(|(id, _)| *id != 4)));
     for n in nodes {
         n.shutdown().await;

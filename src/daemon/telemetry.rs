@@ -91,9 +91,9 @@ impl Exporter {
         metrics::counter!("ratemesh_gossip_held_back_items_total")
             .absolute(node_stats.gossip_held_back);
         metrics::counter!("ratemesh_gossip_messages_received_total")
-            .absolute(load(&net.frames_received));
+            .absolute(node_stats.frames_received);
         metrics::counter!("ratemesh_gossip_dropped_frames_total", "reason" => "invalid")
-            .absolute(load(&net.frames_dropped));
+            .absolute(node_stats.frames_dropped);
         metrics::counter!("ratemesh_gossip_dropped_frames_total", "reason" => "no_connection")
             .absolute(load(&net.unroutable));
         metrics::counter!("ratemesh_gossip_dropped_frames_total", "reason" => "reliable_lost")

@@ -184,14 +184,10 @@ impl Driver {
                     inner.heard.insert(from, Instant::now());
                     inner.node.handle_frame(now, from, &bytes)
                 };
-                let counter = match &result {
-                    Ok(()) => &self.shared.stats.frames_received,
-                    Err(error) => {
-                        tracing::debug!(peer = from, %error, "frame dropped");
-                        &self.shared.stats.frames_dropped
-                    }
-                };
-                counter.fetch_add(1, Ordering::Relaxed);
+                // The node counts what it received and refused (`NodeStats`).
+                if let Err(error) = &result {
+                    tracing::debug!(peer = from, %error, "frame dropped");
+                }
                 if let Some(state) = self.dials.get_mut(&from)
                     && state.failures > 0
                 {
