@@ -149,6 +149,8 @@ pub mod rules;
 #[cfg_attr(docsrs, doc(cfg(feature = "mesh")))]
 pub mod sim;
 mod sync;
+#[cfg(all(test, feature = "mesh"))]
+mod testing;
 
 /// Entry points for fuzz targets (`tests/fuzz/`, feature `fuzzing`): not part of the supported API,
 /// and changed as the fuzz targets need.

@@ -10,9 +10,9 @@
 //!
 //! Sans-IO throughout (no sockets, no clock): [`Node`] is the per-node state machine; a
 //! transport feeds it frames and timer ticks and sends what it returns ([`Transmit`]).
-//! [`message`] is what travels between nodes, [`wire`] the only parser of peer bytes
-//! ([`decode_frame`] adds the checks against the cluster's policies), [`tally`] a
-//! holding's grow-only counts (a CRDT).
+//! The frames between nodes (`message`), their codec and checks (`wire`, the only parser of
+//! peer bytes) and a holding's grow-only counts (`tally`, a CRDT) are private: the wire is
+//! described in `docs/operations.md`, and a refused frame is a typed [`FrameError`].
 //!
 //! Inside (private modules, for readers of the source): `membership` (liveness, ownership,
 //! headers), `timing` (peers' clock offsets), `holder` (a key's lease and waiting requests
@@ -26,22 +26,23 @@ pub(crate) mod holder;
 pub(crate) mod keymap;
 pub(crate) mod lease;
 pub(crate) mod membership;
-pub mod message;
+pub(crate) mod message;
 pub(crate) mod node;
 pub(crate) mod outbox;
-pub mod tally;
+pub(crate) mod tally;
 pub(crate) mod timing;
-pub mod wire;
+pub(crate) mod wire;
 
 pub use authority::MeshKind;
 pub use cells::{Behind, Cells};
 pub use lease::{LeaseCell, Miss};
 pub use membership::weight as rendezvous_weight;
 pub use node::{
-    Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event, LeaseState, MeshError, Node, NodeConfig,
-    NodeStats, WhileJoining,
+    Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event, LeaseState, Leased, Leases, MeshError, Node,
+    NodeConfig, NodeStats, WhileJoining,
 };
 pub use outbox::Transmit;
-pub use wire::check::{FrameError, decode as decode_frame};
+pub use wire::WireError;
+pub use wire::check::FrameError;
 
 pub use crate::ids::{KeyHasher, NodeId};

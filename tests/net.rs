@@ -258,10 +258,11 @@ async fn a_keys_first_request_on_credit_is_admitted_and_counted_by_its_owner() {
     let holder = other as u64 + 1;
     wait_until("the owner to count the credited request", || {
         nodes[o].with_node(|n| {
-            n.authority_state(0, k).is_some_and(|a| {
-                a.holders
+            n.leases(0, k).is_some_and(|leases| {
+                leases
+                    .holdings
                     .iter()
-                    .any(|h| h.node == holder && h.tally.granted >= 2)
+                    .any(|l| l.node == holder && l.granted >= 2)
             })
         })
     })
@@ -328,22 +329,24 @@ async fn the_owners_crash_costs_at_most_its_lease_with_an_hour_long_window() {
     // What the owner leased itself that its successor has not heard of is the crash's
     // declared cost, with what it holds unspent.
     let granted_to_itself = |n: &ratemesh::mesh::Node| {
-        n.authority_state(0, key).map_or(0, |a| {
+        n.leases(0, key).map_or(0, |leases| {
             let me = n.id();
-            a.holders
+            leases
+                .holdings
                 .iter()
-                .filter(|h| h.node == me)
-                .map(|h| h.tally.granted)
+                .filter(|l| l.node == me)
+                .map(|l| l.granted)
                 .sum::<u64>()
         })
     };
     let dead_id = dead as u64 + 1;
     let backed = |n: &ratemesh::mesh::Node| {
-        n.backup(0, key).map_or(0, |b| {
-            b.holders
+        n.backed_up_leases(0, key).map_or(0, |leases| {
+            leases
+                .holdings
                 .iter()
-                .filter(|h| h.node == dead_id)
-                .map(|h| h.tally.granted)
+                .filter(|l| l.node == dead_id)
+                .map(|l| l.granted)
                 .sum::<u64>()
         })
     };
@@ -377,7 +380,7 @@ async fn the_owners_crash_costs_at_most_its_lease_with_an_hour_long_window() {
     assert!(
         nodes
             .iter()
-            .any(|n| n.with_node(|n| n.authority_state(0, key).is_some()))
+            .any(|n| n.with_node(|n| n.leases(0, key).is_some()))
     );
     for n in nodes {
         n.shutdown().await;
@@ -500,7 +503,7 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
     // (only the successor keeps one).
     let backup = nodes[..2]
         .iter()
-        .find_map(|n| n.with_node(|n| n.backup(0, keys[0]).cloned()));
+        .find_map(|n| n.with_node(|n| n.backed_up_leases(0, keys[0])));
     // Cut node 3 off from nodes 1 and 2 (both directions).
     for ((i, j), relay) in &relays {
         if *i == 2 || *j == 2 {
@@ -525,25 +528,22 @@ async fn a_partition_stays_within_the_declared_bound_and_heals() {
     // whose authority stayed on the cut-off side, what that authority leased in its window
     // that the backup the other side took over from did not show; for the other key, 0.
     let authority = nodes[2]
-        .with_node(|n| n.authority_state(0, keys[0]))
+        .with_node(|n| n.leases(0, keys[0]))
         .expect("node 3 keeps the authority of the key it owns");
     let backup = backup.filter(|b| b.window == authority.window);
     let unbacked: u64 = authority
-        .holders
+        .holdings
         .iter()
         .map(|h| {
             let backed = backup
                 .as_ref()
                 .and_then(|b| {
-                    b.holders.iter().find(|r| {
+                    b.holdings.iter().find(|r| {
                         (r.node, r.incarnation, r.holding) == (h.node, h.incarnation, h.holding)
                     })
                 })
-                .map_or(0, |r| r.tally.granted.saturating_sub(r.tally.returned));
-            h.tally
-                .granted
-                .saturating_sub(h.tally.returned)
-                .saturating_sub(backed)
+                .map_or(0, |r| r.held());
+            h.held().saturating_sub(backed)
         })
         .sum();
     eprintln!(

@@ -14,56 +14,56 @@ use crate::mesh::tally::Tally;
 
 /// One frame from a peer.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub struct Frame {
+pub(crate) struct Frame {
     /// Who sends, when, and what it heard of the receiver.
-    pub header: Header,
+    pub(crate) header: Header,
     /// What the frame carries (none: a heartbeat).
-    pub items: Vec<Item>,
+    pub(crate) items: Vec<Item>,
 }
 
 /// The sender's identity and clock, and what it last heard from the receiver.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Encode, Decode)]
-pub struct Header {
+pub(crate) struct Header {
     /// The sender's incarnation (chosen at start): a new value means it restarted and lost
     /// its state.
-    pub incarnation: u64,
+    pub(crate) incarnation: u64,
     /// The receiver's incarnation as the sender knows it (0: not known yet). Grants and
     /// recalls in a frame addressed to an earlier run of the receiver are about that run's
     /// leases, not this one's: the receiver drops them.
-    pub to_incarnation: u64,
+    pub(crate) to_incarnation: u64,
     /// The sender's clock when it sent this frame, in ns.
-    pub sent_at: u64,
+    pub(crate) sent_at: u64,
     /// The `sent_at` of the newest frame the sender received from the receiver (0: none).
-    pub echo: u64,
+    pub(crate) echo: u64,
     /// Nanoseconds the sender held that frame before sending this one.
-    pub held: u64,
+    pub(crate) held: u64,
     /// How many times the sender declared the receiver dead (the receiver learns from it that
     /// its authorities may have been taken over).
-    pub your_deaths: u32,
+    pub(crate) your_deaths: u32,
     /// The sender is starting and asks for everything the receiver holds that it should hold
     /// itself (authorities it owns, backups it keeps).
-    pub syncing: bool,
+    pub(crate) syncing: bool,
     /// The sender is leaving the cluster for good (a drain): drop it from the membership now.
-    pub leaving: bool,
+    pub(crate) leaving: bool,
     /// The members the sender counts as dead (at most [`MAX_DEAD_LISTED`], sorted); `None`
     /// when it counts more. A key's owner grants only while its successor's view, so told,
     /// names it the owner too.
-    pub dead: Option<Vec<u64>>,
+    pub(crate) dead: Option<Vec<u64>>,
     /// A digest of the sender's mesh policies, `key_secret` and `env`. A
     /// receiver whose own differs reports the mismatch, and each tells the other its limits
     /// ([`Item::Limits`]) so that the lowest of each policy's limits applies while they differ.
-    pub digest: u64,
+    pub(crate) digest: u64,
     /// How far behind the sender itself runs (its lag score, 0 to 8): a receiver waits half
     /// of `dead_after` longer per point before it declares the sender dead.
-    pub lag: u8,
+    pub(crate) lag: u8,
 }
 
 /// The most dead members a header lists (beyond, it lists none and says so).
-pub const MAX_DEAD_LISTED: usize = 32;
+pub(crate) const MAX_DEAD_LISTED: usize = 32;
 
 /// One thing a frame carries, about one key of one mesh policy.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub enum Item {
+pub(crate) enum Item {
     /// From a node that uses the key to the key's authority: its lease and what it needs.
     Want(Want),
     /// From the authority: the lease granted to the receiver (or a denial).
@@ -101,47 +101,47 @@ pub enum Item {
 }
 
 /// The most policies one [`Item::Limits`] lists.
-pub const MAX_POLICIES_ANNOUNCED: usize = 256;
+pub(crate) const MAX_POLICIES_ANNOUNCED: usize = 256;
 
 /// One mesh policy as a sender enforces it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
-pub struct PolicyLimits {
+pub(crate) struct PolicyLimits {
     /// The algorithm (`1` token bucket, `2` GCRA, `3` fixed window, `4` sliding window).
-    pub algorithm: u8,
+    pub(crate) algorithm: u8,
     /// The limit of a window, the burst of a bucket.
-    pub capacity: u64,
+    pub(crate) capacity: u64,
     /// Nanoseconds per token (a bucket's rate).
-    pub interval_ns: u64,
+    pub(crate) interval_ns: u64,
     /// The window, or a bucket's time to refill from empty.
-    pub window_ns: u64,
+    pub(crate) window_ns: u64,
 }
 
 /// The most members one [`Item::Members`] lists.
-pub const MAX_MEMBERS_PER_ITEM: usize = 32;
+pub(crate) const MAX_MEMBERS_PER_ITEM: usize = 32;
 
 /// The longest contact address a [`Member`] carries, in bytes.
-pub const MAX_ADDR_BYTES: usize = 64;
+pub(crate) const MAX_ADDR_BYTES: usize = 64;
 
 /// One member as the sender knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub struct Member {
+pub(crate) struct Member {
     /// Its id (from its certificate).
-    pub id: u64,
+    pub(crate) id: u64,
     /// Its incarnation (0: the sender has not heard it yet).
-    pub incarnation: u64,
+    pub(crate) incarnation: u64,
     /// Its liveness counter within the incarnation: a member that hears it is suspected
     /// refutes with a higher one.
-    pub seq: u32,
+    pub(crate) seq: u32,
     /// What the sender thinks of it.
-    pub state: MemberState,
+    pub(crate) state: MemberState,
     /// Where the sender reaches it (a socket address as text; empty: unknown). Opaque to the
     /// mesh; at most [`MAX_ADDR_BYTES`].
-    pub addr: Vec<u8>,
+    pub(crate) addr: Vec<u8>,
 }
 
 /// A member's state as a sender tells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
-pub enum MemberState {
+pub(crate) enum MemberState {
     /// Heard recently.
     Alive,
     /// Silent for a while: it should refute if it is alive.
@@ -154,118 +154,118 @@ pub enum MemberState {
 
 /// A key of a mesh policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Encode, Decode)]
-pub struct KeyRef {
+pub(crate) struct KeyRef {
     /// The policy's index in the cluster's policy list.
-    pub policy: u32,
+    pub(crate) policy: u32,
     /// The key's stable 64-bit hash.
-    pub key: u64,
+    pub(crate) key: u64,
 }
 
 /// A holder's lease as it stands, with what it asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
-pub struct Want {
+pub(crate) struct Want {
     /// The key.
-    pub key: KeyRef,
+    pub(crate) key: KeyRef,
     /// The window the counts are for (windows; 0 for buckets and before any grant).
-    pub window: u64,
+    pub(crate) window: u64,
     /// What the sender was granted, gave back and admitted for `window` so far.
-    pub tally: Tally,
+    pub(crate) tally: Tally,
     /// The lease of `window` ended: `used` is the sender's final count of that window.
-    pub closed: bool,
+    pub(crate) closed: bool,
     /// Tokens the sender needs now for requests that wait.
-    pub need: u64,
+    pub(crate) need: u64,
     /// The cost of the cheapest request that waits (what a denial's retry time is for).
-    pub smallest: u64,
+    pub(crate) smallest: u64,
     /// Numbers the sender's wants; a grant says which one it answers.
-    pub seq: u32,
+    pub(crate) seq: u32,
     /// The sender would like a longer lease (its lease runs low); with `need` 0 and this
     /// false, the item is a report only.
-    pub refill: bool,
+    pub(crate) refill: bool,
     /// The sender's demand: cost offered per gossip round, in sixteenths.
-    pub demand: u32,
+    pub(crate) demand: u32,
     /// Nanoseconds, on the sender's clock, between its last admission counted in `used`
     /// and this want (at least; 0 when not known). A bucket's authority learns from it that
     /// those tokens were spent at least that long before the want arrived, and refills from
     /// then on what it held back for them.
-    pub spent_ago: u64,
+    pub(crate) spent_ago: u64,
     /// The sender's final count of the window before `window` (windows), until the
     /// authority has it.
-    pub previous_used: Option<u64>,
+    pub(crate) previous_used: Option<u64>,
     /// Which of the sender's holdings of the key the counts are for: a holding forgotten
     /// while idle and made again later starts its counts afresh, under a larger number.
-    pub holding: u64,
+    pub(crate) holding: u64,
 }
 
 /// The authority's answer to a holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
-pub struct Grant {
+pub(crate) struct Grant {
     /// The key.
-    pub key: KeyRef,
+    pub(crate) key: KeyRef,
     /// The window the lease is for (windows; 0 for buckets).
-    pub window: u64,
+    pub(crate) window: u64,
     /// Tokens granted to the receiver for `window` so far (cumulative).
-    pub granted: u64,
+    pub(crate) granted: u64,
     /// When `window` ends on the authority's clock, in ns (windows; 0 for buckets).
-    pub ends_at: u64,
+    pub(crate) ends_at: u64,
     /// Not 0: what the receiver needs cannot be had now; requests that do not fit are denied
     /// and may be retried after this many ns.
-    pub retry_after: u64,
+    pub(crate) retry_after: u64,
     /// Tokens the authority is recalling from other holders for the receiver: waiting
     /// requests that fit in them keep waiting (the others are denied when `retry_after` is
     /// set).
-    pub more_coming: u64,
+    pub(crate) more_coming: u64,
     /// The newest want of the receiver's the authority had seen (a denial answering an
     /// older one, duplicated or delayed, is ignored).
-    pub answers: u32,
+    pub(crate) answers: u32,
     /// The receiver's holding the counts are for (see [`Want::holding`]): another holding's
     /// grant is ignored.
-    pub holding: u64,
+    pub(crate) holding: u64,
 }
 
 /// The per-holder record of an authority.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
-pub struct HolderRecord {
+pub(crate) struct HolderRecord {
     /// The holder.
-    pub node: NodeId,
+    pub(crate) node: NodeId,
     /// The holder's incarnation when the record was made.
-    pub incarnation: u64,
+    pub(crate) incarnation: u64,
     /// The holder's holding the counts are for ([`Want::holding`]).
-    pub holding: u64,
+    pub(crate) holding: u64,
     /// What the holding was granted, gave back and reported used in the current window.
-    pub tally: Tally,
+    pub(crate) tally: Tally,
     /// Demand in sixteenths of a token per round.
-    pub demand: u32,
+    pub(crate) demand: u32,
     /// What the holder held in the previous window (granted − returned), for the sliding
     /// window's previous count.
-    pub previous_held: u64,
+    pub(crate) previous_held: u64,
     /// Whether `previous_held` is the holder's final count (reported) or only an upper bound.
-    pub previous_final: bool,
+    pub(crate) previous_final: bool,
     /// Whether `used` is the holder's final count of the current window (its lease ended).
-    pub closed: bool,
+    pub(crate) closed: bool,
 }
 
 /// Everything an authority knows about one key: enough for another node to carry on.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
-pub struct AuthorityState {
+pub(crate) struct AuthorityState {
     /// The key.
-    pub key: KeyRef,
+    pub(crate) key: KeyRef,
     /// Increases with every change: a receiver ignores an older state than it has.
-    pub version: u64,
+    pub(crate) version: u64,
     /// The current window's index (windows).
-    pub window: u64,
+    pub(crate) window: u64,
     /// When the current window ends, on the sender's clock (windows): the sender grants
     /// nothing of it from then on.
-    pub ends_at: u64,
+    pub(crate) ends_at: u64,
     /// When the next window begins, on the sender's clock (windows): no earlier than
     /// `ends_at`, later by the sender's own uncertainty about the owner it took the window
     /// from.
-    pub next_at: u64,
+    pub(crate) next_at: u64,
     /// The previous window's count (windows; sliding window), an upper bound.
-    pub previous: u64,
+    pub(crate) previous: u64,
     /// The bucket's free tokens, in ns of refill (buckets).
-    pub level_ns: u64,
+    pub(crate) level_ns: u64,
     /// When `level_ns` was measured, on the sender's clock (buckets).
-    pub level_at: u64,
+    pub(crate) level_at: u64,
     /// The holders' records.
-    pub holders: Vec<HolderRecord>,
+    pub(crate) holders: Vec<HolderRecord>,
 }

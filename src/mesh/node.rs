@@ -56,7 +56,7 @@ mod schedule;
 mod transfers;
 
 pub use config::{DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, MeshError, NodeConfig, WhileJoining};
-pub use inspect::LeaseState;
+pub use inspect::{LeaseState, Leased, Leases};
 
 /// How a request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +102,10 @@ pub enum Event {
     ConfigAgrees(NodeId),
     /// An authority of this node began a window (windows): where the key's windows lie.
     Window {
+        /// The key's mesh policy (its index among the node's policies).
+        policy: u32,
         /// The key.
-        key: KeyRef,
+        key: u64,
         /// The window's index.
         window: u64,
         /// Its start on this node's clock.
@@ -574,7 +576,7 @@ impl Node {
     }
 
     /// Return the backup this node keeps of a key's authority, if any.
-    pub fn backup(&self, policy: u32, key: u64) -> Option<&AuthorityState> {
+    pub(crate) fn backup(&self, policy: u32, key: u64) -> Option<&AuthorityState> {
         self.backups.get(&KeyRef { policy, key }).map(|b| &b.state)
     }
 
@@ -718,3 +720,6 @@ fn resend_after(membership: &Membership, config: &NodeConfig, owner: NodeId, now
     let round_trip = membership.offset(owner, now).map_or(0, |o| o.round_trip);
     (3 * round_trip).clamp(2_000_000, 2 * config.gossip_interval_ns)
 }
+
+#[cfg(test)]
+mod tests;

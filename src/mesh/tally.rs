@@ -17,19 +17,19 @@ use crdts::CvRDT;
 
 /// One holding's cumulative counts in its lease's window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Encode, Decode)]
-pub struct Tally {
+pub(crate) struct Tally {
     /// Tokens granted to the holding (cumulative).
-    pub granted: u64,
+    pub(crate) granted: u64,
     /// Tokens the holding gave back (cumulative).
-    pub returned: u64,
+    pub(crate) returned: u64,
     /// Tokens the holding admitted (cumulative).
-    pub used: u64,
+    pub(crate) used: u64,
 }
 
 impl Tally {
     /// Tokens leased and not reported spent or given back.
     #[inline]
-    pub fn unspent(&self) -> u64 {
+    pub(crate) fn unspent(&self) -> u64 {
         self.granted
             .saturating_sub(self.returned)
             .saturating_sub(self.used)
@@ -37,13 +37,13 @@ impl Tally {
 
     /// Tokens that moved between the holding and the authority: granted plus given back.
     #[inline]
-    pub fn traffic(&self) -> u64 {
+    pub(crate) fn traffic(&self) -> u64 {
         self.granted.saturating_add(self.returned)
     }
 
     /// What this tally counts beyond `other` of the same holding: `(granted, returned)`.
     #[inline]
-    pub fn beyond(&self, other: &Tally) -> (u64, u64) {
+    pub(crate) fn beyond(&self, other: &Tally) -> (u64, u64) {
         (
             self.granted.saturating_sub(other.granted),
             self.returned.saturating_sub(other.returned),

@@ -12,13 +12,13 @@
 use bincode::config::{self, Configuration, Limit, LittleEndian, Varint};
 use bincode::{Decode, Encode};
 
-pub mod check;
+pub(crate) mod check;
 
 /// The version of the frames this build writes and reads.
-pub const WIRE_VERSION: u8 = 8;
+pub(crate) const WIRE_VERSION: u8 = 8;
 
 /// The largest frame accepted, in bytes (datagrams stay far below; snapshots are chunked).
-pub const MAX_FRAME_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_FRAME_BYTES: usize = 64 * 1024;
 
 /// The bincode configuration for peer data: varints, little endian, at most
 /// `MAX_FRAME_BYTES` claimed by any length prefix.
@@ -70,7 +70,8 @@ pub enum WireError {
 }
 
 /// Encode `message` as a frame: the version byte, then the body.
-pub fn encode<T: Encode>(message: &T) -> Result<Vec<u8>, WireError> {
+#[cfg(test)]
+pub(crate) fn encode<T: Encode>(message: &T) -> Result<Vec<u8>, WireError> {
     let mut frame = begin(encoded_len(message).saturating_add(1));
     write(message, &mut frame)?;
     checked(frame)
@@ -130,7 +131,7 @@ fn checked(frame: Vec<u8>) -> Result<Vec<u8>, WireError> {
 }
 
 /// Decode a frame received from a peer.
-pub fn decode<T: Decode<()>>(frame: &[u8]) -> Result<T, WireError> {
+pub(crate) fn decode<T: Decode<()>>(frame: &[u8]) -> Result<T, WireError> {
     let (&version, body) = frame.split_first().ok_or(WireError::Empty)?;
     if frame.len() > MAX_FRAME_BYTES {
         return Err(WireError::TooLarge {
@@ -165,3 +166,8 @@ pub(crate) fn encoded_len<T: Encode>(message: &T) -> usize {
         Err(_) => usize::MAX,
     }
 }
+
+#[cfg(test)]
+mod compat;
+#[cfg(test)]
+mod tests;

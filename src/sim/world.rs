@@ -298,9 +298,11 @@ pub(super) fn drain_events(
                     record.decided(index, now, decision.is_allowed(), now - at);
                 }
             }
-            NodeEvent::Window { key, window, start } => {
+            NodeEvent::Window {
+                key, window, start, ..
+            } => {
                 let start = (start as i64 - offset).max(0) as Nanos;
-                record.window(key.key - 1, window, start);
+                record.window(key - 1, window, start);
             }
             NodeEvent::PeerDown(p) | NodeEvent::PeerLeft(p) => record.peer_down(now, p as usize),
             NodeEvent::PeerRestarted(p) => {

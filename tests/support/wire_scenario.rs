@@ -1,4 +1,4 @@
-// The fixed scenario of `tests/mesh_wire_compat.rs` (kept apart so that the previous
+// The fixed scenario of `src/mesh/wire/compat.rs` (kept apart so that the previous
 // release's build can run the very same code to record its frames).
 
 /// The scenario's mesh policies: a sliding window, a token bucket, a fixed window.

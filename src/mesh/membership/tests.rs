@@ -321,13 +321,7 @@ fn agrees_afresh(m: &Membership, id: NodeId, key: u64) -> bool {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200),
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
-        )),
-        ..proptest::prelude::ProptestConfig::default()
-    })]
+    #![proptest_config(crate::testing::proptest_config(200))]
     /// Whatever the membership goes through (members added, heard, restarted, leaving, named
     /// by rumor, declared dead, forgotten), ranking by the kept lists agrees with ranking
     /// the peer table afresh.

@@ -24,6 +24,58 @@ pub struct LeaseState {
     pub waiting: usize,
 }
 
+/// What a key's authority (or its backup) leased in its current window:
+/// [`Node::leases`], [`Node::backed_up_leases`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leases {
+    /// The window (window policies; 0 for buckets).
+    pub window: u64,
+    /// One entry per holding of the key.
+    pub holdings: Vec<Leased>,
+}
+
+/// What one holding of a key was leased, as the key's authority counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leased {
+    /// The node that holds it.
+    pub node: NodeId,
+    /// The node's run (incarnation) that holds it.
+    pub incarnation: u64,
+    /// The holding's number on that run.
+    pub holding: u64,
+    /// The tokens granted to it.
+    pub granted: u64,
+    /// The tokens it gave back.
+    pub returned: u64,
+    /// The tokens it reported spent.
+    pub used: u64,
+}
+
+impl Leased {
+    /// The tokens granted and not given back.
+    pub fn held(&self) -> u64 {
+        self.granted.saturating_sub(self.returned)
+    }
+}
+
+fn leases(state: &AuthorityState) -> Leases {
+    Leases {
+        window: state.window,
+        holdings: state
+            .holders
+            .iter()
+            .map(|h| Leased {
+                node: h.node,
+                incarnation: h.incarnation,
+                holding: h.holding,
+                granted: h.tally.granted,
+                returned: h.tally.returned,
+                used: h.tally.used,
+            })
+            .collect(),
+    }
+}
+
 impl Node {
     /// Return this node's id.
     pub fn id(&self) -> NodeId {
@@ -141,8 +193,20 @@ impl Node {
 
     /// Return the state of a key's authority (its budget and the leases it granted), if this
     /// node keeps it.
-    pub fn authority_state(&self, policy: u32, key: u64) -> Option<AuthorityState> {
+    pub(crate) fn authority_state(&self, policy: u32, key: u64) -> Option<AuthorityState> {
         self.authority(policy, key).map(Authority::state)
+    }
+
+    /// Return what a key's authority on this node leased in the current window, one entry
+    /// per holding, if this node keeps the key's authority.
+    pub fn leases(&self, policy: u32, key: u64) -> Option<Leases> {
+        self.authority(policy, key).map(|a| leases(&a.state()))
+    }
+
+    /// Return what a peer's authority of a key leased, as the backup this node keeps of it
+    /// (as the key's successor), if it keeps one.
+    pub fn backed_up_leases(&self, policy: u32, key: u64) -> Option<Leases> {
+        self.backup(policy, key).map(leases)
     }
 
     /// Return this node's lease of a key, if it uses the key.

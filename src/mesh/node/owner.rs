@@ -157,7 +157,12 @@ impl Node {
         {
             let (window, start, _) = a.frame();
             if before != Some(window) {
-                self.events.push_back(Event::Window { key, window, start });
+                self.events.push_back(Event::Window {
+                    policy: key.policy,
+                    key: key.key,
+                    window,
+                    start,
+                });
             }
         }
     }

@@ -30,13 +30,7 @@ fn merge_records(mine: &mut BTreeMap<u64, Tally>, theirs: &BTreeMap<u64, Tally>)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512),
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
-        )),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(crate::testing::proptest_config(512))]
 
     #[test]
     fn merge_is_commutative_associative_and_idempotent(a in tally(), b in tally(), c in tally()) {

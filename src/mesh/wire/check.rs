@@ -43,7 +43,7 @@ fn invalid(what: &'static str, why: &'static str) -> FrameError {
 }
 
 /// Decode and check a frame against the cluster's `policies`.
-pub fn decode(bytes: &[u8], policies: &[Policy]) -> Result<Frame, FrameError> {
+pub(crate) fn decode(bytes: &[u8], policies: &[Policy]) -> Result<Frame, FrameError> {
     check(wire::decode(bytes)?, policies)
 }
 

@@ -283,15 +283,8 @@ async fn check(case: &Case) -> Result<(), TestCaseError> {
 /// (`differential.proptest-regressions`).
 fn config() -> Config {
     Config {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(512),
         source_file: Some(file!()),
-        failure_persistence: Some(Box::new(
-            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
-        )),
-        ..Config::default()
+        ..crate::testing::proptest_config(512)
     }
 }
 

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ratemesh::Policy;
-use ratemesh::mesh::message::Item;
-use ratemesh::mesh::{Admit, Event, Node, NodeConfig, decode_frame};
+use crate::Policy;
+use crate::mesh::message::Item;
+use crate::mesh::wire::check::decode as decode_frame;
+use crate::mesh::{Admit, Event, Node, NodeConfig};
 
 const MS: u64 = 1_000_000;
 

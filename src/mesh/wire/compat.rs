@@ -1,4 +1,4 @@
-//! Rolling upgrades: the frames of the previous release's wire (version 8), recorded from a
+//! Rolling upgrades (unit tests of the wire): the frames of the previous release's wire (version 8), recorded from a
 //! fixed three-node scenario run by that release (`tests/fixtures/wire8-frames.txt`), are
 //! the very frames this build sends in the same scenario, byte for byte, and every one of
 //! them passes this build's checks. A change that alters the bytes of any frame fails here:
@@ -6,13 +6,14 @@
 
 use std::collections::BTreeSet;
 
-use ratemesh::mesh::decode_frame;
-use ratemesh::mesh::message::Item;
+use super::check::decode as decode_frame;
+use crate as ratemesh;
+use crate::mesh::message::Item;
 
-include!("support/wire_scenario.rs");
+include!("../../../tests/support/wire_scenario.rs");
 
 fn recorded() -> Vec<(u64, u64, bool, Vec<u8>)> {
-    include_str!("fixtures/wire8-frames.txt")
+    include_str!("../../../tests/fixtures/wire8-frames.txt")
         .lines()
         .map(|line| {
             let parts: Vec<&str> = line.split(' ').collect();

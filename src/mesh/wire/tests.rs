@@ -2,39 +2,15 @@
 //! every refusal is typed; frames that list members round-trip, and lists too long or with
 //! addresses too long are refused.
 
-#[path = "support/cases.rs"]
-mod cases;
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use proptest::prelude::*;
-use ratemesh::mesh::message::{
+
+use super::check::{FrameError, decode as decode_frame};
+use super::{MAX_FRAME_BYTES, WIRE_VERSION, WireError, decode, encode};
+use crate::mesh::message::{
     Frame, Header, Item, MAX_ADDR_BYTES, MAX_MEMBERS_PER_ITEM, Member, MemberState,
 };
-use ratemesh::mesh::tally::Tally;
-use ratemesh::mesh::wire::{MAX_FRAME_BYTES, WIRE_VERSION, WireError, decode, encode};
-use ratemesh::mesh::{FrameError, decode_frame};
-
-struct Largest;
-
-thread_local! {
-    /// The largest allocation made by this thread since the last reset.
-    static LARGEST: Cell<usize> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Largest {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = LARGEST.try_with(|largest| largest.set(largest.get().max(layout.size())));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Largest = Largest;
+use crate::mesh::tally::Tally;
+use crate::testing::{largest_allocation, proptest_config};
 
 /// A message shaped like what the gossip will carry.
 #[derive(Debug, Clone, PartialEq, bincode::Encode, bincode::Decode)]
@@ -42,13 +18,6 @@ struct Delta {
     from: u64,
     note: String,
     tallies: Vec<(u64, Tally)>,
-}
-
-/// Run `f` and return its result with the largest allocation it made on this thread.
-fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    LARGEST.with(|largest| largest.set(0));
-    let result = f();
-    (result, LARGEST.with(Cell::get))
 }
 
 #[test]
@@ -201,7 +170,7 @@ fn any_member() -> impl Strategy<Value = Member> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases::cases(512)))]
+    #![proptest_config(proptest_config(512))]
 
     /// Any valid list of members survives the wire unchanged.
     #[test]
@@ -230,7 +199,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases::cases(2048)))]
+    #![proptest_config(proptest_config(2048))]
 
     #[test]
     fn arbitrary_bytes_never_panic_or_allocate_past_the_limit(
