@@ -33,7 +33,6 @@ pub(crate) mod tally;
 pub(crate) mod timing;
 pub(crate) mod wire;
 
-pub use authority::MeshKind;
 pub use cells::{Behind, Cells};
 pub use lease::{LeaseCell, Miss};
 pub use membership::weight as rendezvous_weight;

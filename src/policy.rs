@@ -91,6 +91,35 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Tell whether the mesh shares this algorithm's count across nodes: token bucket,
+    /// GCRA, fixed window and sliding window (the leaky buckets and the sliding log decide
+    /// on each node alone).
+    #[cfg(feature = "mesh")]
+    pub(crate) fn is_shared_by_mesh(&self) -> bool {
+        self.is_bucket() || self.counts_per_window()
+    }
+
+    /// Tell whether this is a bucket of free tokens refilled at a rate (token bucket, GCRA),
+    /// as the mesh keeps it.
+    #[cfg(feature = "mesh")]
+    pub(crate) fn is_bucket(&self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+
+    /// Tell whether this algorithm counts per window (fixed and sliding window): a mesh lease
+    /// of it ends with its window.
+    #[cfg(feature = "mesh")]
+    pub(crate) fn counts_per_window(&self) -> bool {
+        matches!(self, Algorithm::FixedWindow | Algorithm::SlidingWindow)
+    }
+
+    /// Tell whether a window's final count matters once the window is over: the sliding
+    /// window weighs the previous window by it; a fixed window starts afresh.
+    #[cfg(feature = "mesh")]
+    pub(crate) fn weighs_previous(&self) -> bool {
+        matches!(self, Algorithm::SlidingWindow)
+    }
+
     /// Return the short name used in configs, logs and the demo.
     pub fn name(&self) -> &'static str {
         match self {

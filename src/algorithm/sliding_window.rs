@@ -65,15 +65,14 @@ impl SlidingWindowState {
         if cost > limit {
             return Decision::cannot_fit(limit);
         }
-        let w = u128::from(policy.window_ns());
+        let window_ns = policy.window_ns();
+        let w = u128::from(window_ns);
         self.roll(policy.window_of(now));
-        let elapsed = u128::from(now.saturating_sub(self.window_index * policy.window_ns()));
-        let elapsed = elapsed.min(w);
-        let previous = u128::from(self.previous);
-        let current = u128::from(self.current);
-        let budget = u128::from(limit) * w;
-        // All in token·ns, exact: admit iff previous·(W−e) + (current+cost)·W ≤ limit·W.
-        let used = previous * (w - elapsed) + current * w;
+        let elapsed_ns = now
+            .saturating_sub(self.window_index * window_ns)
+            .min(window_ns);
+        let room = room(limit, window_ns, self.previous, elapsed_ns);
+        let elapsed = u128::from(elapsed_ns);
         // Until the estimate is back to zero: the end of the next window if the current one
         // has counts, else the end of this one.
         let reset_after = if self.current > 0 {
@@ -83,13 +82,12 @@ impl SlidingWindowState {
         } else {
             0
         } as Nanos;
-        if used + u128::from(cost) * w > budget {
-            let remaining = (budget.saturating_sub(used) / w) as u64;
-            let retry = self.retry_after(limit, cost, w, elapsed);
-            return Decision::denied(limit, remaining, reset_after, retry);
+        if self.current + cost > room {
+            let retry = self.retry_after(limit, cost, window_ns, elapsed_ns);
+            return Decision::denied(limit, room.saturating_sub(self.current), reset_after, retry);
         }
+        let remaining = room - self.current - cost;
         self.current += cost;
-        let remaining = ((budget - used) / w) as u64 - cost;
         Decision::allowed(limit, remaining, (2 * w - elapsed) as Nanos)
     }
 
@@ -117,21 +115,11 @@ impl SlidingWindowState {
     }
 
     /// Compute how long until a request of `cost` fits, assuming no other admissions.
-    fn retry_after(&self, limit: u64, cost: u64, w: u128, elapsed: u128) -> Nanos {
-        // The instant `e` into a window with counts (prev, cur) at which prev·(W−e) ≤ room·W.
-        let fits_at = |prev: u64, room: u64| -> u128 {
-            if prev == 0 {
-                0
-            } else {
-                w - (u128::from(room) * w / u128::from(prev)).min(w)
-            }
-        };
+    fn retry_after(&self, limit: u64, cost: u64, w: Nanos, elapsed: Nanos) -> Nanos {
         if self.current + cost <= limit {
-            let at = fits_at(self.previous, limit - self.current - cost);
-            (at.saturating_sub(elapsed)) as Nanos
+            fits_at(w, self.previous, limit - self.current - cost).saturating_sub(elapsed)
         } else {
-            let at = fits_at(self.current, limit - cost);
-            (w - elapsed + at) as Nanos
+            w - elapsed + fits_at(w, self.current, limit - cost)
         }
     }
 
@@ -152,4 +140,25 @@ impl SlidingWindowState {
             || index > self.window_index + 1
             || (index == self.window_index + 1 && self.current == 0)
     }
+}
+
+/// The tokens a window may count in all at `elapsed` ns into it, with `previous` counted
+/// in the window before: `⌊(limit·W − previous·(W − elapsed)) / W⌋`, exact in token·ns
+/// (so a request of `cost` fits a window that counted `current` iff
+/// `current + cost ≤ room`). The mesh's authority asks the same of a key's leases.
+#[inline(always)]
+pub(crate) fn room(limit: u64, window_ns: Nanos, previous: u64, elapsed: Nanos) -> u64 {
+    let w = u128::from(window_ns);
+    let elapsed = u128::from(elapsed).min(w);
+    ((u128::from(limit) * w).saturating_sub(u128::from(previous) * (w - elapsed)) / w) as u64
+}
+
+/// The instant into a window, in ns, from which a window before that counted `previous`
+/// weighs at most `room` tokens: the least `e` with `previous·(W − e) ≤ room·W`.
+pub(crate) fn fits_at(window_ns: Nanos, previous: u64, room: u64) -> Nanos {
+    if previous == 0 {
+        return 0;
+    }
+    let w = u128::from(window_ns);
+    window_ns - (u128::from(room) * w / u128::from(previous)).min(w) as Nanos
 }

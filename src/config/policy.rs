@@ -212,7 +212,7 @@ pub(super) fn build_policy(
                 ));
             }
             #[cfg(feature = "mesh")]
-            if crate::mesh::MeshKind::of(&policy).is_none() {
+            if !policy.algorithm().is_shared_by_mesh() {
                 return Err(fail(
                     "algorithm",
                     "the mesh shares token-bucket, gcra, fixed-window and sliding-window policies"

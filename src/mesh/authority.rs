@@ -26,6 +26,7 @@
 
 use std::collections::VecDeque;
 
+use crate::algorithm::sliding_window;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::membership::RankMemo;
@@ -42,42 +43,6 @@ pub(crate) use records::{holding_id, is_retired};
 pub(crate) const SHORT_LEASE_ROUNDS: u64 = 4;
 /// Rounds of demand a lease covers when the budget is plentiful.
 pub(crate) const LONG_LEASE_ROUNDS: u64 = 25;
-
-/// How a mesh policy keeps its cluster-wide state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MeshKind {
-    /// Token bucket or GCRA: one bucket of free tokens at the authority.
-    Bucket,
-    /// Fixed window: the leases of a window sum to at most the limit.
-    FixedWindow,
-    /// Sliding-window counter: the previous window weighted, plus this window's leases.
-    SlidingWindow,
-}
-
-impl MeshKind {
-    /// Return the kind for `policy`, or `None` for the algorithms the mesh does not share
-    /// (leaky buckets, sliding log).
-    pub fn of(policy: &Policy) -> Option<MeshKind> {
-        match policy.algorithm() {
-            Algorithm::TokenBucket | Algorithm::Gcra => Some(MeshKind::Bucket),
-            Algorithm::FixedWindow => Some(MeshKind::FixedWindow),
-            Algorithm::SlidingWindow => Some(MeshKind::SlidingWindow),
-            _ => None,
-        }
-    }
-
-    /// Tell whether the kind counts per window (its leases expire with the window).
-    pub fn is_window(self) -> bool {
-        self != MeshKind::Bucket
-    }
-
-    /// Tell whether a holder's final count of a window matters once the window is over: a
-    /// sliding window weighs the previous window by it; a fixed window starts afresh, so
-    /// its leases' final counts are never sent.
-    pub fn weighs_previous(self) -> bool {
-        self == MeshKind::SlidingWindow
-    }
-}
 
 /// What the authority answers a request for tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +89,6 @@ struct Asked {
 #[derive(Debug, Clone)]
 pub(crate) struct Authority {
     key: KeyRef,
-    kind: MeshKind,
     policy: Policy,
     version: u64,
     /// Windows: the current window's index and local bounds.
@@ -158,12 +122,11 @@ pub(crate) struct Authority {
 impl Authority {
     /// Create the authority of a key nobody knows yet, at `now`: an empty window aligned
     /// on this node's clock, or a full bucket.
-    pub(crate) fn fresh(key: KeyRef, policy: Policy, kind: MeshKind, now: Nanos) -> Self {
+    pub(crate) fn fresh(key: KeyRef, policy: Policy, now: Nanos) -> Self {
         let w = policy.window_ns();
         let window = now / w;
         Authority {
             key,
-            kind,
             policy,
             version: 1,
             window,
@@ -190,15 +153,9 @@ impl Authority {
     /// numbered them and converted so that each begins no earlier here than it did there. Its
     /// window of an index then never begins before the earlier owner's, whose grants of the
     /// window before this node cannot know: they all fall before it.
-    pub(crate) fn fresh_after(
-        key: KeyRef,
-        policy: Policy,
-        kind: MeshKind,
-        offset: Offset,
-        now: Nanos,
-    ) -> Self {
-        let mut a = Self::fresh(key, policy, kind, now);
-        if !kind.is_window() {
+    pub(crate) fn fresh_after(key: KeyRef, policy: Policy, offset: Offset, now: Nanos) -> Self {
+        let mut a = Self::fresh(key, policy, now);
+        if !policy.algorithm().counts_per_window() {
             return a;
         }
         let w = policy.window_ns();
@@ -217,7 +174,6 @@ impl Authority {
     pub(crate) fn from_state(
         state: &AuthorityState,
         policy: Policy,
-        kind: MeshKind,
         offset: Offset,
         now: Nanos,
     ) -> Self {
@@ -229,7 +185,6 @@ impl Authority {
         let level_at = offset.latest_local(state.level_at).min(now);
         let mut a = Authority {
             key: state.key,
-            kind,
             policy,
             version: state.version + 1,
             window: state.window,
@@ -258,7 +213,7 @@ impl Authority {
     /// another rate and burst (a live change). What was counted stays counted; a bucket keeps
     /// its free tokens (at most its new depth).
     pub(crate) fn set_policy(&mut self, policy: Policy) {
-        if self.kind == MeshKind::Bucket {
+        if self.policy.algorithm().is_bucket() {
             let old = self.policy.interval_ns().max(1);
             let tokens = self.level_ns / old;
             self.level_ns = tokens
@@ -318,28 +273,24 @@ impl Authority {
     pub(crate) fn state_is_idle(
         state: &AuthorityState,
         policy: &Policy,
-        kind: MeshKind,
         offset: Offset,
         now: Nanos,
     ) -> bool {
         let w = policy.window_ns();
-        match kind {
-            MeshKind::Bucket => {
-                let outstanding = state
-                    .holders
-                    .iter()
-                    .filter(|h| !is_retired(h))
-                    .any(|h| h.tally.unspent() > 0);
-                let level_at = offset.latest_local(state.level_at).min(now);
-                !outstanding && state.level_ns.min(w).saturating_add(now - level_at) >= w
-            }
-            _ => {
-                let end = offset.earliest_local(state.ends_at);
-                let next_start = offset
-                    .latest_local(state.next_at.max(state.ends_at))
-                    .max(end);
-                now >= next_start.saturating_add(w)
-            }
+        if policy.algorithm().is_bucket() {
+            let outstanding = state
+                .holders
+                .iter()
+                .filter(|h| !is_retired(h))
+                .any(|h| h.tally.unspent() > 0);
+            let level_at = offset.latest_local(state.level_at).min(now);
+            !outstanding && state.level_ns.min(w).saturating_add(now - level_at) >= w
+        } else {
+            let end = offset.earliest_local(state.ends_at);
+            let next_start = offset
+                .latest_local(state.next_at.max(state.ends_at))
+                .max(end);
+            now >= next_start.saturating_add(w)
         }
     }
 
@@ -417,12 +368,11 @@ impl Authority {
         if !self.waiting.is_empty() {
             return false;
         }
-        match self.kind {
-            MeshKind::Bucket => {
-                self.refill(now);
-                self.outstanding() == 0 && self.level_ns >= self.policy.window_ns()
-            }
-            _ => now >= self.next_start.saturating_add(self.policy.window_ns()),
+        if self.policy.algorithm().is_bucket() {
+            self.refill(now);
+            self.outstanding() == 0 && self.level_ns >= self.policy.window_ns()
+        } else {
+            now >= self.next_start.saturating_add(self.policy.window_ns())
         }
     }
 
@@ -495,7 +445,7 @@ impl Authority {
 
     /// Move to the window containing `now` (windows).
     fn roll(&mut self, now: Nanos) {
-        if !self.kind.is_window() || now < self.next_start {
+        if !self.policy.algorithm().counts_per_window() || now < self.next_start {
             return;
         }
         let w = self.policy.window_ns();
@@ -543,25 +493,22 @@ impl Authority {
     /// Return the tokens that can be granted at `now`.
     pub(crate) fn available(&mut self, now: Nanos) -> u64 {
         let limit = self.policy.capacity();
-        match self.kind {
-            MeshKind::Bucket => {
-                self.refill(now);
-                self.level_ns / self.interval()
-            }
-            MeshKind::FixedWindow => {
+        match self.policy.algorithm() {
+            Algorithm::FixedWindow => {
                 self.roll(now);
                 limit.saturating_sub(self.allocated())
             }
-            MeshKind::SlidingWindow => {
+            Algorithm::SlidingWindow => {
                 self.roll(now);
-                // Exactly the central algorithm's test, in token·ns:
-                // previous·(W − e) + (allocated + need)·W ≤ limit·W.
-                let w = u128::from(self.policy.window_ns());
-                let elapsed = u128::from(now.saturating_sub(self.start)).min(w);
-                let room = (u128::from(limit) * w)
-                    .saturating_sub(u128::from(self.previous) * (w - elapsed))
-                    / w;
-                (room as u64).saturating_sub(self.allocated())
+                // The central algorithm's test, with the leases as the window's count.
+                let elapsed = now.saturating_sub(self.start);
+                sliding_window::room(limit, self.policy.window_ns(), self.previous, elapsed)
+                    .saturating_sub(self.allocated())
+            }
+            // A bucket (the node takes no other algorithm).
+            _ => {
+                self.refill(now);
+                self.level_ns / self.interval()
             }
         }
     }
@@ -572,7 +519,7 @@ impl Authority {
     /// grants; another holding's record has nothing on its way to this one.
     pub(crate) fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
         self.roll(now);
-        let seen = if !self.kind.is_window() || want.window == self.window {
+        let seen = if !self.policy.algorithm().counts_per_window() || want.window == self.window {
             want.tally.granted
         } else if want.window < self.window {
             0

@@ -18,28 +18,27 @@ use dashmap::DashMap;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::local::Store;
-use crate::mesh::authority::MeshKind;
 use crate::mesh::lease::LeaseCell;
 use crate::mesh::message::KeyRef;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 
 /// `policy` with a `1 / nodes` share of its limit (and rate): what a node enforces alone
 /// (its overflow store, and its decisions before it joined).
 pub(crate) fn scaled(policy: &Policy, nodes: usize) -> Policy {
     let n = nodes.max(1) as u64;
     let share = |x: u64| (x / n).max(1);
-    match MeshKind::of(policy) {
-        Some(MeshKind::Bucket) => {
+    match policy.algorithm() {
+        Algorithm::TokenBucket | Algorithm::Gcra => {
             // Rate r per window: r/n per window, burst/n.
             let window = std::time::Duration::from_nanos(policy.window_ns());
-            let built = if policy.algorithm() == crate::policy::Algorithm::Gcra {
+            let built = if policy.algorithm() == Algorithm::Gcra {
                 Policy::gcra(share(policy.capacity()), window, share(policy.capacity()))
             } else {
                 Policy::token_bucket(share(policy.capacity()), window, share(policy.capacity()))
             };
             built.unwrap_or(*policy)
         }
-        Some(MeshKind::FixedWindow) => Policy::fixed_window(
+        Algorithm::FixedWindow => Policy::fixed_window(
             share(policy.capacity()),
             std::time::Duration::from_nanos(policy.window_ns()),
         )
@@ -90,7 +89,6 @@ pub struct Cells {
 /// ([`Cells::set_policy`]).
 #[derive(Debug)]
 struct Limits {
-    kind: MeshKind,
     capacity: AtomicU64,
     interval_ns: AtomicU64,
     /// The policy as configured (the overflow store's is scaled from it).
@@ -100,7 +98,7 @@ struct Limits {
 impl Cells {
     /// An empty map for the cluster's `policies` (all of a kind the mesh shares), for a
     /// node that holds leases for at most `max_keys` keys.
-    pub fn new(policies: Vec<(Policy, MeshKind)>, max_keys: usize) -> Self {
+    pub fn new(policies: Vec<Policy>, max_keys: usize) -> Self {
         Cells {
             max_keys: max_keys.max(1),
             overflowed: AtomicU64::new(0),
@@ -112,8 +110,7 @@ impl Cells {
             overflow: policies.iter().map(|_| OnceLock::new()).collect(),
             policies: policies
                 .into_iter()
-                .map(|(p, kind)| Limits {
-                    kind,
+                .map(|p| Limits {
                     capacity: AtomicU64::new(p.capacity()),
                     interval_ns: AtomicU64::new(p.interval_ns()),
                     policy: p,
@@ -256,14 +253,13 @@ impl Cells {
     #[inline]
     pub fn decide(&self, policy: u32, key: u64, cost: u64, now: Nanos) -> Option<Decision> {
         let limits = self.policies.get(policy as usize)?;
-        let kind = limits.kind;
         let capacity = limits.capacity.load(Ordering::Relaxed);
         if cost == 0 || cost > capacity {
             return Some(Decision::cannot_fit(capacity));
         }
         let cell = self.map.get(&KeyRef { policy, key })?;
         let remaining = cell.take(now, cost).ok()?;
-        let reset = if kind.is_window() {
+        let reset = if limits.policy.algorithm().counts_per_window() {
             cell.expiry().unwrap_or(now).saturating_sub(now)
         } else {
             capacity
@@ -315,7 +311,7 @@ mod tests {
 
     fn cells() -> Cells {
         let policy = Policy::fixed_window(30, std::time::Duration::from_secs(1)).unwrap();
-        Cells::new(vec![(policy, MeshKind::FixedWindow)], 1_000_000)
+        Cells::new(vec![policy], 1_000_000)
     }
 
     #[test]

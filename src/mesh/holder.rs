@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use crate::clock::Nanos;
 use crate::decision::Decision;
-use crate::mesh::authority::{MeshKind, SHORT_LEASE_ROUNDS};
+use crate::mesh::authority::SHORT_LEASE_ROUNDS;
 use crate::mesh::lease::{LeaseCell, Miss};
 use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{Grant, KeyRef, Want};
@@ -79,7 +79,6 @@ pub(crate) struct Holding {
     /// Numbers this holding among the node's holdings of the key (see [`Want::holding`]).
     id: u64,
     cell: Arc<LeaseCell>,
-    kind: MeshKind,
     policy: Policy,
     /// The lease's window (windows; 0 for buckets and before the first grant).
     window: u64,
@@ -138,9 +137,10 @@ pub(crate) struct Holding {
 impl Holding {
     /// A key this node has no lease for yet; `id` is larger than any earlier holding's of
     /// the key on this node.
-    pub(crate) fn new(key: KeyRef, policy: Policy, kind: MeshKind, id: u64) -> Self {
+    pub(crate) fn new(key: KeyRef, policy: Policy, id: u64) -> Self {
         let cell = LeaseCell::new();
-        if !kind.is_window() {
+        let algorithm = policy.algorithm();
+        if !algorithm.counts_per_window() {
             // A bucket's lease never expires: its tokens stay counted until spent or given
             // back.
             cell.renew(0, None);
@@ -149,13 +149,12 @@ impl Holding {
             key,
             id,
             cell: Arc::new(cell),
-            kind,
             policy,
             window: 0,
             granted: 0,
             returned: 0,
             expiry: 0,
-            closed: kind.is_window(),
+            closed: algorithm.counts_per_window(),
             closed_used: 0,
             previous_used: None,
             reserve: 0,
@@ -297,14 +296,17 @@ impl Holding {
 
     /// [`Holding::spent_out`] once the demand is `demand`.
     fn spent_out_at(&self, demand: u32) -> bool {
-        self.kind.is_window() && self.unspent() == 0 && self.waiting.is_empty() && demand == 0
+        self.policy.algorithm().counts_per_window()
+            && self.unspent() == 0
+            && self.waiting.is_empty()
+            && demand == 0
     }
 
     /// Rounds between two reports of a change of the count or the demand.
     fn report_every(&self) -> u64 {
         // A bucket's authority holds back what it leased until it hears it was spent:
         // report spending at the next round (a window's leases count as spent anyway).
-        if self.kind.is_window() {
+        if self.policy.algorithm().counts_per_window() {
             REPORT_ROUNDS
         } else {
             1
@@ -315,7 +317,7 @@ impl Holding {
     /// back, and for a bucket what it spent (`used`); a window counts its leases as spent
     /// until told what came back.
     fn counts(&self, used: u64) -> (u64, u64) {
-        if self.kind.is_window() {
+        if self.policy.algorithm().counts_per_window() {
             (self.returned, 0)
         } else {
             (self.returned, used)
@@ -328,7 +330,7 @@ impl Holding {
     /// lease that ended has nothing left to confirm.
     pub(crate) fn unconfirmed(&self) -> bool {
         self.granted > 0
-            && !(self.kind.is_window() && self.closed)
+            && !(self.policy.algorithm().counts_per_window() && self.closed)
             && self.counts(self.used()) != self.confirmed
     }
 
@@ -358,7 +360,7 @@ impl Holding {
     }
 
     fn allowed(&self, now: Nanos, remaining: u64) -> Decision {
-        let reset = if self.kind.is_window() {
+        let reset = if self.policy.algorithm().counts_per_window() {
             self.expiry.saturating_sub(now)
         } else {
             self.policy
@@ -370,7 +372,7 @@ impl Holding {
     }
 
     fn denied(&self, now: Nanos, retry_after: Nanos) -> Decision {
-        let reset = if self.kind.is_window() {
+        let reset = if self.policy.algorithm().counts_per_window() {
             self.expiry.saturating_sub(now).max(retry_after)
         } else {
             self.policy.window_ns()
@@ -381,7 +383,7 @@ impl Holding {
     /// End an expired window lease at `now`: the cell admits nothing more, and the final
     /// count is known.
     pub(crate) fn expire(&mut self, now: Nanos) {
-        if self.kind.is_window() && !self.closed && now >= self.expiry {
+        if self.policy.algorithm().counts_per_window() && !self.closed && now >= self.expiry {
             let left = self.cell.close();
             self.closed_used = self
                 .granted
@@ -488,7 +490,7 @@ impl Holding {
                 returned: self.returned,
                 used,
             },
-            closed: self.kind.is_window() && self.closed,
+            closed: self.policy.algorithm().counts_per_window() && self.closed,
             need,
             smallest: self.waiting.iter().map(|w| w.cost).min().unwrap_or(0),
             seq: self.want_seq,
@@ -517,7 +519,7 @@ impl Holding {
         }
         // An answer about a window whose lease already ended here (it came late, or out of
         // order) says nothing about the requests waiting now: they ask again.
-        let stale = self.kind.is_window()
+        let stale = self.policy.algorithm().counts_per_window()
             && (grant.window < self.window
                 || (grant.window == self.window && self.closed && self.granted > 0));
         if stale {
@@ -541,12 +543,12 @@ impl Holding {
             now
         };
         let granted_before = (self.window, self.granted);
-        if self.kind.is_window() {
+        if self.policy.algorithm().counts_per_window() {
             if grant.window > self.window || (self.closed && self.granted == 0 && self.window == 0)
             {
                 // A lease for a newer window: the old one is over (closed as if expired).
                 self.expire(now.max(self.expiry));
-                self.previous_used = (self.kind.weighs_previous()
+                self.previous_used = (self.policy.algorithm().weighs_previous()
                     && self.window > 0
                     && grant.window == self.window + 1)
                     .then_some(self.closed_used);
@@ -565,7 +567,7 @@ impl Holding {
                 self.closed = now >= expiry;
                 // A lease that arrives after its window ended closes unspent at once: its
                 // final count (0) is due like any other's.
-                if self.closed && grant.granted > 0 && self.kind.weighs_previous() {
+                if self.closed && grant.granted > 0 && self.policy.algorithm().weighs_previous() {
                     self.report_due = true;
                 }
                 self.closed_used = 0;
@@ -616,7 +618,7 @@ impl Holding {
             self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
                 self.denied_until = decided_at.saturating_add(grant.retry_after);
-                if self.kind.is_window() {
+                if self.policy.algorithm().counts_per_window() {
                     // A denial is about the owner's window: the next one is asked afresh,
                     // however late the answer came (a repeated answer's decision time is
                     // not known here).
@@ -636,7 +638,7 @@ impl Holding {
 
     /// Serve waiting requests from the reserve, in order (added to `decided`).
     fn serve(&mut self, now: Nanos, decided: &mut Vec<(u64, Decision)>) {
-        if self.kind.is_window() && (self.closed || now >= self.expiry) {
+        if self.policy.algorithm().counts_per_window() && (self.closed || now >= self.expiry) {
             return;
         }
         while let Some(w) = self.waiting.front().copied() {
@@ -690,7 +692,8 @@ impl Holding {
         // A sliding window's lease ends at its expiry: the final count goes to the authority
         // then. A fixed window's has nothing to send then (its cell stops at the expiry by
         // itself): it is closed when the holding is next looked at.
-        let expiry = (self.kind.weighs_previous() && !self.closed).then_some(self.expiry);
+        let expiry =
+            (self.policy.algorithm().weighs_previous() && !self.closed).then_some(self.expiry);
         let deadline = self.waiting.iter().map(|w| w.deadline).min();
         let resend = self.want_sent_at.filter(|_| !self.waiting.is_empty());
         [expiry, deadline, resend].into_iter().flatten().min()
@@ -707,7 +710,7 @@ impl Holding {
     /// The lease closed since it was `was` closed, and the authority wants its final count
     /// (a sliding window's; a fixed window's authority starts each window afresh).
     fn final_due(&self, was: bool) -> bool {
-        self.closed && !was && self.granted > 0 && self.kind.weighs_previous()
+        self.closed && !was && self.granted > 0 && self.policy.algorithm().weighs_previous()
     }
 
     /// Give back what the lease holds beyond `keep` tokens; return how many.
@@ -797,7 +800,7 @@ impl Holding {
     /// may run the same window up to a clock error past that end, learning its grants only
     /// from the holders' reports.
     fn counted_until(&self) -> Nanos {
-        if !self.kind.is_window() || self.expiry == 0 {
+        if !self.policy.algorithm().counts_per_window() || self.expiry == 0 {
             return 0;
         }
         self.expiry.saturating_add(self.policy.window_ns())

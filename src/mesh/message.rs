@@ -11,6 +11,7 @@ use bincode::{Decode, Encode};
 
 use crate::mesh::NodeId;
 use crate::mesh::tally::Tally;
+use crate::policy::{Algorithm, Policy};
 
 /// One frame from a peer.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -114,6 +115,36 @@ pub(crate) struct PolicyLimits {
     pub(crate) interval_ns: u64,
     /// The window, or a bucket's time to refill from empty.
     pub(crate) window_ns: u64,
+}
+
+impl PolicyLimits {
+    /// `policy`'s limits as a node announces them.
+    pub(crate) fn of(policy: &Policy) -> Self {
+        PolicyLimits {
+            algorithm: algorithm_code(policy.algorithm()),
+            capacity: policy.capacity(),
+            interval_ns: policy.interval_ns(),
+            window_ns: policy.window_ns(),
+        }
+    }
+
+    /// Tell whether these limits are of `policy`'s algorithm (and, for a window, of its
+    /// window), so that the lower of the two may apply.
+    pub(crate) fn comparable(&self, policy: &Policy) -> bool {
+        self.algorithm == algorithm_code(policy.algorithm())
+            && (!policy.algorithm().counts_per_window() || self.window_ns == policy.window_ns())
+    }
+}
+
+/// How [`PolicyLimits`] writes an [`Algorithm`] on the wire (0: one the mesh does not share).
+fn algorithm_code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::TokenBucket => 1,
+        Algorithm::Gcra => 2,
+        Algorithm::FixedWindow => 3,
+        Algorithm::SlidingWindow => 4,
+        _ => 0,
+    }
 }
 
 /// The most members one [`Item::Members`] lists.

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::mesh::NodeId;
-use crate::mesh::authority::{Authority, MeshKind};
+use crate::mesh::authority::Authority;
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::keymap::FixedMap;
@@ -222,7 +222,6 @@ struct Backup {
 #[derive(Debug)]
 pub struct Node {
     config: NodeConfig,
-    kinds: Vec<MeshKind>,
     membership: Membership,
     holdings: FixedMap<KeyRef, Holding>,
     authorities: FixedMap<KeyRef, Authority>,
@@ -261,21 +260,19 @@ pub struct Node {
 impl Node {
     /// Build a node at `now` (its clock).
     pub fn new(config: NodeConfig, now: Nanos) -> Result<Node, MeshError> {
-        let mut kinds = Vec::with_capacity(config.policies.len());
         for (index, p) in config.policies.iter().enumerate() {
-            let Some(kind) = MeshKind::of(p) else {
+            if !p.algorithm().is_shared_by_mesh() {
                 return Err(MeshError::UnsupportedAlgorithm {
                     index,
                     algorithm: p.algorithm().name(),
                 });
-            };
+            }
             if p.capacity() > MAX_LEASE_TOKENS {
                 return Err(MeshError::LimitTooLarge {
                     index,
                     limit: p.capacity(),
                 });
             }
-            kinds.push(kind);
         }
         let max = crate::ids::MAX_NODE_ID;
         if config.id > max || config.seeds.iter().any(|&s| s > max) {
@@ -315,18 +312,9 @@ impl Node {
         let running = transfers.synced() && !config.joins;
         membership.set_syncing(!running);
         membership.set_digest(config.digest);
-        let cells = Arc::new(Cells::new(
-            config
-                .policies
-                .iter()
-                .copied()
-                .zip(kinds.iter().copied())
-                .collect(),
-            config.max_keys,
-        ));
+        let cells = Arc::new(Cells::new(config.policies.clone(), config.max_keys));
         let g = config.gossip_interval_ns;
         let mut node = Node {
-            kinds,
             membership_version: membership.version(),
             membership,
             holdings: FixedMap::default(),
@@ -418,17 +406,14 @@ impl Node {
         self.events.pop_front()
     }
 
-    fn policy(&self, index: u32) -> Option<(Policy, MeshKind)> {
-        Some((
-            *self.config.policies.get(index as usize)?,
-            *self.kinds.get(index as usize)?,
-        ))
+    fn policy(&self, index: u32) -> Option<Policy> {
+        self.config.policies.get(index as usize).copied()
     }
 
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
         if !self.holdings.contains_key(&key) {
-            let (policy, kind) = self.policy(key.policy)?;
-            let mut h = Holding::new(key, policy, kind, self.next_holding);
+            let policy = self.policy(key.policy)?;
+            let mut h = Holding::new(key, policy, self.next_holding);
             h.count_rounds_from(self.stats.rounds);
             self.next_holding += 1;
             self.cells.insert(key, Arc::clone(h.cell()));
@@ -441,7 +426,7 @@ impl Node {
     /// under mesh policy `policy`, at `now`.
     pub fn decide(&mut self, policy: u32, key: u64, cost: u64, now: Nanos) -> Admit {
         let kr = KeyRef { policy, key };
-        let Some((p, _)) = self.policy(policy) else {
+        let Some(p) = self.policy(policy) else {
             return Admit::Now(Decision::cannot_fit(0));
         };
         if let Some(d) = self.cells.decide(policy, key, cost, now) {
@@ -581,11 +566,10 @@ impl Node {
     }
 
     fn on_grant(&mut self, now: Nanos, from: NodeId, grant: Grant) {
-        let window_kind = self
-            .kinds
-            .get(grant.key.policy as usize)
-            .is_some_and(|k| k.is_window());
-        let expiry = if window_kind {
+        let windowed = self
+            .policy(grant.key.policy)
+            .is_some_and(|p| p.algorithm().counts_per_window());
+        let expiry = if windowed {
             match self.membership.offset(from, now) {
                 Some(o) => o.earliest_local(grant.ends_at),
                 None => now,
@@ -647,13 +631,12 @@ impl Node {
             .map(|(&key, _)| key)
             .collect();
         for key in orphaned {
-            let (Some(b), Some((policy, kind))) =
-                (self.backups.remove(&key), self.policy(key.policy))
+            let (Some(b), Some(policy)) = (self.backups.remove(&key), self.policy(key.policy))
             else {
                 continue;
             };
             let offset = self.offset_or_guess(b.from, now);
-            let authority = Authority::from_state(&b.state, policy, kind, offset, now);
+            let authority = Authority::from_state(&b.state, policy, offset, now);
             self.authorities.insert(key, authority);
         }
         let keys: Vec<KeyRef> = self.authorities.keys().copied().collect();

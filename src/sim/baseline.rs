@@ -14,11 +14,10 @@ use crate::algorithm::KeyMachine;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::mesh::NodeId;
-use crate::mesh::authority::MeshKind;
 use crate::mesh::cells::scaled;
 use crate::mesh::keymap::FixedMap;
 use crate::mesh::message::KeyRef;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 
 /// How the simulated nodes decide admission. Only [`Admission::Leases`] (the mesh) is
 /// bounded; the others are the baselines it is compared with.
@@ -133,8 +132,8 @@ impl Baseline {
             return machine.decide(now, cost);
         }
         let limit = policy.capacity();
-        match MeshKind::of(&policy) {
-            Some(MeshKind::Bucket) => {
+        match policy.algorithm() {
+            Algorithm::TokenBucket | Algorithm::Gcra => {
                 refill(k, &policy, now);
                 let need = cost.saturating_mul(policy.interval_ns());
                 if k.level_ns >= need {
@@ -146,7 +145,7 @@ impl Baseline {
                     Decision::denied(limit, 0, 0, need - k.level_ns)
                 }
             }
-            kind => {
+            algorithm => {
                 let window = policy.window_of(now);
                 roll(&mut k.own, window);
                 let w = policy.window_ns();
@@ -159,7 +158,7 @@ impl Baseline {
                     } else {
                         (0, 0)
                     };
-                    let weighted = if kind == Some(MeshKind::SlidingWindow) {
+                    let weighted = if algorithm == Algorithm::SlidingWindow {
                         (u128::from(prev) * u128::from(w - elapsed)).div_ceil(u128::from(w)) as u64
                     } else {
                         0
@@ -205,7 +204,7 @@ impl Baseline {
             return;
         }
         let (k, policy) = self.entry(count.key, now);
-        if MeshKind::of(&policy) == Some(MeshKind::Bucket) {
+        if policy.algorithm().is_bucket() {
             let seen = k.others_total.entry(from).or_insert(0);
             if count.total > *seen {
                 let spent = count.total - *seen;

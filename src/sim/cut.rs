@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::mesh::MeshKind;
 use crate::mesh::authority::holding_id;
 use crate::mesh::message::AuthorityState;
 use crate::sim::{SimConfig, SimNode};
@@ -35,7 +34,7 @@ impl Cut {
         if !config.crashes.is_empty()
             || !config.drains.is_empty()
             || keys > checked
-            || !MeshKind::of(&config.policy).is_some_and(MeshKind::is_window)
+            || !config.policy.algorithm().counts_per_window()
         {
             return None;
         }

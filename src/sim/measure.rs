@@ -4,7 +4,6 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::clock::Nanos;
-use crate::mesh::MeshKind;
 use crate::policy::Policy;
 use crate::sim::cut::{Cut, unbacked};
 use crate::sim::overshoot::{exact_overshoot, framed_overshoot};
@@ -314,7 +313,7 @@ impl Recorder {
 
     pub(crate) fn finish(mut self, config: &SimConfig, _arrivals: &[Arrival]) -> SimReport {
         let p = &config.policy;
-        let kind = MeshKind::of(p).unwrap_or(MeshKind::SlidingWindow);
+        let bucket = p.algorithm().is_bucket();
         for a in &mut self.mesh {
             a.sort_unstable();
         }
@@ -322,11 +321,11 @@ impl Recorder {
         let mut policy_over = 0.0f64;
         let mut oracle_over = 0.0f64;
         for (k, a) in self.mesh.iter().enumerate() {
-            overshoot = overshoot.max(exact_overshoot(kind, p, a));
-            policy_over = policy_over.max(framed_overshoot(kind, p, a, &self.windows[k]));
+            overshoot = overshoot.max(exact_overshoot(p, a));
+            policy_over = policy_over.max(framed_overshoot(p, a, &self.windows[k]));
         }
         for a in &self.oracle {
-            oracle_over = oracle_over.max(exact_overshoot(kind, p, a));
+            oracle_over = oracle_over.max(exact_overshoot(p, a));
         }
         let total = |sets: &[Admissions]| -> u64 {
             sets.iter().flat_map(|a| a.iter().map(|&(_, c)| c)).sum()
@@ -370,10 +369,11 @@ impl Recorder {
         // cannot tell when).
         let trip = config.latency_ns + config.jitter_ns;
         let margin = config.gossip_interval_ns + 2 * trip;
-        let round_tokens = match kind {
-            MeshKind::Bucket => (config.gossip_interval_ns + trip).div_ceil(p.interval_ns()),
-            _ => (u128::from(p.capacity()) * u128::from(config.gossip_interval_ns))
-                .div_ceil(u128::from(p.window_ns())) as u64,
+        let round_tokens = if bucket {
+            (config.gossip_interval_ns + trip).div_ceil(p.interval_ns())
+        } else {
+            (u128::from(p.capacity()) * u128::from(config.gossip_interval_ns))
+                .div_ceil(u128::from(p.window_ns())) as u64
         };
         let starts = group_by_key(&mut self.requests, self.mesh.len());
         let mut with_room = 0u64;
@@ -391,7 +391,7 @@ impl Recorder {
         };
         for (key, span) in starts.windows(2).enumerate() {
             let requests = &self.requests[span[0]..span[1]];
-            let mut own = OwnRoom::new(kind, p, &self.mesh[key]);
+            let mut own = OwnRoom::new(p, &self.mesh[key]);
             let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
             // Requests offered before the margin that the mesh admits only after this
             // arrival (they waited longer than the margin, across a window's end): the mesh's
@@ -429,13 +429,13 @@ impl Recorder {
                 // Not counted.
                 let w = p.window_ns();
                 let edge = config.gossip_interval_ns + 5 * trip;
-                let at_edge = kind != MeshKind::Bucket && r.oracle_at % w + edge >= w;
+                let at_edge = !bucket && r.oracle_at % w + edge >= w;
                 // And, once ownership may have moved (a drain, a crash, a partition), a
                 // window's start within the same margin: a window handed over begins that much
                 // later on its new owner than on the one it came from (never earlier), and the
                 // oracle's follows the first owner's clock.
                 let moved = self.last_event != 0;
-                let at_start = kind != MeshKind::Bucket && moved && r.oracle_at % w < edge;
+                let at_start = !bucket && moved && r.oracle_at % w < edge;
                 // `sum` includes this request's own cost.
                 // Room by the oracle's history and by the mesh's own (a mesh that admitted
                 // what the oracle denied earlier has that much less room later).
@@ -449,16 +449,11 @@ impl Recorder {
                 // The room at a denial that no admission follows in its window: what the
                 // cluster will not give any more (a denial that one follows was late, not
                 // lost budget).
-                let window = if kind == MeshKind::Bucket {
-                    0
-                } else {
-                    r.oracle_at / w
-                };
+                let window = if bucket { 0 } else { r.oracle_at / w };
                 // Its start, within the same margin and the clocks' skew: the cluster's window
                 // may begin that much later than the oracle's (an owner's windows follow the
                 // clock of the one it took the key from).
-                let at_start = at_start
-                    || (kind != MeshKind::Bucket && r.oracle_at % w < edge + 2 * config.skew_ns);
+                let at_start = at_start || (!bucket && r.oracle_at % w < edge + 2 * config.skew_ns);
                 let room = match r.mesh {
                     Some(false) if !at_edge && !at_start && r.at >= settled => {
                         own_room.saturating_sub(sum + round_tokens)
@@ -602,7 +597,6 @@ fn group_by_key(requests: &mut [Request], keys: usize) -> Vec<usize> {
 /// The room one central limiter would see for a key if it had admitted exactly what the
 /// mesh admitted (times on the oracle's clock), asked in increasing time.
 struct OwnRoom<'a> {
-    kind: MeshKind,
     policy: Policy,
     admissions: &'a [(Nanos, u64)],
     /// Prefix sums of the admitted costs.
@@ -615,14 +609,13 @@ struct OwnRoom<'a> {
 }
 
 impl<'a> OwnRoom<'a> {
-    fn new(kind: MeshKind, policy: &Policy, admissions: &'a [(Nanos, u64)]) -> Self {
+    fn new(policy: &Policy, admissions: &'a [(Nanos, u64)]) -> Self {
         let mut prefix = Vec::with_capacity(admissions.len() + 1);
         prefix.push(0);
         for &(_, c) in admissions {
             prefix.push(prefix.last().copied().unwrap_or(0) + c);
         }
         OwnRoom {
-            kind,
             policy: *policy,
             admissions,
             prefix,
@@ -643,37 +636,34 @@ impl<'a> OwnRoom<'a> {
     fn at(&mut self, at: Nanos, oracle_at: Nanos) -> u64 {
         let limit = self.policy.capacity();
         let w = self.policy.window_ns();
-        match self.kind {
-            MeshKind::Bucket => {
-                let interval = i128::from(self.policy.interval_ns().max(1));
-                let cap = i128::from(w);
-                let refill_to = |level: &mut i128, level_at: &mut Option<i128>, t: i128| {
-                    let from = level_at.unwrap_or(t);
-                    *level = (*level + (t - from).max(0)).min(cap);
-                    *level_at = Some(t);
-                };
-                while self.applied < self.admissions.len() && self.admissions[self.applied].0 < at {
-                    let (t, c) = self.admissions[self.applied];
-                    refill_to(&mut self.level, &mut self.level_at, i128::from(t));
-                    self.level -= i128::from(c) * interval;
-                    self.applied += 1;
-                }
-                refill_to(&mut self.level, &mut self.level_at, i128::from(at));
-                (self.level.max(0) / interval) as u64
+        if self.policy.algorithm().is_bucket() {
+            let interval = i128::from(self.policy.interval_ns().max(1));
+            let cap = i128::from(w);
+            let refill_to = |level: &mut i128, level_at: &mut Option<i128>, t: i128| {
+                let from = level_at.unwrap_or(t);
+                *level = (*level + (t - from).max(0)).min(cap);
+                *level_at = Some(t);
+            };
+            while self.applied < self.admissions.len() && self.admissions[self.applied].0 < at {
+                let (t, c) = self.admissions[self.applied];
+                refill_to(&mut self.level, &mut self.level_at, i128::from(t));
+                self.level -= i128::from(c) * interval;
+                self.applied += 1;
             }
-            MeshKind::FixedWindow | MeshKind::SlidingWindow => {
-                // The oracle's window grid, in true time.
-                let start = at - oracle_at % w;
-                let current = self.sum(start, at);
-                let previous = if self.kind == MeshKind::SlidingWindow {
-                    let e = oracle_at % w;
-                    let before = self.sum(start.saturating_sub(w), start);
-                    (u128::from(before) * u128::from(w - e) / u128::from(w)) as u64
-                } else {
-                    0
-                };
-                limit.saturating_sub(current + previous)
-            }
+            refill_to(&mut self.level, &mut self.level_at, i128::from(at));
+            (self.level.max(0) / interval) as u64
+        } else {
+            // The oracle's window grid, in true time.
+            let start = at - oracle_at % w;
+            let current = self.sum(start, at);
+            let previous = if self.policy.algorithm().weighs_previous() {
+                let e = oracle_at % w;
+                let before = self.sum(start.saturating_sub(w), start);
+                (u128::from(before) * u128::from(w - e) / u128::from(w)) as u64
+            } else {
+                0
+            };
+            limit.saturating_sub(current + previous)
         }
     }
 }

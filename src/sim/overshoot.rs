@@ -4,14 +4,13 @@
 use std::collections::BTreeMap;
 
 use crate::clock::Nanos;
-use crate::mesh::MeshKind;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 
 /// Overshoot with exact timestamps: `max A([t, t+W)) / L - 1` for windows,
 /// `max A(I) / (b + r|I|) - 1` for buckets, floored at 0. `admissions` sorted by time.
-pub(crate) fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
-    match kind {
-        MeshKind::Bucket => bucket_overshoot(policy, admissions),
+pub(crate) fn exact_overshoot(policy: &Policy, admissions: &[(Nanos, u64)]) -> f64 {
+    match policy.algorithm() {
+        Algorithm::TokenBucket | Algorithm::Gcra => bucket_overshoot(policy, admissions),
         _ => {
             let w = policy.window_ns();
             let limit = policy.capacity() as f64;
@@ -39,12 +38,11 @@ pub(crate) fn exact_overshoot(kind: MeshKind, policy: &Policy, admissions: &[(Na
 /// own clock (a partition that cut off both the owner and its successor). Admissions before
 /// the first recorded window fall in windows aligned on true time. Buckets need no windows.
 pub(crate) fn framed_overshoot(
-    kind: MeshKind,
     policy: &Policy,
     admissions: &[(Nanos, u64)],
     starts: &[(Nanos, u64)],
 ) -> f64 {
-    if kind == MeshKind::Bucket {
+    if policy.algorithm().is_bucket() {
         return bucket_overshoot(policy, admissions);
     }
     let w = policy.window_ns();
@@ -79,8 +77,8 @@ pub(crate) fn framed_overshoot(
         let current = per_window.entry((framed, index)).or_insert(0);
         *current += c;
         let current = *current;
-        let estimate = match kind {
-            MeshKind::FixedWindow => current as f64,
+        let estimate = match policy.algorithm() {
+            Algorithm::FixedWindow => current as f64,
             _ => {
                 let previous = previous
                     .and_then(|p| per_window.get(&(framed, p)))

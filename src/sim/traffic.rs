@@ -1,8 +1,8 @@
 //! Traffic models: when requests arrive, on which node, for which key, at what cost.
 
 use crate::clock::Nanos;
-use crate::mesh::MeshKind;
 use crate::mesh::membership::mix;
+use crate::policy::Algorithm;
 use crate::sim::{START_NS, SimConfig};
 
 /// How the offered load is spread over time and nodes.
@@ -106,8 +106,10 @@ impl KeySets {
 pub fn generate(config: &SimConfig, rng: &mut fastrand::Rng) -> Vec<Arrival> {
     let policy = &config.policy;
     // The policy's sustained rate in tokens per ns, and its period.
-    let (tokens_per_ns, period_ns) = match MeshKind::of(policy) {
-        Some(MeshKind::Bucket) => (1.0 / policy.interval_ns() as f64, policy.window_ns()),
+    let (tokens_per_ns, period_ns) = match policy.algorithm() {
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            (1.0 / policy.interval_ns() as f64, policy.window_ns())
+        }
         _ => (
             policy.capacity() as f64 / policy.window_ns() as f64,
             policy.window_ns(),

@@ -3,12 +3,12 @@
 
 use std::collections::VecDeque;
 
-use super::{
-    Answer, Authority, LONG_LEASE_ROUNDS, MeshKind, SHORT_LEASE_ROUNDS, Waiter, is_retired,
-};
+use super::{Answer, Authority, LONG_LEASE_ROUNDS, SHORT_LEASE_ROUNDS, Waiter, is_retired};
+use crate::algorithm::sliding_window;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::message::HolderRecord;
+use crate::policy::Algorithm;
 
 impl Authority {
     /// Serve a request of `need` tokens from `node` (whose report was applied just before):
@@ -22,7 +22,7 @@ impl Authority {
         deadline: Nanos,
     ) -> Answer {
         self.roll(now);
-        if self.kind.is_window() && now >= self.end && now < self.next_start {
+        if self.policy.algorithm().counts_per_window() && now >= self.end && now < self.next_start {
             // After a handover, the next window starts a little later than this one ended.
             self.enqueue(now, node, need, deadline);
             return Answer::Wait;
@@ -151,11 +151,11 @@ impl Authority {
         more_coming: u64,
     ) -> Answer {
         let interval = self.interval();
-        let kind = self.kind;
+        let algorithm = self.policy.algorithm();
         let r = self.record_mut(node, incarnation);
         r.tally.granted += tokens;
         let granted = r.tally.granted;
-        if kind == MeshKind::Bucket {
+        if algorithm.is_bucket() {
             self.level_ns = self
                 .level_ns
                 .saturating_sub(tokens.saturating_mul(interval));
@@ -164,9 +164,17 @@ impl Authority {
             self.version += 1;
         }
         Answer::Grant {
-            window: if kind.is_window() { self.window } else { 0 },
+            window: if algorithm.counts_per_window() {
+                self.window
+            } else {
+                0
+            },
             granted,
-            ends_at: if kind.is_window() { self.end } else { 0 },
+            ends_at: if algorithm.counts_per_window() {
+                self.end
+            } else {
+                0
+            },
             retry_after,
             more_coming,
         }
@@ -182,7 +190,7 @@ impl Authority {
             .filter(|h| h.node != except && h.incarnation != 0)
             .map(|h| h.tally.unspent())
             .sum();
-        let pending_finals = if self.kind == MeshKind::SlidingWindow {
+        let pending_finals = if self.policy.algorithm().weighs_previous() {
             let unconfirmed: u64 = self
                 .holders
                 .iter()
@@ -243,7 +251,10 @@ impl Authority {
                 .iter()
                 .find(|h| h.node == w.node)
                 .map_or(0, |h| h.incarnation);
-            if self.kind.is_window() && now >= self.end && now < self.next_start {
+            if self.policy.algorithm().counts_per_window()
+                && now >= self.end
+                && now < self.next_start
+            {
                 if now >= w.deadline {
                     let retry = self.next_start - now;
                     answers.push((
@@ -325,13 +336,17 @@ impl Authority {
             .find(|h| h.node == node)
             .map_or(0, |h| h.tally.granted);
         Answer::Grant {
-            window: if self.kind.is_window() {
+            window: if self.policy.algorithm().counts_per_window() {
                 self.window
             } else {
                 0
             },
             granted,
-            ends_at: if self.kind.is_window() { self.end } else { 0 },
+            ends_at: if self.policy.algorithm().counts_per_window() {
+                self.end
+            } else {
+                0
+            },
             retry_after: 0,
             more_coming: 0,
         }
@@ -375,26 +390,24 @@ impl Authority {
     /// How long until `need` tokens fit, from `now`, by the policy alone (no returns).
     fn until_room(&mut self, now: Nanos, need: u64) -> Nanos {
         let limit = self.policy.capacity();
-        match self.kind {
-            MeshKind::Bucket => {
-                self.refill(now);
-                need.saturating_mul(self.interval())
-                    .saturating_sub(self.level_ns)
-            }
-            MeshKind::FixedWindow => self.next_start.saturating_sub(now),
-            MeshKind::SlidingWindow => {
+        match self.policy.algorithm() {
+            Algorithm::FixedWindow => self.next_start.saturating_sub(now),
+            Algorithm::SlidingWindow => {
                 let allocated = self.allocated();
                 let w = self.policy.window_ns();
                 if allocated + need > limit || self.previous == 0 {
                     self.next_start.saturating_sub(now)
                 } else {
-                    // previous · (w − e) / w ≤ limit − allocated − need.
                     let room = limit - allocated - need;
-                    let e = w
-                        - (u128::from(room) * u128::from(w) / u128::from(self.previous))
-                            .min(u128::from(w)) as u64;
+                    let e = sliding_window::fits_at(w, self.previous, room);
                     (self.start + e).saturating_sub(now)
                 }
+            }
+            // A bucket (the node takes no other algorithm).
+            _ => {
+                self.refill(now);
+                need.saturating_mul(self.interval())
+                    .saturating_sub(self.level_ns)
             }
         }
     }

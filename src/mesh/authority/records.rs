@@ -16,7 +16,7 @@
 
 use crdts::CvRDT;
 
-use super::{Authority, MeshKind};
+use super::Authority;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::membership::mix;
@@ -80,7 +80,7 @@ impl Authority {
     /// them, and a state that rolled apart from the other must not forget what was admitted
     /// there.
     pub(crate) fn merge(&mut self, other: &Authority) {
-        if other.kind.is_window() && other.window != self.window {
+        if other.policy.algorithm().counts_per_window() && other.window != self.window {
             let (newer, older) = if other.window > self.window {
                 (other, &*self)
             } else {
@@ -148,11 +148,11 @@ impl Authority {
                 }
             }
         }
-        if self.kind == MeshKind::SlidingWindow {
+        if self.policy.algorithm().weighs_previous() {
             // The previous window's count is its holdings' counts, each merged above.
             self.previous = self.holders.iter().map(|h| h.previous_held).sum();
         }
-        if self.kind == MeshKind::Bucket {
+        if self.policy.algorithm().is_bucket() {
             let interval = self.interval();
             if seen_there > seen_here {
                 (self.level_ns, self.level_at) = (other.level_ns, other.level_at);
@@ -253,13 +253,16 @@ impl Authority {
         match self.holders.binary_search_by_key(&ghost.node, |h| h.node) {
             Ok(i) => absorb(&mut self.holders[i], &ghost),
             Err(i) => {
-                if self.kind.is_window() && ghost.tally.granted == 0 && ghost.previous_held == 0 {
+                if self.policy.algorithm().counts_per_window()
+                    && ghost.tally.granted == 0
+                    && ghost.previous_held == 0
+                {
                     return;
                 }
                 self.holders.insert(i, ghost);
             }
         }
-        if self.kind == MeshKind::Bucket {
+        if self.policy.algorithm().is_bucket() {
             let mut retired = self.holders.iter().filter(|h| is_retired(h)).count();
             while retired > MAX_RETIRED {
                 let Some(at) = self
@@ -288,7 +291,7 @@ impl Authority {
         alive: bool,
     ) -> bool {
         self.roll(now);
-        if self.kind == MeshKind::Bucket {
+        if self.policy.algorithm().is_bucket() {
             self.refill(now);
         }
         if let Some(i) = self.live_index(node) {
@@ -356,7 +359,7 @@ impl Authority {
                 ..ghost
             },
         );
-        if self.kind == MeshKind::Bucket {
+        if self.policy.algorithm().is_bucket() {
             let cap = self
                 .policy
                 .window_ns()
@@ -369,7 +372,7 @@ impl Authority {
     /// holding before). Return whether it told something the holder should see
     /// acknowledged.
     fn apply_counts(&mut self, now: Nanos, i: usize, want: &Want, known: bool) -> bool {
-        let kind = self.kind;
+        let algorithm = self.policy.algorithm();
         let window = self.window;
         let interval = self.interval();
         let mut previous_correction = 0;
@@ -380,18 +383,18 @@ impl Authority {
         let mut news = false;
         {
             let r = &mut self.holders[i];
-            if !kind.is_window() || want.window == window {
+            if !algorithm.counts_per_window() || want.window == window {
                 // A bucket taken over from a backup learns here of grants made after the
                 // backup: those tokens left the bucket too (a window counts its holders'
                 // grants, so the maximum below is enough there).
-                if kind == MeshKind::Bucket && known && want.tally.granted > r.tally.granted {
+                if algorithm.is_bucket() && known && want.tally.granted > r.tally.granted {
                     granted_unseen = want.tally.granted - r.tally.granted;
                 }
                 // A holder this state has no record of (a fresh authority, or one taken
                 // over from a backup made before the holder's first grant): what it gave
                 // back went back into another state's bucket, and what it still holds is
                 // out of this one.
-                if kind == MeshKind::Bucket && !known {
+                if algorithm.is_bucket() && !known {
                     granted_unseen = want.tally.unspent();
                     r.tally.returned = want.tally.returned;
                 }
@@ -402,7 +405,7 @@ impl Authority {
                     spent = want.tally.used.saturating_sub(r.tally.used);
                 }
                 r.tally.merge(want.tally);
-                if kind.is_window() && want.closed && !r.closed {
+                if algorithm.counts_per_window() && want.closed && !r.closed {
                     r.closed = true;
                     news = true;
                 }
@@ -415,7 +418,7 @@ impl Authority {
             } else {
                 None
             };
-            if kind.is_window() && !r.previous_final {
+            if algorithm.counts_per_window() && !r.previous_final {
                 match previous_final {
                     Some(final_used) => {
                         news = true;
@@ -451,13 +454,13 @@ impl Authority {
                 .level_ns
                 .saturating_sub(granted_unseen.saturating_mul(interval));
         }
-        if kind == MeshKind::Bucket && returned_tokens > 0 {
+        if algorithm.is_bucket() && returned_tokens > 0 {
             self.level_ns = self
                 .level_ns
                 .saturating_add(returned_tokens.saturating_mul(interval))
                 .min(self.policy.window_ns());
         }
-        if kind == MeshKind::Bucket && spent > 0 {
+        if algorithm.is_bucket() && spent > 0 {
             self.credit_spent(now, spent, want.spent_ago);
             // A bucket's lease spent out: the holder waits to hear that it was counted.
             news |= self.holders[i].tally.unspent() == 0;

@@ -41,7 +41,7 @@ fn granted(answer: Answer) -> (u64, Nanos) {
 #[test]
 fn a_fixed_window_never_leases_more_than_the_limit() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     let mut total = 0;
     for i in 0..300u64 {
         let node = i % 3;
@@ -64,7 +64,7 @@ fn a_fixed_window_never_leases_more_than_the_limit() {
 #[test]
 fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 80, 0));
     // Half-way through the next window, 80 · 0.5 = 40 of the previous still weighs.
@@ -82,7 +82,7 @@ fn states_that_rolled_apart_merge_both_counts_of_the_window_before() {
     // rolled to window 11 before they met again. Whichever merges into which, window 11
     // weighs all 16.
     let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
-    let mut majority = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
+    let mut majority = Authority::fresh(KEY, policy, 10 * S);
     let mut minority = majority.clone();
     majority.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(majority.request(10 * S, 1, 1, 8, 0));
@@ -105,7 +105,7 @@ fn a_final_count_above_the_lease_here_raises_the_previous_window() {
     // The holder spent 5 leased here and 4 leased by a state kept apart by a partition: its
     // final count of 9 weighs, not the 5 this state leased it.
     let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 5, 0));
     assert_eq!(a.available(11 * S), 15);
@@ -118,7 +118,7 @@ fn a_final_count_above_the_lease_here_raises_the_previous_window() {
 #[test]
 fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
     let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 5, 0));
     // The holder's lease closes at the window's end, with all 5 spent; then it dies.
@@ -133,7 +133,7 @@ fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
 #[test]
 fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 60, 0));
     assert_eq!(a.available(10 * S), 40);
@@ -153,7 +153,7 @@ fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
 #[test]
 fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     assert_eq!(a.available(10 * S), 100);
     // A holder leased 715 tokens from an earlier state of this key, gave 91 back and
     // spent 600: 24 are still in its lease, and its 91 returned tokens went back into
@@ -172,7 +172,7 @@ fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
 #[test]
 fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
     let policy = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 10, 0));
     a.report(10 * S, 2, 1, &want(0, 0, 0, 0), true);
@@ -211,14 +211,14 @@ fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
 #[test]
 fn leases_follow_demand_and_shrink_near_the_limit() {
     let policy = Policy::fixed_window(10_000, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     // 10 tokens per round: plenty of room, a long lease.
     a.report(10 * S, 1, 1, &want(0, 0, 0, 160), true);
     let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
     assert_eq!(g, 1 + 250);
     // Near the limit: at most half of the headroom.
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(0, 0, 0, 160), true);
     let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
     assert_eq!(g, 1 + 40);
@@ -227,7 +227,7 @@ fn leases_follow_demand_and_shrink_near_the_limit() {
 #[test]
 fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 30, 0));
     // The receiver's clock is 5 s behind, known within 2 ms.
@@ -236,7 +236,7 @@ fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
         error: 2_000_000,
         round_trip: 4_000_000,
     };
-    let mut b = Authority::from_state(&a.state(), policy, MeshKind::FixedWindow, offset, 5 * S);
+    let mut b = Authority::from_state(&a.state(), policy, offset, 5 * S);
     let (window, _, end) = b.frame();
     assert_eq!(window, 10);
     assert_eq!(end, 6 * S - 2_000_000);
@@ -252,7 +252,7 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
     const MS: Nanos = 1_000_000;
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
     for hold in [0, 20 * MS] {
-        let mut a = Authority::fresh(KEY, policy, MeshKind::SlidingWindow, 10 * S).with_hold(hold);
+        let mut a = Authority::fresh(KEY, policy, 10 * S).with_hold(hold);
         a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
         granted(a.request(10 * S, 1, 1, 100, 0));
         // Half-way through the next window the previous window's 100 weigh 50; node 1
@@ -291,7 +291,7 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
 #[test]
 fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 58, 0));
     let window = a.frame().0;
@@ -314,7 +314,7 @@ fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
 #[test]
 fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let a = Authority::fresh(KEY, policy, MeshKind::FixedWindow, 10 * S);
+    let a = Authority::fresh(KEY, policy, 10 * S);
     // B's clock is 5 s behind A's, known within 20 ms: B ends window 10 at 5.98 s and
     // begins window 11 at 6.02 s.
     let loose = Offset {
@@ -322,7 +322,7 @@ fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it(
         error: 20_000_000,
         round_trip: 40_000_000,
     };
-    let b = Authority::from_state(&a.state(), policy, MeshKind::FixedWindow, loose, 5 * S);
+    let b = Authority::from_state(&a.state(), policy, loose, 5 * S);
     assert_eq!(b.frame().2, 6 * S - 20_000_000);
     // C reads B's clock exactly: it begins window 11 no earlier than B would, 40 ms after
     // B's early end (not 20 ms before A's end, as B's end alone would say).
@@ -331,7 +331,7 @@ fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it(
         error: 0,
         round_trip: 0,
     };
-    let mut c = Authority::from_state(&b.state(), policy, MeshKind::FixedWindow, exact, 5 * S);
+    let mut c = Authority::from_state(&b.state(), policy, exact, 5 * S);
     assert_eq!(c.frame().2, 6 * S - 20_000_000);
     assert_eq!(c.request(6 * S, 2, 1, 1, 7 * S), Answer::Wait);
     assert!(c.serve_waiting(6 * S + 19_000_000).is_empty());
@@ -342,7 +342,7 @@ fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it(
 fn a_denial_counts_from_what_the_holders_lease_already_holds() {
     // 100 tokens a second: one every 10 ms.
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 10).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 10, 0));
     // The holder spent 6 of its 10 and waits for a request of 5: it needs 1 more, and the
@@ -359,7 +359,7 @@ fn a_denial_counts_from_what_the_holders_lease_already_holds() {
 fn a_bucket_gives_back_the_refill_its_cap_held_back_for_tokens_spent_before_the_report() {
     // 100 tokens a second, burst 100: one token every 10 ms.
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut a = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    let mut a = Authority::fresh(KEY, policy, 10 * S);
     a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     a.report(10 * S, 2, 1, &want(0, 0, 0, 0), true);
     granted(a.request(10 * S, 1, 1, 30, 0));
@@ -374,7 +374,7 @@ fn a_bucket_gives_back_the_refill_its_cap_held_back_for_tokens_spent_before_the_
     a.report(t, 2, 1, &w, true);
     assert_eq!(a.available(t), 45);
     // Spending reported as just done gets nothing back; refill resumes from the report.
-    let mut b = Authority::fresh(KEY, policy, MeshKind::Bucket, 10 * S);
+    let mut b = Authority::fresh(KEY, policy, 10 * S);
     b.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(b.request(10 * S, 1, 1, 30, 0));
     b.report(t, 1, 1, &want(0, 30, 30, 0), true);
@@ -402,24 +402,15 @@ fn a_backup_is_idle_exactly_when_its_takeover_would_be() {
         },
     ];
     let policies = [
-        (
-            Policy::fixed_window(100, Duration::from_secs(1)).unwrap(),
-            MeshKind::FixedWindow,
-        ),
-        (
-            Policy::sliding_window(100, Duration::from_secs(1)).unwrap(),
-            MeshKind::SlidingWindow,
-        ),
-        (
-            Policy::token_bucket(100, Duration::from_secs(1), 50).unwrap(),
-            MeshKind::Bucket,
-        ),
+        Policy::fixed_window(100, Duration::from_secs(1)).unwrap(),
+        Policy::sliding_window(100, Duration::from_secs(1)).unwrap(),
+        Policy::token_bucket(100, Duration::from_secs(1), 50).unwrap(),
     ];
     let mut idle_seen = 0;
-    for (policy, kind) in policies {
+    for policy in policies {
         for spent_all in [false, true] {
             // An authority that leased some tokens to node 1, which spent part or all of them.
-            let mut a = Authority::fresh(KEY, policy, kind, 10 * S);
+            let mut a = Authority::fresh(KEY, policy, 10 * S);
             a.report(10 * S, 1, 1, &want(10, 0, 0, 32), true);
             let (g, _) = granted(a.request(10 * S, 1, 1, 20, 0));
             let used = if spent_all { g } else { g / 2 };
@@ -428,12 +419,12 @@ fn a_backup_is_idle_exactly_when_its_takeover_would_be() {
             for offset in offsets {
                 for later in [0, S / 2, S, 2 * S, 3 * S, 10 * S] {
                     let now = (10 * S + later).saturating_add_signed(-offset.offset);
-                    let expected =
-                        Authority::from_state(&state, policy, kind, offset, now).is_idle(now);
+                    let expected = Authority::from_state(&state, policy, offset, now).is_idle(now);
                     assert_eq!(
-                        Authority::state_is_idle(&state, &policy, kind, offset, now),
+                        Authority::state_is_idle(&state, &policy, offset, now),
                         expected,
-                        "{kind:?} {offset:?} {later}"
+                        "{:?} {offset:?} {later}",
+                        policy.algorithm()
                     );
                     idle_seen += u32::from(expected);
                 }

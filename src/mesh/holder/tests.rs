@@ -37,7 +37,7 @@ fn grant(window: u64, granted: u64, retry_after: Nanos) -> Grant {
 #[test]
 fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     assert_eq!(h.slow(10 * S, 1, 3, 11 * S), Slow::Waits);
     assert_eq!(h.slow(10 * S, 2, 2, 11 * S), Slow::Waits);
     assert_eq!(h.need(), 5);
@@ -63,7 +63,7 @@ fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
 #[test]
 fn a_fixed_windows_spent_lease_reports_nothing_more() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::FixedWindow, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     assert_eq!(h.slow(10 * S, 1, 1, 11 * S), Slow::Waits);
     h.want(10 * S, 500, false, 1);
     let decided = apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
@@ -82,7 +82,7 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
     assert!(!h.is_idle(11 * S + S / 2));
     assert!(h.is_idle(12 * S));
     let sliding = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, sliding, MeshKind::SlidingWindow, 1);
+    let mut h = Holding::new(KEY, sliding, 1);
     h.slow(10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
     apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
@@ -103,7 +103,7 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
     let mut wakes = std::collections::BTreeSet::new();
     for key in 1..=64u64 {
         let k = KeyRef { policy: 0, key };
-        let mut h = Holding::new(k, fixed, MeshKind::FixedWindow, 1);
+        let mut h = Holding::new(k, fixed, 1);
         h.slow(10 * S, 1, 1, 11 * S);
         h.want(10 * S, 500, false, 1);
         let g = Grant {
@@ -126,7 +126,7 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
     assert_eq!(wakes.len(), 16);
     // A sliding window's lease keeps its timer: its final count is due at the expiry.
     let sliding = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, sliding, MeshKind::SlidingWindow, 1);
+    let mut h = Holding::new(KEY, sliding, 1);
     h.slow(10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
     apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
@@ -136,7 +136,7 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
 #[test]
 fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     h.slow(10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
     apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
@@ -166,7 +166,7 @@ fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
 #[test]
 fn a_denial_decides_the_waiting_and_later_requests_until_the_retry() {
     let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     h.slow(S, 1, 4, 2 * S);
     h.slow(S, 2, 4, 2 * S);
     assert_eq!(h.want(S, 1, false, 1).need, 8);
@@ -190,7 +190,7 @@ fn a_denial_decides_the_waiting_and_later_requests_until_the_retry() {
 #[test]
 fn costs_above_the_capacity_cannot_fit_and_deadlines_deny() {
     let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     assert!(
         matches!(h.slow(S, 1, 11, 2 * S), Slow::Decided(d) if d.verdict == crate::Verdict::CannotFit)
     );
@@ -204,7 +204,7 @@ fn costs_above_the_capacity_cannot_fit_and_deadlines_deny() {
 #[test]
 fn an_idle_lease_is_given_back() {
     let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     h.slow(S, 1, 1, 2 * S);
     apply(&mut h, S, &grant(0, 6, 0), 0);
     for round in 0..IDLE_ROUNDS as u64 + 1 {
@@ -217,7 +217,7 @@ fn an_idle_lease_is_given_back() {
 #[test]
 fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     h.slow(S, 1, 1, 2 * S);
     apply(&mut h, S, &grant(0, 1, 0), 0);
     // A steady stream: 3 requests a round, served from the lease.
@@ -261,7 +261,7 @@ fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
 #[test]
 fn a_holder_stops_waiting_for_an_owner_that_answers_without_confirming() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::Bucket, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     h.slow(S, 1, 1, 2 * S);
     apply(&mut h, S, &grant(0, 10, 0), 0);
     // Idle: the lease goes back, and the owner (of an earlier version) never confirms it.
@@ -285,7 +285,7 @@ fn a_holder_stops_waiting_for_an_owner_that_answers_without_confirming() {
 #[test]
 fn a_closed_lease_is_no_new_demand() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, MeshKind::SlidingWindow, 1);
+    let mut h = Holding::new(KEY, policy, 1);
     h.slow(10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
     apply(&mut h, 10 * S, &grant(10, 1, 0), 11 * S);
@@ -310,7 +310,7 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
     let at = |round: u64| 10 * S + (round - 500) * round_ns;
     // A request of `cost` at round 500, its grant, and the round after.
     let lone = |cost: u64| {
-        let mut h = Holding::new(KEY, fixed, MeshKind::FixedWindow, 1);
+        let mut h = Holding::new(KEY, fixed, 1);
         h.slow(at(500), 1, cost, 11 * S);
         h.want(at(500), 500, false, 1);
         assert!(

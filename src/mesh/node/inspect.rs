@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Node, NodeConfig, NodeStats};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
-use crate::mesh::authority::{Authority, MeshKind};
+use crate::mesh::authority::Authority;
 use crate::mesh::cells::Cells;
 use crate::mesh::membership::Membership;
 use crate::mesh::message::{AuthorityState, KeyRef};
@@ -179,11 +179,6 @@ impl Node {
     /// Return the lease cells the request path reads (a shared read handle).
     pub fn cells(&self) -> Arc<Cells> {
         Arc::clone(&self.cells)
-    }
-
-    /// Return the kind of mesh policy `policy`.
-    pub fn kind(&self, policy: u32) -> Option<MeshKind> {
-        self.kinds.get(policy as usize).copied()
     }
 
     /// Return the authority of a key, if this node keeps it.

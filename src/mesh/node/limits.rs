@@ -15,10 +15,9 @@ use std::collections::BTreeMap;
 
 use super::{Event, MeshError, Node};
 use crate::mesh::NodeId;
-use crate::mesh::authority::MeshKind;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::message::{Item, PolicyLimits};
-use crate::policy::{Algorithm, Policy};
+use crate::policy::Policy;
 
 /// The policies a node was given, and its peers' where their configurations differ.
 #[derive(Debug, Default)]
@@ -40,26 +39,6 @@ impl Limits {
     }
 }
 
-/// The wire code of a mesh algorithm (0: one the mesh does not share).
-fn code(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::TokenBucket => 1,
-        Algorithm::Gcra => 2,
-        Algorithm::FixedWindow => 3,
-        Algorithm::SlidingWindow => 4,
-        _ => 0,
-    }
-}
-
-fn announced(policy: &Policy) -> PolicyLimits {
-    PolicyLimits {
-        algorithm: code(policy.algorithm()),
-        capacity: policy.capacity(),
-        interval_ns: policy.interval_ns(),
-        window_ns: policy.window_ns(),
-    }
-}
-
 impl Node {
     /// Enforce `policies` from now on, with `digest` as this node's configuration's: the
     /// same number of policies, each with its algorithm (and window) unchanged; limits, rates
@@ -74,19 +53,19 @@ impl Node {
             });
         }
         for (index, (new, old)) in policies.iter().zip(old).enumerate() {
-            let Some(kind) = MeshKind::of(new) else {
+            if !new.algorithm().is_shared_by_mesh() {
                 return Err(MeshError::UnsupportedAlgorithm {
                     index,
                     algorithm: new.algorithm().name(),
                 });
-            };
+            }
             if new.algorithm() != old.algorithm() {
                 return Err(MeshError::Reconfigure {
                     index,
                     reason: "its algorithm cannot change while the nodes run (the counts would not carry over): restart them all with the new file",
                 });
             }
-            if kind.is_window() && new.window_ns() != old.window_ns() {
+            if new.algorithm().counts_per_window() && new.window_ns() != old.window_ns() {
                 return Err(MeshError::Reconfigure {
                     index,
                     reason: "its window cannot change while the nodes run (the counts would not carry over): restart them all with the new file",
@@ -113,7 +92,8 @@ impl Node {
         // The peers that ran this node's configuration until now differ, and run its old
         // limits: those count at once, before their own announcements arrive.
         if digest != before {
-            let old_limits: Vec<PolicyLimits> = self.limits.own.iter().map(announced).collect();
+            let old_limits: Vec<PolicyLimits> =
+                self.limits.own.iter().map(PolicyLimits::of).collect();
             for (&peer, &d) in digests {
                 if d == before && self.membership.is_alive(peer) {
                     self.limits.differ.insert(peer, Some(old_limits.clone()));
@@ -154,7 +134,7 @@ impl Node {
             entry.insert(None);
             self.events.push_back(Event::ConfigDiffers(from));
             // Told at once, not at the next round: the lower limit applies a round sooner.
-            let own = self.limits.own.iter().map(announced).collect();
+            let own = self.limits.own.iter().map(PolicyLimits::of).collect();
             self.outbox.push(from, Item::Limits(own));
         }
     }
@@ -191,7 +171,7 @@ impl Node {
         if self.limits.differ.is_empty() {
             return;
         }
-        let own: Vec<PolicyLimits> = self.limits.own.iter().map(announced).collect();
+        let own: Vec<PolicyLimits> = self.limits.own.iter().map(PolicyLimits::of).collect();
         let peers: Vec<NodeId> = self.limits.differ.keys().copied().collect();
         for p in peers {
             self.outbox.push(p, Item::Limits(own.clone()));
@@ -203,16 +183,13 @@ impl Node {
     fn apply_limits(&mut self) {
         for index in 0..self.limits.own.len() {
             let own = self.limits.own[index];
-            let kind = self.kinds[index];
             let mut capacity = own.capacity();
             let mut interval = own.interval_ns();
             for (&peer, list) in &self.limits.differ {
                 let Some(l) = list.as_ref().and_then(|l| l.get(index)) else {
                     continue;
                 };
-                let comparable = l.algorithm == code(own.algorithm())
-                    && (!kind.is_window() || l.window_ns == own.window_ns());
-                if comparable && self.membership.is_alive(peer) {
+                if l.comparable(&own) && self.membership.is_alive(peer) {
                     capacity = capacity.min(l.capacity);
                     interval = interval.max(l.interval_ns);
                 }

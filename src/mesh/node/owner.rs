@@ -46,14 +46,14 @@ impl Node {
             // authority, has what it granted.
             return false;
         }
-        let Some((policy, kind)) = self.policy(key.policy) else {
+        let Some(policy) = self.policy(key.policy) else {
             return false;
         };
         let authority = match self.backups.remove(&key) {
             Some(Backup { from, state, .. }) => {
                 self.stats.promotions += 1;
                 let offset = self.offset_or_guess(from, now);
-                let mut a = Authority::from_state(&state, policy, kind, offset, now);
+                let mut a = Authority::from_state(&state, policy, offset, now);
                 let membership = &self.membership;
                 a.retire_departed(|node, run| membership.is_live_run(node, run));
                 a
@@ -61,9 +61,9 @@ impl Node {
             None => match self.earlier_owner(key.key) {
                 Some(by) => {
                     let offset = self.offset_or_guess(by, now);
-                    Authority::fresh_after(key, policy, kind, offset, now)
+                    Authority::fresh_after(key, policy, offset, now)
                 }
-                None => Authority::fresh(key, policy, kind, now),
+                None => Authority::fresh(key, policy, now),
             },
         };
         self.authorities
@@ -153,7 +153,9 @@ impl Node {
 
     pub(super) fn note_frame(&mut self, key: KeyRef, before: Option<u64>) {
         if let Some(a) = self.authorities.get(&key)
-            && self.kinds[key.policy as usize].is_window()
+            && self.config.policies[key.policy as usize]
+                .algorithm()
+                .counts_per_window()
         {
             let (window, start, _) = a.frame();
             if before != Some(window) {

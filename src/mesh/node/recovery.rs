@@ -47,13 +47,13 @@ impl Node {
     ) {
         let key = state.key;
         self.schedule.touch(key);
-        let Some((policy, kind)) = self.policy(key.policy) else {
+        let Some(policy) = self.policy(key.policy) else {
             return;
         };
         self.backups.remove(&key);
         self.transfers.returned(key);
-        let incoming = Authority::from_state(&state, policy, kind, offset, now)
-            .with_hold(self.config.hold_ns());
+        let incoming =
+            Authority::from_state(&state, policy, offset, now).with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
         let a = match self.authorities.entry(key) {
             std::collections::hash_map::Entry::Occupied(kept) => {
@@ -94,9 +94,9 @@ impl Node {
             }
             let idle_backup = self.backups.get(&key).is_some_and(|b| {
                 b.from == p
-                    && self.policy(key.policy).is_some_and(|(policy, kind)| {
+                    && self.policy(key.policy).is_some_and(|policy| {
                         let offset = self.offset_or_guess(p, now);
-                        Authority::state_is_idle(&b.state, &policy, kind, offset, now)
+                        Authority::state_is_idle(&b.state, &policy, offset, now)
                     })
             });
             !idle_backup

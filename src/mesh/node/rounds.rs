@@ -222,11 +222,11 @@ impl Node {
     fn drop_idle_backups(&mut self, now: Nanos) {
         let mut idle = Vec::new();
         for (key, b) in &self.backups {
-            let Some((policy, kind)) = self.policy(key.policy) else {
+            let Some(policy) = self.policy(key.policy) else {
                 continue;
             };
             let offset = self.offset_or_guess(b.from, now);
-            if Authority::state_is_idle(&b.state, &policy, kind, offset, now) {
+            if Authority::state_is_idle(&b.state, &policy, offset, now) {
                 idle.push(*key);
             }
         }
