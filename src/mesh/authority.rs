@@ -89,7 +89,6 @@ struct Asked {
 #[derive(Debug, Clone)]
 pub(crate) struct Authority {
     key: KeyRef,
-    policy: Policy,
     version: u64,
     /// Windows: the current window's index and local bounds.
     window: u64,
@@ -122,12 +121,11 @@ pub(crate) struct Authority {
 impl Authority {
     /// Create the authority of a key nobody knows yet, at `now`: an empty window aligned
     /// on this node's clock, or a full bucket.
-    pub(crate) fn fresh(key: KeyRef, policy: Policy, now: Nanos) -> Self {
+    pub(crate) fn fresh(key: KeyRef, policy: &Policy, now: Nanos) -> Self {
         let w = policy.window_ns();
         let window = now / w;
         Authority {
             key,
-            policy,
             version: 1,
             window,
             start: window * w,
@@ -153,7 +151,7 @@ impl Authority {
     /// numbered them and converted so that each begins no earlier here than it did there. Its
     /// window of an index then never begins before the earlier owner's, whose grants of the
     /// window before this node cannot know: they all fall before it.
-    pub(crate) fn fresh_after(key: KeyRef, policy: Policy, offset: Offset, now: Nanos) -> Self {
+    pub(crate) fn fresh_after(key: KeyRef, policy: &Policy, offset: Offset, now: Nanos) -> Self {
         let mut a = Self::fresh(key, policy, now);
         if !policy.algorithm().counts_per_window() {
             return a;
@@ -173,7 +171,7 @@ impl Authority {
     /// window end no later, and the next window begins no earlier, than the sender's.
     pub(crate) fn from_state(
         state: &AuthorityState,
-        policy: Policy,
+        policy: &Policy,
         offset: Offset,
         now: Nanos,
     ) -> Self {
@@ -185,7 +183,6 @@ impl Authority {
         let level_at = offset.latest_local(state.level_at).min(now);
         let mut a = Authority {
             key: state.key,
-            policy,
             version: state.version + 1,
             window: state.window,
             start: next_start.saturating_sub(w),
@@ -209,18 +206,17 @@ impl Authority {
         a
     }
 
-    /// Enforce `policy` from now on: the same algorithm (and window) with another limit, or
-    /// another rate and burst (a live change). What was counted stays counted; a bucket keeps
-    /// its free tokens (at most its new depth).
-    pub(crate) fn set_policy(&mut self, policy: Policy) {
-        if self.policy.algorithm().is_bucket() {
-            let old = self.policy.interval_ns().max(1);
-            let tokens = self.level_ns / old;
+    /// The key's policy is enforced with other limits from now on (`old` until now): the
+    /// same algorithm (and window) with another limit, or another rate and burst (a live
+    /// change). What was counted stays counted; a bucket keeps its free tokens (at most its
+    /// new depth).
+    pub(crate) fn limits_changed(&mut self, old: &Policy, new: &Policy) {
+        if new.algorithm().is_bucket() {
+            let tokens = self.level_ns / old.interval_ns().max(1);
             self.level_ns = tokens
-                .saturating_mul(policy.interval_ns())
-                .min(policy.window_ns());
+                .saturating_mul(new.interval_ns())
+                .min(new.window_ns());
         }
-        self.policy = policy;
         self.capped_since = None;
         self.version += 1;
     }
@@ -364,20 +360,20 @@ impl Authority {
 
     /// Tell whether the authority holds nothing worth keeping at `now`: no holder has an
     /// unspent lease, the window's counts no longer matter, a bucket is full.
-    pub(crate) fn is_idle(&mut self, now: Nanos) -> bool {
+    pub(crate) fn is_idle(&mut self, policy: &Policy, now: Nanos) -> bool {
         if !self.waiting.is_empty() {
             return false;
         }
-        if self.policy.algorithm().is_bucket() {
-            self.refill(now);
-            self.outstanding() == 0 && self.level_ns >= self.policy.window_ns()
+        if policy.algorithm().is_bucket() {
+            self.refill(policy, now);
+            self.outstanding() == 0 && self.level_ns >= policy.window_ns()
         } else {
-            now >= self.next_start.saturating_add(self.policy.window_ns())
+            now >= self.next_start.saturating_add(policy.window_ns())
         }
     }
 
-    fn interval(&self) -> u64 {
-        self.policy.interval_ns().max(1)
+    fn interval(&self, policy: &Policy) -> u64 {
+        policy.interval_ns().max(1)
     }
 
     /// Tokens leased and not reported spent or returned (buckets).
@@ -394,16 +390,15 @@ impl Authority {
     /// back from refilling although they were gone: give back the refill lost since then
     /// (each instant of it once), as a central bucket charged at the spending would have
     /// refilled. Then the cap is what is still leased.
-    fn credit_spent(&mut self, now: Nanos, tokens: u64, ago: Nanos) {
-        let cap = self
-            .policy
+    fn credit_spent(&mut self, policy: &Policy, now: Nanos, tokens: u64, ago: Nanos) {
+        let cap = policy
             .window_ns()
-            .saturating_sub(self.outstanding().saturating_mul(self.interval()));
+            .saturating_sub(self.outstanding().saturating_mul(self.interval(policy)));
         if let Some(capped) = self.capped_since {
             let from = now.saturating_sub(ago).max(capped).max(self.credited_until);
             let credit = now
                 .saturating_sub(from)
-                .min(tokens.saturating_mul(self.interval()))
+                .min(tokens.saturating_mul(self.interval(policy)))
                 .min(cap.saturating_sub(self.level_ns));
             self.level_ns += credit;
             self.credited_until = from + credit;
@@ -421,14 +416,13 @@ impl Authority {
             .sum()
     }
 
-    fn refill(&mut self, now: Nanos) {
+    fn refill(&mut self, policy: &Policy, now: Nanos) {
         if now <= self.level_at {
             return;
         }
-        let cap = self
-            .policy
+        let cap = policy
             .window_ns()
-            .saturating_sub(self.outstanding().saturating_mul(self.interval()));
+            .saturating_sub(self.outstanding().saturating_mul(self.interval(policy)));
         let level = self.level_ns.saturating_add(now - self.level_at);
         // The level never drops because the cap fell: leased tokens came out of it already.
         if self.level_ns >= cap {
@@ -444,11 +438,11 @@ impl Authority {
     }
 
     /// Move to the window containing `now` (windows).
-    fn roll(&mut self, now: Nanos) {
-        if !self.policy.algorithm().counts_per_window() || now < self.next_start {
+    fn roll(&mut self, policy: &Policy, now: Nanos) {
+        if !policy.algorithm().counts_per_window() || now < self.next_start {
             return;
         }
-        let w = self.policy.window_ns();
+        let w = policy.window_ns();
         let skipped = (now - self.next_start) / w;
         // A holder whose lease ended reported its final count; the others count what they
         // were leased (an upper bound, lowered when their final count arrives).
@@ -491,24 +485,24 @@ impl Authority {
     }
 
     /// Return the tokens that can be granted at `now`.
-    pub(crate) fn available(&mut self, now: Nanos) -> u64 {
-        let limit = self.policy.capacity();
-        match self.policy.algorithm() {
+    pub(crate) fn available(&mut self, policy: &Policy, now: Nanos) -> u64 {
+        let limit = policy.capacity();
+        match policy.algorithm() {
             Algorithm::FixedWindow => {
-                self.roll(now);
+                self.roll(policy, now);
                 limit.saturating_sub(self.allocated())
             }
             Algorithm::SlidingWindow => {
-                self.roll(now);
+                self.roll(policy, now);
                 // The central algorithm's test, with the leases as the window's count.
                 let elapsed = now.saturating_sub(self.start);
-                sliding_window::room(limit, self.policy.window_ns(), self.previous, elapsed)
+                sliding_window::room(limit, policy.window_ns(), self.previous, elapsed)
                     .saturating_sub(self.allocated())
             }
             // A bucket (the node takes no other algorithm).
             _ => {
-                self.refill(now);
-                self.level_ns / self.interval()
+                self.refill(policy, now);
+                self.level_ns / self.interval(policy)
             }
         }
     }
@@ -517,9 +511,15 @@ impl Authority {
     /// when it asked): they serve part of the want's need. A want about an earlier window
     /// (or from a holding with no grant yet, window 0) has seen none of this window's
     /// grants; another holding's record has nothing on its way to this one.
-    pub(crate) fn in_flight(&mut self, now: Nanos, node: NodeId, want: &Want) -> u64 {
-        self.roll(now);
-        let seen = if !self.policy.algorithm().counts_per_window() || want.window == self.window {
+    pub(crate) fn in_flight(
+        &mut self,
+        policy: &Policy,
+        now: Nanos,
+        node: NodeId,
+        want: &Want,
+    ) -> u64 {
+        self.roll(policy, now);
+        let seen = if !policy.algorithm().counts_per_window() || want.window == self.window {
             want.tally.granted
         } else if want.window < self.window {
             0

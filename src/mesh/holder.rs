@@ -26,7 +26,7 @@ use crate::mesh::lease::{LeaseCell, Miss};
 use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{Grant, KeyRef, Want};
 use crate::mesh::tally::Tally;
-use crate::policy::Policy;
+use crate::policy::{Algorithm, Policy};
 use demand::Demand;
 
 mod demand;
@@ -79,7 +79,10 @@ pub(crate) struct Holding {
     /// Numbers this holding among the node's holdings of the key (see [`Want::holding`]).
     id: u64,
     cell: Arc<LeaseCell>,
-    policy: Policy,
+    /// The key's algorithm and window (fixed while the nodes run; the limits it is
+    /// enforced with are the node's, handed to the decisions that use them).
+    algorithm: Algorithm,
+    window_ns: Nanos,
     /// The lease's window (windows; 0 for buckets and before the first grant).
     window: u64,
     granted: u64,
@@ -137,7 +140,7 @@ pub(crate) struct Holding {
 impl Holding {
     /// A key this node has no lease for yet; `id` is larger than any earlier holding's of
     /// the key on this node.
-    pub(crate) fn new(key: KeyRef, policy: Policy, id: u64) -> Self {
+    pub(crate) fn new(key: KeyRef, policy: &Policy, id: u64) -> Self {
         let cell = LeaseCell::new();
         let algorithm = policy.algorithm();
         if !algorithm.counts_per_window() {
@@ -149,7 +152,8 @@ impl Holding {
             key,
             id,
             cell: Arc::new(cell),
-            policy,
+            algorithm,
+            window_ns: policy.window_ns(),
             window: 0,
             granted: 0,
             returned: 0,
@@ -186,11 +190,10 @@ impl Holding {
         &self.rank
     }
 
-    /// Decide with `policy` from now on (a live change of its limit or rate); the lease
-    /// keeps the tokens it was granted. A denial the authority gave under the old limit no
-    /// longer holds: the next request asks again.
-    pub(crate) fn set_policy(&mut self, policy: Policy) {
-        self.policy = policy;
+    /// The key's policy is enforced with other limits from now on (a live change of its
+    /// limit or rate); the lease keeps the tokens it was granted. A denial the authority
+    /// gave under the old limits no longer holds: the next request asks again.
+    pub(crate) fn limits_changed(&mut self) {
         self.denied_until = 0;
     }
 
@@ -296,7 +299,7 @@ impl Holding {
 
     /// [`Holding::spent_out`] once the demand is `demand`.
     fn spent_out_at(&self, demand: u32) -> bool {
-        self.policy.algorithm().counts_per_window()
+        self.algorithm.counts_per_window()
             && self.unspent() == 0
             && self.waiting.is_empty()
             && demand == 0
@@ -306,7 +309,7 @@ impl Holding {
     fn report_every(&self) -> u64 {
         // A bucket's authority holds back what it leased until it hears it was spent:
         // report spending at the next round (a window's leases count as spent anyway).
-        if self.policy.algorithm().counts_per_window() {
+        if self.algorithm.counts_per_window() {
             REPORT_ROUNDS
         } else {
             1
@@ -317,7 +320,7 @@ impl Holding {
     /// back, and for a bucket what it spent (`used`); a window counts its leases as spent
     /// until told what came back.
     fn counts(&self, used: u64) -> (u64, u64) {
-        if self.policy.algorithm().counts_per_window() {
+        if self.algorithm.counts_per_window() {
             (self.returned, 0)
         } else {
             (self.returned, used)
@@ -330,7 +333,7 @@ impl Holding {
     /// lease that ended has nothing left to confirm.
     pub(crate) fn unconfirmed(&self) -> bool {
         self.granted > 0
-            && !(self.policy.algorithm().counts_per_window() && self.closed)
+            && !(self.algorithm.counts_per_window() && self.closed)
             && self.counts(self.used()) != self.confirmed
     }
 
@@ -359,31 +362,31 @@ impl Holding {
             .saturating_sub(self.reserve)
     }
 
-    fn allowed(&self, now: Nanos, remaining: u64) -> Decision {
-        let reset = if self.policy.algorithm().counts_per_window() {
+    fn allowed(&self, policy: &Policy, now: Nanos, remaining: u64) -> Decision {
+        let reset = if self.algorithm.counts_per_window() {
             self.expiry.saturating_sub(now)
         } else {
-            self.policy
+            policy
                 .capacity()
                 .saturating_sub(remaining)
-                .saturating_mul(self.policy.interval_ns())
+                .saturating_mul(policy.interval_ns())
         };
-        Decision::allowed(self.policy.capacity(), remaining, reset)
+        Decision::allowed(policy.capacity(), remaining, reset)
     }
 
-    fn denied(&self, now: Nanos, retry_after: Nanos) -> Decision {
-        let reset = if self.policy.algorithm().counts_per_window() {
+    fn denied(&self, policy: &Policy, now: Nanos, retry_after: Nanos) -> Decision {
+        let reset = if self.algorithm.counts_per_window() {
             self.expiry.saturating_sub(now).max(retry_after)
         } else {
-            self.policy.window_ns()
+            self.window_ns
         };
-        Decision::denied(self.policy.capacity(), 0, reset, retry_after)
+        Decision::denied(policy.capacity(), 0, reset, retry_after)
     }
 
     /// End an expired window lease at `now`: the cell admits nothing more, and the final
     /// count is known.
     pub(crate) fn expire(&mut self, now: Nanos) {
-        if self.policy.algorithm().counts_per_window() && !self.closed && now >= self.expiry {
+        if self.algorithm.counts_per_window() && !self.closed && now >= self.expiry {
             let left = self.cell.close();
             self.closed_used = self
                 .granted
@@ -397,19 +400,26 @@ impl Holding {
 
     /// Decide a request the lease cell could not: admit from the cell if it can now, deny
     /// if the authority recently said no, or let it wait (`id`, until `deadline`).
-    pub(crate) fn slow(&mut self, now: Nanos, id: u64, cost: u64, deadline: Nanos) -> Slow {
-        if cost == 0 || cost > self.policy.capacity() {
-            return Slow::Decided(Decision::cannot_fit(self.policy.capacity()));
+    pub(crate) fn slow(
+        &mut self,
+        policy: &Policy,
+        now: Nanos,
+        id: u64,
+        cost: u64,
+        deadline: Nanos,
+    ) -> Slow {
+        if cost == 0 || cost > policy.capacity() {
+            return Slow::Decided(Decision::cannot_fit(policy.capacity()));
         }
         self.expire(now);
         if self.waiting.is_empty() {
             match self.cell.take(now, cost) {
-                Ok(remaining) => return Slow::Decided(self.allowed(now, remaining)),
+                Ok(remaining) => return Slow::Decided(self.allowed(policy, now, remaining)),
                 Err(Miss::Short { .. } | Miss::Expired) => {}
             }
             if now < self.denied_until && cost >= self.denied_cost {
                 self.demand.offer(cost);
-                return Slow::Decided(self.denied(now, self.denied_until - now));
+                return Slow::Decided(self.denied(policy, now, self.denied_until - now));
             }
         }
         self.demand.offer(cost);
@@ -490,7 +500,7 @@ impl Holding {
                 returned: self.returned,
                 used,
             },
-            closed: self.policy.algorithm().counts_per_window() && self.closed,
+            closed: self.algorithm.counts_per_window() && self.closed,
             need,
             smallest: self.waiting.iter().map(|w| w.cost).min().unwrap_or(0),
             seq: self.want_seq,
@@ -507,6 +517,7 @@ impl Holding {
     /// decided are added to `decided`.
     pub(crate) fn apply_grant(
         &mut self,
+        policy: &Policy,
         now: Nanos,
         grant: &Grant,
         expiry: Nanos,
@@ -519,7 +530,7 @@ impl Holding {
         }
         // An answer about a window whose lease already ended here (it came late, or out of
         // order) says nothing about the requests waiting now: they ask again.
-        let stale = self.policy.algorithm().counts_per_window()
+        let stale = self.algorithm.counts_per_window()
             && (grant.window < self.window
                 || (grant.window == self.window && self.closed && self.granted > 0));
         if stale {
@@ -543,12 +554,12 @@ impl Holding {
             now
         };
         let granted_before = (self.window, self.granted);
-        if self.policy.algorithm().counts_per_window() {
+        if self.algorithm.counts_per_window() {
             if grant.window > self.window || (self.closed && self.granted == 0 && self.window == 0)
             {
                 // A lease for a newer window: the old one is over (closed as if expired).
                 self.expire(now.max(self.expiry));
-                self.previous_used = (self.policy.algorithm().weighs_previous()
+                self.previous_used = (self.algorithm.weighs_previous()
                     && self.window > 0
                     && grant.window == self.window + 1)
                     .then_some(self.closed_used);
@@ -567,7 +578,7 @@ impl Holding {
                 self.closed = now >= expiry;
                 // A lease that arrives after its window ended closes unspent at once: its
                 // final count (0) is due like any other's.
-                if self.closed && grant.granted > 0 && self.policy.algorithm().weighs_previous() {
+                if self.closed && grant.granted > 0 && self.algorithm.weighs_previous() {
                     self.report_due = true;
                 }
                 self.closed_used = 0;
@@ -595,7 +606,7 @@ impl Holding {
             let soon = now + DENIED_RESEND_NS;
             self.want_sent_at = Some(self.want_sent_at.map_or(soon, |at| at.min(soon)));
         }
-        self.serve(now, decided);
+        self.serve(policy, now, decided);
         if grant.retry_after > 0 && !self.waiting.is_empty() {
             // The denial is about the requests the answered want counted (later ones wait
             // for their own answer). Of those, the ones that fit in what the authority
@@ -618,7 +629,7 @@ impl Holding {
             self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
                 self.denied_until = decided_at.saturating_add(grant.retry_after);
-                if self.policy.algorithm().counts_per_window() {
+                if self.algorithm.counts_per_window() {
                     // A denial is about the owner's window: the next one is asked afresh,
                     // however late the answer came (a repeated answer's decision time is
                     // not known here).
@@ -627,18 +638,18 @@ impl Holding {
                 self.denied_cost = min;
             }
             for w in denied.iter().filter(|w| !w.prepaid) {
-                decided.push((w.id, self.denied(now, grant.retry_after)));
+                decided.push((w.id, self.denied(policy, now, grant.retry_after)));
             }
             // What the denied held back may serve those behind them.
-            self.serve(now, decided);
+            self.serve(policy, now, decided);
         }
         self.settle();
         self.see_used(now);
     }
 
     /// Serve waiting requests from the reserve, in order (added to `decided`).
-    fn serve(&mut self, now: Nanos, decided: &mut Vec<(u64, Decision)>) {
-        if self.policy.algorithm().counts_per_window() && (self.closed || now >= self.expiry) {
+    fn serve(&mut self, policy: &Policy, now: Nanos, decided: &mut Vec<(u64, Decision)>) {
+        if self.algorithm.counts_per_window() && (self.closed || now >= self.expiry) {
             return;
         }
         while let Some(w) = self.waiting.front().copied() {
@@ -649,7 +660,7 @@ impl Holding {
             self.reserve -= w.cost;
             let remaining = self.reserve + self.cell.remaining();
             if !w.prepaid {
-                decided.push((w.id, self.allowed(now, remaining)));
+                decided.push((w.id, self.allowed(policy, now, remaining)));
             }
         }
     }
@@ -668,6 +679,7 @@ impl Holding {
     /// those decided are added to `decided`.
     pub(crate) fn timeouts(
         &mut self,
+        policy: &Policy,
         now: Nanos,
         retry_after: Nanos,
         decided: &mut Vec<(u64, Decision)>,
@@ -678,11 +690,11 @@ impl Holding {
             }
             self.waiting.pop_front();
             if !w.prepaid {
-                decided.push((w.id, self.denied(now, retry_after)));
+                decided.push((w.id, self.denied(policy, now, retry_after)));
             }
         }
         // What the denied held back may serve those behind them.
-        self.serve(now, decided);
+        self.serve(policy, now, decided);
         self.settle();
     }
 
@@ -692,8 +704,7 @@ impl Holding {
         // A sliding window's lease ends at its expiry: the final count goes to the authority
         // then. A fixed window's has nothing to send then (its cell stops at the expiry by
         // itself): it is closed when the holding is next looked at.
-        let expiry =
-            (self.policy.algorithm().weighs_previous() && !self.closed).then_some(self.expiry);
+        let expiry = (self.algorithm.weighs_previous() && !self.closed).then_some(self.expiry);
         let deadline = self.waiting.iter().map(|w| w.deadline).min();
         let resend = self.want_sent_at.filter(|_| !self.waiting.is_empty());
         [expiry, deadline, resend].into_iter().flatten().min()
@@ -710,7 +721,7 @@ impl Holding {
     /// The lease closed since it was `was` closed, and the authority wants its final count
     /// (a sliding window's; a fixed window's authority starts each window afresh).
     fn final_due(&self, was: bool) -> bool {
-        self.closed && !was && self.granted > 0 && self.policy.algorithm().weighs_previous()
+        self.closed && !was && self.granted > 0 && self.algorithm.weighs_previous()
     }
 
     /// Give back what the lease holds beyond `keep` tokens; return how many.
@@ -800,10 +811,10 @@ impl Holding {
     /// may run the same window up to a clock error past that end, learning its grants only
     /// from the holders' reports.
     fn counted_until(&self) -> Nanos {
-        if !self.policy.algorithm().counts_per_window() || self.expiry == 0 {
+        if !self.algorithm.counts_per_window() || self.expiry == 0 {
             return 0;
         }
-        self.expiry.saturating_add(self.policy.window_ns())
+        self.expiry.saturating_add(self.window_ns)
     }
 
     /// Tell whether the holding can be forgotten at `now`: nothing waits, nothing leased,

@@ -406,14 +406,21 @@ impl Node {
         self.events.pop_front()
     }
 
+    /// The policy number `index` is enforced with now, if there is one.
     fn policy(&self, index: u32) -> Option<Policy> {
-        self.config.policies.get(index as usize).copied()
+        self.limits.enforced().get(index as usize).copied()
+    }
+
+    /// The policy the state of `key` (its authority, its holding) is enforced with now:
+    /// such state exists only for a policy the node has, and their number never changes.
+    fn enforced(&self, key: KeyRef) -> Policy {
+        self.limits.enforced()[key.policy as usize]
     }
 
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
         if !self.holdings.contains_key(&key) {
             let policy = self.policy(key.policy)?;
-            let mut h = Holding::new(key, policy, self.next_holding);
+            let mut h = Holding::new(key, &policy, self.next_holding);
             h.count_rounds_from(self.stats.rounds);
             self.next_holding += 1;
             self.cells.insert(key, Arc::clone(h.cell()));
@@ -458,7 +465,7 @@ impl Node {
         let Some(h) = self.holding_mut(kr) else {
             return Admit::Now(Decision::cannot_fit(0));
         };
-        let slow = h.slow(now, id, cost, deadline);
+        let slow = h.slow(&p, now, id, cost, deadline);
         // The next round counts what was offered.
         self.schedule.touch(kr);
         match slow {
@@ -566,10 +573,10 @@ impl Node {
     }
 
     fn on_grant(&mut self, now: Nanos, from: NodeId, grant: Grant) {
-        let windowed = self
-            .policy(grant.key.policy)
-            .is_some_and(|p| p.algorithm().counts_per_window());
-        let expiry = if windowed {
+        let Some(policy) = self.policy(grant.key.policy) else {
+            return;
+        };
+        let expiry = if policy.algorithm().counts_per_window() {
             match self.membership.offset(from, now) {
                 Some(o) => o.earliest_local(grant.ends_at),
                 None => now,
@@ -581,7 +588,7 @@ impl Node {
             return;
         };
         self.schedule.touch(grant.key);
-        h.apply_grant(now, &grant, expiry, &mut self.decided);
+        h.apply_grant(&policy, now, &grant, expiry, &mut self.decided);
         if grant.window >= h.lease().0 {
             h.previous_confirmed();
         }
@@ -636,7 +643,7 @@ impl Node {
                 continue;
             };
             let offset = self.offset_or_guess(b.from, now);
-            let authority = Authority::from_state(&b.state, policy, offset, now);
+            let authority = Authority::from_state(&b.state, &policy, offset, now);
             self.authorities.insert(key, authority);
         }
         let keys: Vec<KeyRef> = self.authorities.keys().copied().collect();

@@ -168,7 +168,7 @@ impl Recorder {
         self.crash_at.get_or_insert((now, i));
         self.event(now);
         let Some(node) = &nodes[i].node else { return };
-        let limit = node.config().policies[0].capacity() as f64;
+        let limit = node.policies()[0].capacity() as f64;
         // What its leases held: the survivors count it as spent (the loss a crash may cost).
         for key in 0..self.mesh.len() as u64 {
             if let Some(lease) = node.lease_state(0, key + 1) {

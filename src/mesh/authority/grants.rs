@@ -8,45 +8,47 @@ use crate::algorithm::sliding_window;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::message::HolderRecord;
-use crate::policy::Algorithm;
+use crate::policy::{Algorithm, Policy};
 
 impl Authority {
     /// Serve a request of `need` tokens from `node` (whose report was applied just before):
     /// grant, wait for recalled tokens (until `deadline`), or deny with a retry time.
     pub(crate) fn request(
         &mut self,
+        policy: &Policy,
         now: Nanos,
         node: NodeId,
         incarnation: u64,
         need: u64,
         deadline: Nanos,
     ) -> Answer {
-        self.roll(now);
-        if self.policy.algorithm().counts_per_window() && now >= self.end && now < self.next_start {
+        self.roll(policy, now);
+        if policy.algorithm().counts_per_window() && now >= self.end && now < self.next_start {
             // After a handover, the next window starts a little later than this one ended.
-            self.enqueue(now, node, need, deadline);
+            self.enqueue(policy, now, node, need, deadline);
             return Answer::Wait;
         }
-        self.offer(now, node, incarnation, need, deadline)
+        self.offer(policy, now, node, incarnation, need, deadline)
     }
 
     /// Grant what `need` gets now: all of it (with a lease on top), or what is free while
     /// the rest waits for recalled tokens, or what is free with a denial of the rest.
     fn offer(
         &mut self,
+        policy: &Policy,
         now: Nanos,
         node: NodeId,
         incarnation: u64,
         need: u64,
         deadline: Nanos,
     ) -> Answer {
-        let available = self.available(now);
+        let available = self.available(policy, now);
         if need <= available {
             let extra = self.lease_extra(node, available - need);
-            return self.grant(node, incarnation, need + extra, 0);
+            return self.grant(policy, node, incarnation, need + extra, 0);
         }
         let recoverable = if now < deadline {
-            self.recoverable(now, node)
+            self.recoverable(policy, now, node)
         } else {
             0
         };
@@ -64,12 +66,12 @@ impl Authority {
                 .map(|w| w.need)
                 .sum();
             let hold = self.hold_ns.min(deadline - now);
-            if self.until_room(now, need + ahead) <= hold {
+            if self.until_room(policy, now, need + ahead) <= hold {
                 coming = need - available;
             }
         }
         if coming > 0 {
-            self.enqueue(now, node, coming, deadline);
+            self.enqueue(policy, now, node, coming, deadline);
         }
         let denied = available + coming < need;
         if available == 0 && !denied {
@@ -84,7 +86,7 @@ impl Authority {
         } else {
             available
         };
-        let answer = self.grant_more(node, incarnation, free, 0, coming);
+        let answer = self.grant_more(policy, node, incarnation, free, 0, coming);
         if !denied {
             return answer;
         }
@@ -100,7 +102,7 @@ impl Authority {
             .filter(|h| !h.closed)
             .map_or(0, |h| h.tally.unspent());
         let short = smallest.saturating_sub(held).saturating_sub(coming);
-        let retry = self.retry_after(now, short.max(1));
+        let retry = self.retry_after(policy, now, short.max(1));
         match answer {
             Answer::Grant {
                 window,
@@ -119,9 +121,9 @@ impl Authority {
         }
     }
 
-    fn enqueue(&mut self, now: Nanos, node: NodeId, need: u64, deadline: Nanos) {
+    fn enqueue(&mut self, policy: &Policy, now: Nanos, node: NodeId, need: u64, deadline: Nanos) {
         let wake = now
-            .saturating_add(self.retry_after(now, need))
+            .saturating_add(self.retry_after(policy, now, need))
             .min(deadline);
         match self.waiting.iter_mut().find(|w| w.node == node) {
             Some(w) => {
@@ -138,21 +140,29 @@ impl Authority {
         }
     }
 
-    fn grant(&mut self, node: NodeId, incarnation: u64, tokens: u64, retry_after: Nanos) -> Answer {
-        self.grant_more(node, incarnation, tokens, retry_after, 0)
+    fn grant(
+        &mut self,
+        policy: &Policy,
+        node: NodeId,
+        incarnation: u64,
+        tokens: u64,
+        retry_after: Nanos,
+    ) -> Answer {
+        self.grant_more(policy, node, incarnation, tokens, retry_after, 0)
     }
 
     fn grant_more(
         &mut self,
+        policy: &Policy,
         node: NodeId,
         incarnation: u64,
         tokens: u64,
         retry_after: Nanos,
         more_coming: u64,
     ) -> Answer {
-        let interval = self.interval();
-        let algorithm = self.policy.algorithm();
-        let r = self.record_mut(node, incarnation);
+        let interval = self.interval(policy);
+        let algorithm = policy.algorithm();
+        let r = self.record_mut(policy, node, incarnation);
         r.tally.granted += tokens;
         let granted = r.tally.granted;
         if algorithm.is_bucket() {
@@ -183,21 +193,21 @@ impl Authority {
     /// Tokens a wait may free at `now`: what other holders sit on, as far as their reports
     /// tell (a recall brings it back), and, for a sliding window, the weight of what the
     /// previous window leased but may not have used (the final counts are on their way).
-    fn recoverable(&self, now: Nanos, except: NodeId) -> u64 {
+    fn recoverable(&self, policy: &Policy, now: Nanos, except: NodeId) -> u64 {
         let unspent_leases: u64 = self
             .holders
             .iter()
             .filter(|h| h.node != except && h.incarnation != 0)
             .map(|h| h.tally.unspent())
             .sum();
-        let pending_finals = if self.policy.algorithm().weighs_previous() {
+        let pending_finals = if policy.algorithm().weighs_previous() {
             let unconfirmed: u64 = self
                 .holders
                 .iter()
                 .filter(|h| !h.previous_final && !is_retired(h))
                 .map(|h| h.previous_held)
                 .sum();
-            let w = self.policy.window_ns();
+            let w = policy.window_ns();
             let elapsed = now.saturating_sub(self.start).min(w);
             (u128::from(unconfirmed) * u128::from(w - elapsed)).div_ceil(u128::from(w)) as u64
         } else {
@@ -209,13 +219,18 @@ impl Authority {
     /// Return the holders to ask for tokens back, with what each may keep, when requests
     /// wait: what they hold beyond a round of their demand if that is enough, else all of
     /// it. At most once per `min_gap` ns.
-    pub(crate) fn recall_targets(&mut self, now: Nanos, min_gap: Nanos) -> Vec<(NodeId, u64)> {
+    pub(crate) fn recall_targets(
+        &mut self,
+        policy: &Policy,
+        now: Nanos,
+        min_gap: Nanos,
+    ) -> Vec<(NodeId, u64)> {
         if self.waiting.is_empty() || now < self.recalled_at.saturating_add(min_gap) {
             return Vec::new();
         }
         let waiting: Vec<NodeId> = self.waiting.iter().map(|w| w.node).collect();
         let wanted: u64 = self.waiting.iter().map(|w| w.need).sum();
-        let shortfall = wanted.saturating_sub(self.available(now));
+        let shortfall = wanted.saturating_sub(self.available(policy, now));
         let round = |h: &HolderRecord| u64::from(h.demand).div_ceil(16);
         let candidates: Vec<&HolderRecord> = self
             .holders
@@ -240,9 +255,13 @@ impl Authority {
 
     /// Serve the waiting requests that can be served at `now` (after returns, or a new
     /// window), and deny those past their deadline; return the answers by node.
-    pub(crate) fn serve_waiting(&mut self, now: Nanos) -> Vec<(NodeId, u64, Answer)> {
+    pub(crate) fn serve_waiting(
+        &mut self,
+        policy: &Policy,
+        now: Nanos,
+    ) -> Vec<(NodeId, u64, Answer)> {
         // A new window first: the records looked up below are then the ones granted from.
-        self.roll(now);
+        self.roll(policy, now);
         let mut answers = Vec::new();
         let mut still = VecDeque::new();
         while let Some(w) = self.waiting.pop_front() {
@@ -251,16 +270,13 @@ impl Authority {
                 .iter()
                 .find(|h| h.node == w.node)
                 .map_or(0, |h| h.incarnation);
-            if self.policy.algorithm().counts_per_window()
-                && now >= self.end
-                && now < self.next_start
-            {
+            if policy.algorithm().counts_per_window() && now >= self.end && now < self.next_start {
                 if now >= w.deadline {
                     let retry = self.next_start - now;
                     answers.push((
                         w.node,
                         incarnation,
-                        self.grant(w.node, incarnation, 0, retry),
+                        self.grant(policy, w.node, incarnation, 0, retry),
                     ));
                 } else {
                     still.push_back(Waiter {
@@ -270,11 +286,11 @@ impl Authority {
                 }
                 continue;
             }
-            if self.available(now) == 0
+            if self.available(policy, now) == 0
                 && now < w.deadline
-                && self.recoverable(now, w.node) >= w.need
+                && self.recoverable(policy, now, w.node) >= w.need
             {
-                let wake = now.saturating_add(self.retry_after(now, w.need));
+                let wake = now.saturating_add(self.retry_after(policy, now, w.need));
                 still.push_back(Waiter {
                     wake: wake.min(w.deadline),
                     ..w
@@ -282,7 +298,7 @@ impl Authority {
                 continue;
             }
             let before = self.waiting.len();
-            let answer = self.offer(now, w.node, incarnation, w.need, w.deadline);
+            let answer = self.offer(policy, now, w.node, incarnation, w.need, w.deadline);
             // `offer` queued the rest at the back: keep this waiter's place instead.
             if self.waiting.len() > before
                 && let Some(rest) = self.waiting.pop_back()
@@ -306,7 +322,7 @@ impl Authority {
     }
 
     /// Deny the waiting requests past their deadline (while the authority may not grant).
-    pub(crate) fn deny_overdue(&mut self, now: Nanos) -> Vec<(NodeId, Answer)> {
+    pub(crate) fn deny_overdue(&mut self, policy: &Policy, now: Nanos) -> Vec<(NodeId, Answer)> {
         let mut answers = Vec::new();
         let overdue: Vec<Waiter> = self
             .waiting
@@ -321,28 +337,28 @@ impl Authority {
                 .iter()
                 .find(|h| h.node == w.node)
                 .map_or(0, |h| h.incarnation);
-            let retry = self.retry_after(now, w.need);
-            answers.push((w.node, self.grant(w.node, incarnation, 0, retry)));
+            let retry = self.retry_after(policy, now, w.need);
+            answers.push((w.node, self.grant(policy, w.node, incarnation, 0, retry)));
         }
         answers
     }
 
     /// Answer `node` with what it holds now, granting nothing (an acknowledgement).
-    pub(crate) fn current(&mut self, now: Nanos, node: NodeId) -> Answer {
-        self.roll(now);
+    pub(crate) fn current(&mut self, policy: &Policy, now: Nanos, node: NodeId) -> Answer {
+        self.roll(policy, now);
         let granted = self
             .holders
             .iter()
             .find(|h| h.node == node)
             .map_or(0, |h| h.tally.granted);
         Answer::Grant {
-            window: if self.policy.algorithm().counts_per_window() {
+            window: if policy.algorithm().counts_per_window() {
                 self.window
             } else {
                 0
             },
             granted,
-            ends_at: if self.policy.algorithm().counts_per_window() {
+            ends_at: if policy.algorithm().counts_per_window() {
                 self.end
             } else {
                 0
@@ -383,18 +399,18 @@ impl Authority {
     }
 
     /// When `need` tokens could be had at the earliest (from `now`), in ns (at least 1 ms).
-    pub(crate) fn retry_after(&mut self, now: Nanos, need: u64) -> Nanos {
-        self.until_room(now, need).max(1_000_000)
+    pub(crate) fn retry_after(&mut self, policy: &Policy, now: Nanos, need: u64) -> Nanos {
+        self.until_room(policy, now, need).max(1_000_000)
     }
 
     /// How long until `need` tokens fit, from `now`, by the policy alone (no returns).
-    fn until_room(&mut self, now: Nanos, need: u64) -> Nanos {
-        let limit = self.policy.capacity();
-        match self.policy.algorithm() {
+    fn until_room(&mut self, policy: &Policy, now: Nanos, need: u64) -> Nanos {
+        let limit = policy.capacity();
+        match policy.algorithm() {
             Algorithm::FixedWindow => self.next_start.saturating_sub(now),
             Algorithm::SlidingWindow => {
                 let allocated = self.allocated();
-                let w = self.policy.window_ns();
+                let w = policy.window_ns();
                 if allocated + need > limit || self.previous == 0 {
                     self.next_start.saturating_sub(now)
                 } else {
@@ -405,8 +421,8 @@ impl Authority {
             }
             // A bucket (the node takes no other algorithm).
             _ => {
-                self.refill(now);
-                need.saturating_mul(self.interval())
+                self.refill(policy, now);
+                need.saturating_mul(self.interval(policy))
                     .saturating_sub(self.level_ns)
             }
         }

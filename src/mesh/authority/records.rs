@@ -22,6 +22,7 @@ use crate::mesh::NodeId;
 use crate::mesh::membership::mix;
 use crate::mesh::message::{HolderRecord, Want};
 use crate::mesh::tally::Tally;
+use crate::policy::Policy;
 
 /// How many retired records a bucket keeps (72 bytes each; a window keeps its own until
 /// they count nothing, two windows at most).
@@ -79,18 +80,18 @@ impl Authority {
     /// upper bound), as the older state would have rolled them: a sliding window weighs
     /// them, and a state that rolled apart from the other must not forget what was admitted
     /// there.
-    pub(crate) fn merge(&mut self, other: &Authority) {
-        if other.policy.algorithm().counts_per_window() && other.window != self.window {
+    pub(crate) fn merge(&mut self, policy: &Policy, other: &Authority) {
+        if policy.algorithm().counts_per_window() && other.window != self.window {
             let (newer, older) = if other.window > self.window {
                 (other, &*self)
             } else {
                 (&*self, other)
             };
             let mut rolled = older.clone();
-            rolled.roll(newer.start);
+            rolled.roll(policy, newer.start);
             let mut merged = newer.clone();
             if rolled.window == newer.window {
-                merged.merge(&rolled);
+                merged.merge(policy, &rolled);
             }
             merged.version = self.version.max(other.version) + 1;
             *self = merged;
@@ -127,7 +128,7 @@ impl Authority {
             out += theirs.tally.granted;
             back += theirs.tally.returned;
             if is_retired(theirs) {
-                self.keep_retired(*theirs);
+                self.keep_retired(policy, *theirs);
                 continue;
             }
             // A live holding this state has no record of: the newer of it and the node's
@@ -137,9 +138,9 @@ impl Authority {
                     let mine = self.holders[i];
                     if (mine.incarnation, mine.holding) < (theirs.incarnation, theirs.holding) {
                         self.holders[i] = *theirs;
-                        self.retire(mine);
+                        self.retire(policy, mine);
                     } else {
-                        self.retire(*theirs);
+                        self.retire(policy, *theirs);
                     }
                 }
                 None => {
@@ -148,12 +149,12 @@ impl Authority {
                 }
             }
         }
-        if self.policy.algorithm().weighs_previous() {
+        if policy.algorithm().weighs_previous() {
             // The previous window's count is its holdings' counts, each merged above.
             self.previous = self.holders.iter().map(|h| h.previous_held).sum();
         }
-        if self.policy.algorithm().is_bucket() {
-            let interval = self.interval();
+        if policy.algorithm().is_bucket() {
+            let interval = self.interval(policy);
             if seen_there > seen_here {
                 (self.level_ns, self.level_at) = (other.level_ns, other.level_at);
                 (out, back) = (mine_out, mine_back);
@@ -165,7 +166,7 @@ impl Authority {
             } else {
                 self.level_ns
                     .saturating_add((back - out).saturating_mul(interval))
-                    .min(self.policy.window_ns())
+                    .min(policy.window_ns())
             };
         }
         self.end = self.end.min(other.end);
@@ -179,12 +180,17 @@ impl Authority {
         self.holders.binary_search_by_key(&node, |h| h.node).ok()
     }
 
-    pub(super) fn record_mut(&mut self, node: NodeId, incarnation: u64) -> &mut HolderRecord {
+    pub(super) fn record_mut(
+        &mut self,
+        policy: &Policy,
+        node: NodeId,
+        incarnation: u64,
+    ) -> &mut HolderRecord {
         let i = match self.holders.binary_search_by_key(&node, |h| h.node) {
             Ok(i) => {
                 if self.holders[i].incarnation != incarnation {
                     // A restarted holder: its old holding is retired.
-                    self.forget_holder_at(i);
+                    self.forget_holder_at(policy, i);
                     let at = self.holders.partition_point(|h| h.node < node);
                     self.holders.insert(at, blank(node, incarnation));
                     at
@@ -202,9 +208,9 @@ impl Authority {
 
     /// A holder is gone (dead, left, or restarted): whatever it did not report counts as
     /// spent until it does, and a bucket's burst is no longer held back for it.
-    pub(crate) fn forget_holder(&mut self, node: NodeId) {
+    pub(crate) fn forget_holder(&mut self, policy: &Policy, node: NodeId) {
         if let Some(i) = self.live_index(node) {
-            self.forget_holder_at(i);
+            self.forget_holder_at(policy, i);
             self.version += 1;
         }
         self.waiting.retain(|w| w.node != node);
@@ -213,7 +219,7 @@ impl Authority {
     /// Retire the live records of the holders `alive` does not count as live members (by
     /// node and incarnation): a state that came from another node may still hold records of
     /// holders this node knows are gone.
-    pub(crate) fn retire_departed(&mut self, alive: impl Fn(NodeId, u64) -> bool) {
+    pub(crate) fn retire_departed(&mut self, policy: &Policy, alive: impl Fn(NodeId, u64) -> bool) {
         let gone: Vec<NodeId> = self
             .holders
             .iter()
@@ -221,27 +227,30 @@ impl Authority {
             .map(|h| h.node)
             .collect();
         for node in gone {
-            self.forget_holder(node);
+            self.forget_holder(policy, node);
         }
     }
 
-    fn forget_holder_at(&mut self, i: usize) {
+    fn forget_holder_at(&mut self, policy: &Policy, i: usize) {
         let h = self.holders.remove(i);
-        self.retire(h);
+        self.retire(policy, h);
     }
 
     /// Keep `h`'s holding as a retired record.
-    fn retire(&mut self, h: HolderRecord) {
+    fn retire(&mut self, policy: &Policy, h: HolderRecord) {
         if is_retired(&h) {
-            self.keep_retired(h);
+            self.keep_retired(policy, h);
             return;
         }
-        self.keep_retired(HolderRecord {
-            node: retired_id(h.node, h.incarnation, h.holding),
-            incarnation: 0,
-            demand: 0,
-            ..h
-        });
+        self.keep_retired(
+            policy,
+            HolderRecord {
+                node: retired_id(h.node, h.incarnation, h.holding),
+                incarnation: 0,
+                demand: 0,
+                ..h
+            },
+        );
     }
 
     /// Keep a retired record (merged with the one of the same holding, if any). A window
@@ -249,11 +258,11 @@ impl Authority {
     /// shows the holding live took its grants from the same level) and to take back what a
     /// late report gives back: it keeps [`MAX_RETIRED`] of them, those with nothing
     /// unreported first.
-    fn keep_retired(&mut self, ghost: HolderRecord) {
+    fn keep_retired(&mut self, policy: &Policy, ghost: HolderRecord) {
         match self.holders.binary_search_by_key(&ghost.node, |h| h.node) {
             Ok(i) => absorb(&mut self.holders[i], &ghost),
             Err(i) => {
-                if self.policy.algorithm().counts_per_window()
+                if policy.algorithm().counts_per_window()
                     && ghost.tally.granted == 0
                     && ghost.previous_held == 0
                 {
@@ -262,7 +271,7 @@ impl Authority {
                 self.holders.insert(i, ghost);
             }
         }
-        if self.policy.algorithm().is_bucket() {
+        if policy.algorithm().is_bucket() {
             let mut retired = self.holders.iter().filter(|h| is_retired(h)).count();
             while retired > MAX_RETIRED {
                 let Some(at) = self
@@ -284,26 +293,27 @@ impl Authority {
     /// (tokens given back, a final count).
     pub(crate) fn report(
         &mut self,
+        policy: &Policy,
         now: Nanos,
         node: NodeId,
         incarnation: u64,
         want: &Want,
         alive: bool,
     ) -> bool {
-        self.roll(now);
-        if self.policy.algorithm().is_bucket() {
-            self.refill(now);
+        self.roll(policy, now);
+        if policy.algorithm().is_bucket() {
+            self.refill(policy, now);
         }
         if let Some(i) = self.live_index(node) {
             let h = self.holders[i];
             let newer = (h.incarnation, h.holding) > (incarnation, want.holding);
             if !alive && !newer {
                 // Its last report goes to its holding's retired record.
-                self.forget_holder_at(i);
+                self.forget_holder_at(policy, i);
             } else if h.incarnation == incarnation && h.holding < want.holding {
                 // A holding made afresh (the holder forgot the key while idle): the earlier
                 // holding's record is retired and the new one counts from zero.
-                self.forget_holder_at(i);
+                self.forget_holder_at(policy, i);
                 self.asked_mut(node).seq = 0;
             }
         }
@@ -315,11 +325,11 @@ impl Authority {
             });
             if !alive || newer_live {
                 // The holding is over: its report corrects its retired record.
-                return self.apply_counts(now, g, want, true);
+                return self.apply_counts(policy, now, g, want, true);
             }
             // The holder lives on (it was counted dead, or its record came retired from
             // another state): its record is live again.
-            self.revive(g, node, incarnation);
+            self.revive(policy, g, node, incarnation);
         } else if !alive {
             return false;
         }
@@ -333,22 +343,22 @@ impl Authority {
         let known = self
             .live_index(node)
             .is_some_and(|i| self.holders[i].incarnation == incarnation);
-        let r = self.record_mut(node, incarnation);
+        let r = self.record_mut(policy, node, incarnation);
         r.holding = r.holding.max(want.holding);
         r.demand = want.demand;
         let i = self.live_index(node).expect("made above");
-        self.apply_counts(now, i, want, known)
+        self.apply_counts(policy, now, i, want, known)
     }
 
     /// Make the retired record at `g` the live record of `node` (incarnation `incarnation`)
     /// again. A bucket holds its burst back again for what the holding was leased and did
     /// not report: those tokens never went back into the level, but while the holding was
     /// retired the level may have refilled into their room, which it gives up.
-    fn revive(&mut self, g: usize, node: NodeId, incarnation: u64) {
+    fn revive(&mut self, policy: &Policy, g: usize, node: NodeId, incarnation: u64) {
         let ghost = self.holders.remove(g);
         if let Some(i) = self.live_index(node) {
             // An older holding of the node, live here: it is over.
-            self.forget_holder_at(i);
+            self.forget_holder_at(policy, i);
         }
         let at = self.holders.partition_point(|h| h.node < node);
         self.holders.insert(
@@ -359,11 +369,10 @@ impl Authority {
                 ..ghost
             },
         );
-        if self.policy.algorithm().is_bucket() {
-            let cap = self
-                .policy
+        if policy.algorithm().is_bucket() {
+            let cap = policy
                 .window_ns()
-                .saturating_sub(self.outstanding().saturating_mul(self.interval()));
+                .saturating_sub(self.outstanding().saturating_mul(self.interval(policy)));
             self.level_ns = self.level_ns.min(cap);
         }
     }
@@ -371,10 +380,17 @@ impl Authority {
     /// Apply `want`'s counts to the record at `i` (`known`: the record already counted this
     /// holding before). Return whether it told something the holder should see
     /// acknowledged.
-    fn apply_counts(&mut self, now: Nanos, i: usize, want: &Want, known: bool) -> bool {
-        let algorithm = self.policy.algorithm();
+    fn apply_counts(
+        &mut self,
+        policy: &Policy,
+        now: Nanos,
+        i: usize,
+        want: &Want,
+        known: bool,
+    ) -> bool {
+        let algorithm = policy.algorithm();
         let window = self.window;
-        let interval = self.interval();
+        let interval = self.interval(policy);
         let mut previous_correction = 0;
         let mut previous_raise = 0;
         let mut returned_tokens = 0;
@@ -458,10 +474,10 @@ impl Authority {
             self.level_ns = self
                 .level_ns
                 .saturating_add(returned_tokens.saturating_mul(interval))
-                .min(self.policy.window_ns());
+                .min(policy.window_ns());
         }
         if algorithm.is_bucket() && spent > 0 {
-            self.credit_spent(now, spent, want.spent_ago);
+            self.credit_spent(policy, now, spent, want.spent_ago);
             // A bucket's lease spent out: the holder waits to hear that it was counted.
             news |= self.holders[i].tally.unspent() == 0;
         }

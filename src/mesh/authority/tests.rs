@@ -41,7 +41,7 @@ fn granted(answer: Answer) -> (u64, Nanos) {
 #[test]
 fn a_fixed_window_never_leases_more_than_the_limit() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
     let mut total = 0;
     for i in 0..300u64 {
         let node = i % 3;
@@ -50,13 +50,20 @@ fn a_fixed_window_never_leases_more_than_the_limit() {
             .iter()
             .find(|h| h.node == node)
             .map_or(0, |h| h.tally.granted);
-        a.report(10 * S + i, node, 1, &want(10, before, before, 32), true);
-        let (g, _) = granted(a.request(10 * S + i, node, 1, 1, 0));
+        a.report(
+            &policy,
+            10 * S + i,
+            node,
+            1,
+            &want(10, before, before, 32),
+            true,
+        );
+        let (g, _) = granted(a.request(&policy, 10 * S + i, node, 1, 1, 0));
         total += g - before;
     }
     assert_eq!(total, 100);
     // The next window starts afresh.
-    let (g, retry) = granted(a.request(11 * S, 0, 1, 5, 0));
+    let (g, retry) = granted(a.request(&policy, 11 * S, 0, 1, 5, 0));
     assert_eq!(retry, 0);
     assert!(g >= 5);
 }
@@ -64,16 +71,16 @@ fn a_fixed_window_never_leases_more_than_the_limit() {
 #[test]
 fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 80, 0));
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 80, 0));
     // Half-way through the next window, 80 · 0.5 = 40 of the previous still weighs.
-    assert_eq!(a.available(11 * S + S / 2), 60);
+    assert_eq!(a.available(&policy, 11 * S + S / 2), 60);
     // The holder reports it only used 20: the previous count shrinks.
     let mut w = want(10, 80, 20, 0);
     w.closed = true;
-    a.report(11 * S + S / 2, 1, 1, &w, true);
-    assert_eq!(a.available(11 * S + S / 2), 90);
+    a.report(&policy, 11 * S + S / 2, 1, 1, &w, true);
+    assert_eq!(a.available(&policy, 11 * S + S / 2), 90);
 }
 
 #[test]
@@ -82,22 +89,34 @@ fn states_that_rolled_apart_merge_both_counts_of_the_window_before() {
     // rolled to window 11 before they met again. Whichever merges into which, window 11
     // weighs all 16.
     let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
-    let mut majority = Authority::fresh(KEY, policy, 10 * S);
+    let mut majority = Authority::fresh(KEY, &policy, 10 * S);
     let mut minority = majority.clone();
-    majority.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
-    granted(majority.request(10 * S, 1, 1, 8, 0));
-    minority.report(10 * S, 2, 1, &want(10, 0, 0, 0), true);
-    granted(minority.request(10 * S, 2, 1, 8, 0));
-    assert_eq!(majority.available(11 * S), 12, "it knows its own 8");
+    majority.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 0), true);
+    granted(majority.request(&policy, 10 * S, 1, 1, 8, 0));
+    minority.report(&policy, 10 * S, 2, 1, &want(10, 0, 0, 0), true);
+    granted(minority.request(&policy, 10 * S, 2, 1, 8, 0));
+    assert_eq!(
+        majority.available(&policy, 11 * S),
+        12,
+        "it knows its own 8"
+    );
     let mut newer = majority.clone();
-    newer.merge(&minority);
-    assert_eq!(newer.available(11 * S), 4, "the older state's 8 weigh too");
+    newer.merge(&policy, &minority);
+    assert_eq!(
+        newer.available(&policy, 11 * S),
+        4,
+        "the older state's 8 weigh too"
+    );
     let mut older = minority.clone();
-    older.merge(&majority);
-    assert_eq!(older.available(11 * S), 4, "merged the other way round");
+    older.merge(&policy, &majority);
+    assert_eq!(
+        older.available(&policy, 11 * S),
+        4,
+        "merged the other way round"
+    );
     // Merged again (a duplicate handoff), nothing counts twice.
-    newer.merge(&minority);
-    assert_eq!(newer.available(11 * S), 4);
+    newer.merge(&policy, &minority);
+    assert_eq!(newer.available(&policy, 11 * S), 4);
 }
 
 #[test]
@@ -105,91 +124,91 @@ fn a_final_count_above_the_lease_here_raises_the_previous_window() {
     // The holder spent 5 leased here and 4 leased by a state kept apart by a partition: its
     // final count of 9 weighs, not the 5 this state leased it.
     let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 5, 0));
-    assert_eq!(a.available(11 * S), 15);
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 5, 0));
+    assert_eq!(a.available(&policy, 11 * S), 15);
     let mut w = want(10, 9, 9, 0);
     w.closed = true;
-    a.report(11 * S, 1, 1, &w, true);
-    assert_eq!(a.available(11 * S), 11);
+    a.report(&policy, 11 * S, 1, 1, &w, true);
+    assert_eq!(a.available(&policy, 11 * S), 11);
 }
 
 #[test]
 fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
     let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(10, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 5, 0));
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 5, 0));
     // The holder's lease closes at the window's end, with all 5 spent; then it dies.
     let mut w = want(10, 5, 5, 0);
     w.closed = true;
-    a.report(10 * S + S - 1, 1, 1, &w, true);
-    a.forget_holder(1);
+    a.report(&policy, 10 * S + S - 1, 1, 1, &w, true);
+    a.forget_holder(&policy, 1);
     // At the start of the next window, the 5 still weigh in full.
-    assert_eq!(a.available(11 * S), 15);
+    assert_eq!(a.available(&policy, 11 * S), 15);
 }
 
 #[test]
 fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 60, 0));
-    assert_eq!(a.available(10 * S), 40);
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 60, 0));
+    assert_eq!(a.available(&policy, 10 * S), 40);
     // A second later the bucket would be full, but 60 tokens are still leased.
-    assert_eq!(a.available(11 * S), 40);
+    assert_eq!(a.available(&policy, 11 * S), 40);
     // The holder reports it spent them: the cap rises, the level refills from there.
-    a.report(11 * S, 1, 1, &want(0, 60, 60, 0), true);
-    assert_eq!(a.available(11 * S), 40);
-    assert_eq!(a.available(11 * S + S / 2), 90);
+    a.report(&policy, 11 * S, 1, 1, &want(0, 60, 60, 0), true);
+    assert_eq!(a.available(&policy, 11 * S), 40);
+    assert_eq!(a.available(&policy, 11 * S + S / 2), 90);
     // A dead holder's lease counts as spent.
-    granted(a.request(12 * S, 1, 1, 50, 0));
-    a.forget_holder(1);
-    assert_eq!(a.available(12 * S), 50);
-    assert_eq!(a.available(13 * S), 100);
+    granted(a.request(&policy, 12 * S, 1, 1, 50, 0));
+    a.forget_holder(&policy, 1);
+    assert_eq!(a.available(&policy, 12 * S), 50);
+    assert_eq!(a.available(&policy, 13 * S), 100);
 }
 
 #[test]
 fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    assert_eq!(a.available(10 * S), 100);
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    assert_eq!(a.available(&policy, 10 * S), 100);
     // A holder leased 715 tokens from an earlier state of this key, gave 91 back and
     // spent 600: 24 are still in its lease, and its 91 returned tokens went back into
     // the earlier state's bucket, not into this one.
     let mut w = want(0, 715, 600, 0);
     w.tally.returned = 91;
-    a.report(10 * S, 0, 1, &w, true);
-    assert_eq!(a.available(10 * S), 76);
+    a.report(&policy, 10 * S, 0, 1, &w, true);
+    assert_eq!(a.available(&policy, 10 * S), 76);
     // Once its lease is spent, later reports change nothing until the bucket refills.
     let mut w = want(0, 715, 624, 0);
     w.tally.returned = 91;
-    a.report(10 * S, 0, 1, &w, true);
-    assert_eq!(a.available(10 * S), 76);
+    a.report(&policy, 10 * S, 0, 1, &w, true);
+    assert_eq!(a.available(&policy, 10 * S), 76);
 }
 
 #[test]
 fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
     let policy = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 10, 0));
-    a.report(10 * S, 2, 1, &want(0, 0, 0, 0), true);
-    assert_eq!(a.request(10 * S, 2, 1, 3, 11 * S), Answer::Wait);
-    assert_eq!(a.recall_targets(10 * S, 0), vec![(1, 0)]);
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 10, 0));
+    a.report(&policy, 10 * S, 2, 1, &want(0, 0, 0, 0), true);
+    assert_eq!(a.request(&policy, 10 * S, 2, 1, 3, 11 * S), Answer::Wait);
+    assert_eq!(a.recall_targets(&policy, 10 * S, 0), vec![(1, 0)]);
     // Node 1 gives 5 back.
     let window = a.frame().0;
     let mut back = want(window, 10, 2, 0);
     back.tally.returned = 5;
-    a.report(10 * S + 1, 1, 1, &back, true);
-    let answers = a.serve_waiting(10 * S + 1);
+    a.report(&policy, 10 * S + 1, 1, 1, &back, true);
+    let answers = a.serve_waiting(&policy, 10 * S + 1);
     assert_eq!(answers.len(), 1);
     assert_eq!(granted(answers[0].2), (3, 0));
     // Node 3 needs 5: the 2 left are granted, 3 more may come back from node 1 (it holds
     // 3 unspent): the rest of its requests wait for them.
-    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0), true);
-    match a.request(10 * S + 2, 3, 1, 5, 11 * S) {
+    a.report(&policy, 10 * S + 2, 3, 1, &want(0, 0, 0, 0), true);
+    match a.request(&policy, 10 * S + 2, 3, 1, 5, 11 * S) {
         Answer::Grant {
             granted,
             retry_after,
@@ -200,9 +219,9 @@ fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
     }
     // Node 1 spent them after all: node 3's waiting need cannot be met, it is denied
     // with the window's end.
-    a.report(10 * S + 3, 1, 1, &want(window, 10, 5, 0), true);
-    a.report(10 * S + 3, 2, 1, &want(window, 3, 3, 0), true);
-    let answers = a.serve_waiting(10 * S + 3);
+    a.report(&policy, 10 * S + 3, 1, 1, &want(window, 10, 5, 0), true);
+    a.report(&policy, 10 * S + 3, 2, 1, &want(window, 3, 3, 0), true);
+    let answers = a.serve_waiting(&policy, 10 * S + 3);
     assert_eq!(answers.len(), 1);
     let (_, retry) = granted(answers[0].2);
     assert!(retry > 3000 * S, "{retry}");
@@ -211,39 +230,39 @@ fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
 #[test]
 fn leases_follow_demand_and_shrink_near_the_limit() {
     let policy = Policy::fixed_window(10_000, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
     // 10 tokens per round: plenty of room, a long lease.
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 160), true);
-    let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
+    a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 160), true);
+    let (g, _) = granted(a.request(&policy, 10 * S, 1, 1, 1, 0));
     assert_eq!(g, 1 + 250);
     // Near the limit: at most half of the headroom.
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 160), true);
-    let (g, _) = granted(a.request(10 * S, 1, 1, 1, 0));
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 160), true);
+    let (g, _) = granted(a.request(&policy, 10 * S, 1, 1, 1, 0));
     assert_eq!(g, 1 + 40);
 }
 
 #[test]
 fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 30, 0));
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 30, 0));
     // The receiver's clock is 5 s behind, known within 2 ms.
     let offset = Offset {
         offset: 5 * S as i64,
         error: 2_000_000,
         round_trip: 4_000_000,
     };
-    let mut b = Authority::from_state(&a.state(), policy, offset, 5 * S);
+    let mut b = Authority::from_state(&a.state(), &policy, offset, 5 * S);
     let (window, _, end) = b.frame();
     assert_eq!(window, 10);
     assert_eq!(end, 6 * S - 2_000_000);
-    assert_eq!(b.available(5 * S), 70);
+    assert_eq!(b.available(&policy, 5 * S), 70);
     // Between its end and the next start, requests wait.
-    assert_eq!(b.request(6 * S, 2, 1, 1, 7 * S), Answer::Wait);
-    let answers = b.serve_waiting(6 * S + 2_000_000);
+    assert_eq!(b.request(&policy, 6 * S, 2, 1, 1, 7 * S), Answer::Wait);
+    let answers = b.serve_waiting(&policy, 6 * S + 2_000_000);
     assert_eq!(answers.len(), 1);
 }
 
@@ -252,36 +271,43 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
     const MS: Nanos = 1_000_000;
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
     for hold in [0, 20 * MS] {
-        let mut a = Authority::fresh(KEY, policy, 10 * S).with_hold(hold);
-        a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
-        granted(a.request(10 * S, 1, 1, 100, 0));
+        let mut a = Authority::fresh(KEY, &policy, 10 * S).with_hold(hold);
+        a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
+        granted(a.request(&policy, 10 * S, 1, 1, 100, 0));
         // Half-way through the next window the previous window's 100 weigh 50; node 1
         // takes them.
         let t = 11 * S + S / 2;
-        let (g, _) = granted(a.request(t, 1, 1, 50, 0));
+        let (g, _) = granted(a.request(&policy, t, 1, 1, 50, 0));
         assert_eq!(g, 50);
         // It reports them spent, and its final count of the previous window: nothing can
         // come back from a recall.
         let mut spent = want(a.frame().0, 50, 50, 0);
         spent.previous_used = Some(100);
-        a.report(t, 1, 1, &spent, true);
+        a.report(&policy, t, 1, 1, &spent, true);
         // Room for one more comes 10 ms later (100 · 0.49 + 50 + 1 ≤ 100).
-        a.report(t, 2, 1, &want(0, 0, 0, 0), true);
-        let answer = a.request(t, 2, 1, 1, t + 100 * MS);
+        a.report(&policy, t, 2, 1, &want(0, 0, 0, 0), true);
+        let answer = a.request(&policy, t, 2, 1, 1, t + 100 * MS);
         if hold == 0 {
             assert_eq!(granted(answer), (0, 10 * MS));
             continue;
         }
         assert_eq!(answer, Answer::Wait);
         assert_eq!(a.next_timeout(), Some(t + 10 * MS));
-        assert!(a.serve_waiting(t + 9 * MS).is_empty());
-        let answers = a.serve_waiting(t + 10 * MS);
+        assert!(a.serve_waiting(&policy, t + 9 * MS).is_empty());
+        let answers = a.serve_waiting(&policy, t + 10 * MS);
         assert_eq!(answers.len(), 1);
         assert_eq!((answers[0].0, granted(answers[0].2)), (2, (1, 0)));
-        a.report(t + 10 * MS, 2, 1, &want(a.frame().0, 1, 1, 0), true);
+        a.report(
+            &policy,
+            t + 10 * MS,
+            2,
+            1,
+            &want(a.frame().0, 1, 1, 0),
+            true,
+        );
         // Room that comes later than the hold is not waited for: a denial at once.
-        a.report(t + 10 * MS, 3, 1, &want(0, 0, 0, 0), true);
-        let (g, retry) = granted(a.request(t + 10 * MS, 3, 1, 5, t + 100 * MS));
+        a.report(&policy, t + 10 * MS, 3, 1, &want(0, 0, 0, 0), true);
+        let (g, retry) = granted(a.request(&policy, t + 10 * MS, 3, 1, 5, t + 100 * MS));
         assert_eq!(g, 0);
         assert!(retry > 20 * MS, "{retry}");
         assert!(!a.has_waiters());
@@ -291,30 +317,30 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
 #[test]
 fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 58, 0));
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 58, 0));
     let window = a.frame().0;
-    a.report(10 * S, 1, 1, &want(window, 58, 58, 0), true);
+    a.report(&policy, 10 * S, 1, 1, &want(window, 58, 58, 0), true);
     // Node 2's one request costs 49: 42 are free, nothing can come back. It is denied, and
     // the 42 stay free instead of sitting in node 2's lease.
     let mut big = want(0, 0, 0, 0);
     big.smallest = 49;
-    a.report(10 * S + 1, 2, 1, &big, true);
-    let (g, retry) = granted(a.request(10 * S + 1, 2, 1, 49, 11 * S));
+    a.report(&policy, 10 * S + 1, 2, 1, &big, true);
+    let (g, retry) = granted(a.request(&policy, 10 * S + 1, 2, 1, 49, 11 * S));
     assert_eq!(g, 0);
     assert!(retry > 0);
-    assert_eq!(a.available(10 * S + 1), 42);
+    assert_eq!(a.available(&policy, 10 * S + 1), 42);
     // Node 3's request of 16 is served at once.
-    a.report(10 * S + 2, 3, 1, &want(0, 0, 0, 0), true);
-    let (g, _) = granted(a.request(10 * S + 2, 3, 1, 16, 11 * S));
+    a.report(&policy, 10 * S + 2, 3, 1, &want(0, 0, 0, 0), true);
+    let (g, _) = granted(a.request(&policy, 10 * S + 2, 3, 1, 16, 11 * S));
     assert!(g >= 16);
 }
 
 #[test]
 fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let a = Authority::fresh(KEY, policy, 10 * S);
+    let a = Authority::fresh(KEY, &policy, 10 * S);
     // B's clock is 5 s behind A's, known within 20 ms: B ends window 10 at 5.98 s and
     // begins window 11 at 6.02 s.
     let loose = Offset {
@@ -322,7 +348,7 @@ fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it(
         error: 20_000_000,
         round_trip: 40_000_000,
     };
-    let b = Authority::from_state(&a.state(), policy, loose, 5 * S);
+    let b = Authority::from_state(&a.state(), &policy, loose, 5 * S);
     assert_eq!(b.frame().2, 6 * S - 20_000_000);
     // C reads B's clock exactly: it begins window 11 no earlier than B would, 40 ms after
     // B's early end (not 20 ms before A's end, as B's end alone would say).
@@ -331,27 +357,27 @@ fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it(
         error: 0,
         round_trip: 0,
     };
-    let mut c = Authority::from_state(&b.state(), policy, exact, 5 * S);
+    let mut c = Authority::from_state(&b.state(), &policy, exact, 5 * S);
     assert_eq!(c.frame().2, 6 * S - 20_000_000);
-    assert_eq!(c.request(6 * S, 2, 1, 1, 7 * S), Answer::Wait);
-    assert!(c.serve_waiting(6 * S + 19_000_000).is_empty());
-    assert_eq!(c.serve_waiting(6 * S + 20_000_000).len(), 1);
+    assert_eq!(c.request(&policy, 6 * S, 2, 1, 1, 7 * S), Answer::Wait);
+    assert!(c.serve_waiting(&policy, 6 * S + 19_000_000).is_empty());
+    assert_eq!(c.serve_waiting(&policy, 6 * S + 20_000_000).len(), 1);
 }
 
 #[test]
 fn a_denial_counts_from_what_the_holders_lease_already_holds() {
     // 100 tokens a second: one every 10 ms.
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 10).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 10, 0));
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 10, 0));
     // The holder spent 6 of its 10 and waits for a request of 5: it needs 1 more, and the
     // bucket is empty. It fits 10 ms later (not the 50 ms that 5 whole tokens take).
     let mut w = want(0, 10, 6, 0);
     w.need = 1;
     w.smallest = 5;
-    a.report(10 * S, 1, 1, &w, true);
-    let (_, retry) = granted(a.request(10 * S, 1, 1, 1, 10 * S));
+    a.report(&policy, 10 * S, 1, 1, &w, true);
+    let (_, retry) = granted(a.request(&policy, 10 * S, 1, 1, 1, 10 * S));
     assert_eq!(retry, 10_000_000);
 }
 
@@ -359,27 +385,27 @@ fn a_denial_counts_from_what_the_holders_lease_already_holds() {
 fn a_bucket_gives_back_the_refill_its_cap_held_back_for_tokens_spent_before_the_report() {
     // 100 tokens a second, burst 100: one token every 10 ms.
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut a = Authority::fresh(KEY, policy, 10 * S);
-    a.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
-    a.report(10 * S, 2, 1, &want(0, 0, 0, 0), true);
-    granted(a.request(10 * S, 1, 1, 30, 0));
-    granted(a.request(10 * S, 2, 1, 30, 0));
-    assert_eq!(a.available(10 * S), 40);
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
+    a.report(&policy, 10 * S, 2, 1, &want(0, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 1, 1, 30, 0));
+    granted(a.request(&policy, 10 * S, 2, 1, 30, 0));
+    assert_eq!(a.available(&policy, 10 * S), 40);
     // 100 ms later both report their 30 spent, the last at least 50 ms before: a central
     // bucket would have refilled from then, 5 tokens by now (once, not once per holder).
     let t = 10 * S + 100_000_000;
     let mut w = want(0, 30, 30, 0);
     w.spent_ago = 50_000_000;
-    a.report(t, 1, 1, &w, true);
-    a.report(t, 2, 1, &w, true);
-    assert_eq!(a.available(t), 45);
+    a.report(&policy, t, 1, 1, &w, true);
+    a.report(&policy, t, 2, 1, &w, true);
+    assert_eq!(a.available(&policy, t), 45);
     // Spending reported as just done gets nothing back; refill resumes from the report.
-    let mut b = Authority::fresh(KEY, policy, 10 * S);
-    b.report(10 * S, 1, 1, &want(0, 0, 0, 0), true);
-    granted(b.request(10 * S, 1, 1, 30, 0));
-    b.report(t, 1, 1, &want(0, 30, 30, 0), true);
-    assert_eq!(b.available(t), 70);
-    assert_eq!(b.available(t + 50_000_000), 75);
+    let mut b = Authority::fresh(KEY, &policy, 10 * S);
+    b.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
+    granted(b.request(&policy, 10 * S, 1, 1, 30, 0));
+    b.report(&policy, t, 1, 1, &want(0, 30, 30, 0), true);
+    assert_eq!(b.available(&policy, t), 70);
+    assert_eq!(b.available(&policy, t + 50_000_000), 75);
 }
 
 #[test]
@@ -410,16 +436,17 @@ fn a_backup_is_idle_exactly_when_its_takeover_would_be() {
     for policy in policies {
         for spent_all in [false, true] {
             // An authority that leased some tokens to node 1, which spent part or all of them.
-            let mut a = Authority::fresh(KEY, policy, 10 * S);
-            a.report(10 * S, 1, 1, &want(10, 0, 0, 32), true);
-            let (g, _) = granted(a.request(10 * S, 1, 1, 20, 0));
+            let mut a = Authority::fresh(KEY, &policy, 10 * S);
+            a.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 32), true);
+            let (g, _) = granted(a.request(&policy, 10 * S, 1, 1, 20, 0));
             let used = if spent_all { g } else { g / 2 };
-            a.report(10 * S + 1000, 1, 1, &want(10, g, used, 32), true);
+            a.report(&policy, 10 * S + 1000, 1, 1, &want(10, g, used, 32), true);
             let state = a.state();
             for offset in offsets {
                 for later in [0, S / 2, S, 2 * S, 3 * S, 10 * S] {
                     let now = (10 * S + later).saturating_add_signed(-offset.offset);
-                    let expected = Authority::from_state(&state, policy, offset, now).is_idle(now);
+                    let expected =
+                        Authority::from_state(&state, &policy, offset, now).is_idle(&policy, now);
                     assert_eq!(
                         Authority::state_is_idle(&state, &policy, offset, now),
                         expected,

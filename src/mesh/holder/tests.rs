@@ -8,16 +8,27 @@ const KEY: KeyRef = KeyRef { policy: 0, key: 1 };
 const S: Nanos = 1_000_000_000;
 
 /// [`Holding::apply_grant`], returning the requests it decided.
-fn apply(h: &mut Holding, now: Nanos, grant: &Grant, expiry: Nanos) -> Vec<(u64, Decision)> {
+fn apply(
+    h: &mut Holding,
+    policy: &Policy,
+    now: Nanos,
+    grant: &Grant,
+    expiry: Nanos,
+) -> Vec<(u64, Decision)> {
     let mut decided = Vec::new();
-    h.apply_grant(now, grant, expiry, &mut decided);
+    h.apply_grant(policy, now, grant, expiry, &mut decided);
     decided
 }
 
 /// [`Holding::timeouts`], returning the requests it decided.
-fn timeouts(h: &mut Holding, now: Nanos, retry_after: Nanos) -> Vec<(u64, Decision)> {
+fn timeouts(
+    h: &mut Holding,
+    policy: &Policy,
+    now: Nanos,
+    retry_after: Nanos,
+) -> Vec<(u64, Decision)> {
     let mut decided = Vec::new();
-    h.timeouts(now, retry_after, &mut decided);
+    h.timeouts(policy, now, retry_after, &mut decided);
     decided
 }
 
@@ -37,13 +48,13 @@ fn grant(window: u64, granted: u64, retry_after: Nanos) -> Grant {
 #[test]
 fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
-    assert_eq!(h.slow(10 * S, 1, 3, 11 * S), Slow::Waits);
-    assert_eq!(h.slow(10 * S, 2, 2, 11 * S), Slow::Waits);
+    let mut h = Holding::new(KEY, &policy, 1);
+    assert_eq!(h.slow(&policy, 10 * S, 1, 3, 11 * S), Slow::Waits);
+    assert_eq!(h.slow(&policy, 10 * S, 2, 2, 11 * S), Slow::Waits);
     assert_eq!(h.need(), 5);
     let want = h.want(10 * S, 500, false, 1);
     assert_eq!((want.need, want.window, want.tally.granted), (5, 0, 0));
-    let decided = apply(&mut h, 10 * S + 1, &grant(10, 8, 0), 11 * S);
+    let decided = apply(&mut h, &policy, 10 * S + 1, &grant(10, 8, 0), 11 * S);
     assert_eq!(decided.len(), 2);
     assert!(decided.iter().all(|(_, d)| d.is_allowed()));
     // The rest went to the cell.
@@ -55,18 +66,18 @@ fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     assert!(want.closed);
     assert_eq!(want.tally.used, 8);
     // A grant for the next window carries the final count of this one.
-    h.slow(11 * S, 3, 1, 12 * S);
-    apply(&mut h, 11 * S + 1, &grant(11, 1, 0), 12 * S);
+    h.slow(&policy, 11 * S, 3, 1, 12 * S);
+    apply(&mut h, &policy, 11 * S + 1, &grant(11, 1, 0), 12 * S);
     assert_eq!(h.want(11 * S + 1, 551, false, 1).previous_used, Some(8));
 }
 
 #[test]
 fn a_fixed_windows_spent_lease_reports_nothing_more() {
     let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
-    assert_eq!(h.slow(10 * S, 1, 1, 11 * S), Slow::Waits);
+    let mut h = Holding::new(KEY, &policy, 1);
+    assert_eq!(h.slow(&policy, 10 * S, 1, 1, 11 * S), Slow::Waits);
     h.want(10 * S, 500, false, 1);
-    let decided = apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
+    let decided = apply(&mut h, &policy, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     assert!(decided[0].1.is_allowed());
     // Spent to its last token: the authority counts the grant as spent already.
     for round in 501..540 {
@@ -82,10 +93,10 @@ fn a_fixed_windows_spent_lease_reports_nothing_more() {
     assert!(!h.is_idle(11 * S + S / 2));
     assert!(h.is_idle(12 * S));
     let sliding = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, sliding, 1);
-    h.slow(10 * S, 1, 1, 11 * S);
+    let mut h = Holding::new(KEY, &sliding, 1);
+    h.slow(&policy, 10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
-    apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
+    apply(&mut h, &policy, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     for round in 501..540 {
         assert_eq!(
             h.tick(10 * S + (round - 500) * S / 50, round, true),
@@ -103,14 +114,18 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
     let mut wakes = std::collections::BTreeSet::new();
     for key in 1..=64u64 {
         let k = KeyRef { policy: 0, key };
-        let mut h = Holding::new(k, fixed, 1);
-        h.slow(10 * S, 1, 1, 11 * S);
+        let mut h = Holding::new(k, &fixed, 1);
+        h.slow(&fixed, 10 * S, 1, 1, 11 * S);
         h.want(10 * S, 500, false, 1);
         let g = Grant {
             key: k,
             ..grant(10, 1, 0)
         };
-        assert!(apply(&mut h, 10 * S + 1, &g, 11 * S)[0].1.is_allowed());
+        assert!(
+            apply(&mut h, &fixed, 10 * S + 1, &g, 11 * S)[0]
+                .1
+                .is_allowed()
+        );
         // Spent out, nothing waits: a fixed window's lease has nothing to do at its expiry.
         assert_eq!(h.next_deadline(), None);
         for round in 501..540 {
@@ -126,27 +141,27 @@ fn a_windows_holdings_are_forgotten_over_16_rounds_and_a_fixed_lease_sets_no_tim
     assert_eq!(wakes.len(), 16);
     // A sliding window's lease keeps its timer: its final count is due at the expiry.
     let sliding = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, sliding, 1);
-    h.slow(10 * S, 1, 1, 11 * S);
+    let mut h = Holding::new(KEY, &sliding, 1);
+    h.slow(&fixed, 10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
-    apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
+    apply(&mut h, &fixed, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     assert_eq!(h.next_deadline(), Some(11 * S));
 }
 
 #[test]
 fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
-    h.slow(10 * S, 1, 1, 11 * S);
+    let mut h = Holding::new(KEY, &policy, 1);
+    h.slow(&policy, 10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
-    apply(&mut h, 10 * S + 1, &grant(10, 1, 0), 11 * S);
+    apply(&mut h, &policy, 10 * S + 1, &grant(10, 1, 0), 11 * S);
     for round in 501..540 {
         h.tick(10 * S + (round - 500) * S / 50, round, true);
     }
     assert!(h.expire_now(11 * S));
     h.want(11 * S, 550, false, 1);
     // A refill for window 11 lands after that window ended here: the lease closes unspent.
-    apply(&mut h, 12 * S, &grant(11, 5, 0), 12 * S);
+    apply(&mut h, &policy, 12 * S, &grant(11, 5, 0), 12 * S);
     // (The node confirms the previous window's count on any grant of a later window.)
     h.previous_confirmed();
     let (tell, _) = h.tick(12 * S, 600, true);
@@ -166,13 +181,13 @@ fn a_sliding_windows_lease_that_arrives_closed_still_sends_its_final_count() {
 #[test]
 fn a_denial_decides_the_waiting_and_later_requests_until_the_retry() {
     let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
-    h.slow(S, 1, 4, 2 * S);
-    h.slow(S, 2, 4, 2 * S);
+    let mut h = Holding::new(KEY, &policy, 1);
+    h.slow(&policy, S, 1, 4, 2 * S);
+    h.slow(&policy, S, 2, 4, 2 * S);
     assert_eq!(h.want(S, 1, false, 1).need, 8);
     // A request after the want waits for its own answer.
-    assert_eq!(h.slow(S, 5, 1, 2 * S), Slow::Waits);
-    let decided = apply(&mut h, S, &grant(0, 5, S / 2), 0);
+    assert_eq!(h.slow(&policy, S, 5, 1, 2 * S), Slow::Waits);
+    let decided = apply(&mut h, &policy, S, &grant(0, 5, S / 2), 0);
     assert_eq!(decided.len(), 3);
     assert!(decided[0].1.is_allowed());
     assert!(!decided[1].1.is_allowed());
@@ -183,20 +198,20 @@ fn a_denial_decides_the_waiting_and_later_requests_until_the_retry() {
     // As large a request is denied without asking until the retry time, a smaller one
     // may still fit and asks.
     assert_eq!(h.cell().remaining(), 0);
-    assert!(matches!(h.slow(S + 1, 3, 4, 2 * S), Slow::Decided(d) if !d.is_allowed()));
-    assert!(matches!(h.slow(S + 1, 4, 2, 2 * S), Slow::Waits));
+    assert!(matches!(h.slow(&policy, S + 1, 3, 4, 2 * S), Slow::Decided(d) if !d.is_allowed()));
+    assert!(matches!(h.slow(&policy, S + 1, 4, 2, 2 * S), Slow::Waits));
 }
 
 #[test]
 fn costs_above_the_capacity_cannot_fit_and_deadlines_deny() {
     let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
+    let mut h = Holding::new(KEY, &policy, 1);
     assert!(
-        matches!(h.slow(S, 1, 11, 2 * S), Slow::Decided(d) if d.verdict == crate::Verdict::CannotFit)
+        matches!(h.slow(&policy, S, 1, 11, 2 * S), Slow::Decided(d) if d.verdict == crate::Verdict::CannotFit)
     );
-    h.slow(S, 2, 1, S + 100);
-    assert!(timeouts(&mut h, S + 99, 1).is_empty());
-    let decided = timeouts(&mut h, S + 100, 1);
+    h.slow(&policy, S, 2, 1, S + 100);
+    assert!(timeouts(&mut h, &policy, S + 99, 1).is_empty());
+    let decided = timeouts(&mut h, &policy, S + 100, 1);
     assert_eq!(decided.len(), 1);
     assert!(!decided[0].1.is_allowed());
 }
@@ -204,9 +219,9 @@ fn costs_above_the_capacity_cannot_fit_and_deadlines_deny() {
 #[test]
 fn an_idle_lease_is_given_back() {
     let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
-    h.slow(S, 1, 1, 2 * S);
-    apply(&mut h, S, &grant(0, 6, 0), 0);
+    let mut h = Holding::new(KEY, &policy, 1);
+    h.slow(&policy, S, 1, 1, 2 * S);
+    apply(&mut h, &policy, S, &grant(0, 6, 0), 0);
     for round in 0..IDLE_ROUNDS as u64 + 1 {
         h.tick(S + round, round, true);
     }
@@ -217,16 +232,16 @@ fn an_idle_lease_is_given_back() {
 #[test]
 fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
-    h.slow(S, 1, 1, 2 * S);
-    apply(&mut h, S, &grant(0, 1, 0), 0);
+    let mut h = Holding::new(KEY, &policy, 1);
+    h.slow(&policy, S, 1, 1, 2 * S);
+    apply(&mut h, &policy, S, &grant(0, 1, 0), 0);
     // A steady stream: 3 requests a round, served from the lease.
     let mut granted = 1;
     for round in 0..50u64 {
         for _ in 0..3 {
             if h.cell().take(S + round, 1).is_err() {
                 granted += 3;
-                apply(&mut h, S + round, &grant(0, granted, 0), 0);
+                apply(&mut h, &policy, S + round, &grant(0, granted, 0), 0);
                 h.cell().take(S + round, 1).unwrap();
             }
         }
@@ -249,6 +264,7 @@ fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
     let w = h.want(S + 200, 200, false, 1);
     apply(
         &mut h,
+        &policy,
         S + 200,
         &Grant {
             answers: w.seq,
@@ -261,9 +277,9 @@ fn a_key_that_went_quiet_stops_asking_and_is_forgotten() {
 #[test]
 fn a_holder_stops_waiting_for_an_owner_that_answers_without_confirming() {
     let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
-    h.slow(S, 1, 1, 2 * S);
-    apply(&mut h, S, &grant(0, 10, 0), 0);
+    let mut h = Holding::new(KEY, &policy, 1);
+    h.slow(&policy, S, 1, 1, 2 * S);
+    apply(&mut h, &policy, S, &grant(0, 10, 0), 0);
     // Idle: the lease goes back, and the owner (of an earlier version) never confirms it.
     let mut told = 0;
     for round in 0..200u64 {
@@ -285,10 +301,10 @@ fn a_holder_stops_waiting_for_an_owner_that_answers_without_confirming() {
 #[test]
 fn a_closed_lease_is_no_new_demand() {
     let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
-    let mut h = Holding::new(KEY, policy, 1);
-    h.slow(10 * S, 1, 1, 11 * S);
+    let mut h = Holding::new(KEY, &policy, 1);
+    h.slow(&policy, 10 * S, 1, 1, 11 * S);
     h.want(10 * S, 500, false, 1);
-    apply(&mut h, 10 * S, &grant(10, 1, 0), 11 * S);
+    apply(&mut h, &policy, 10 * S, &grant(10, 1, 0), 11 * S);
     let round = S / 50;
     // The window ends and the lease closes with its final count of 1.
     let mut demands = Vec::new();
@@ -310,11 +326,11 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
     let at = |round: u64| 10 * S + (round - 500) * round_ns;
     // A request of `cost` at round 500, its grant, and the round after.
     let lone = |cost: u64| {
-        let mut h = Holding::new(KEY, fixed, 1);
-        h.slow(at(500), 1, cost, 11 * S);
+        let mut h = Holding::new(KEY, &fixed, 1);
+        h.slow(&fixed, at(500), 1, cost, 11 * S);
         h.want(at(500), 500, false, 1);
         assert!(
-            apply(&mut h, at(500) + 1, &grant(10, cost, 0), 11 * S)[0]
+            apply(&mut h, &fixed, at(500) + 1, &grant(10, cost, 0), 11 * S)[0]
                 .1
                 .is_allowed()
         );

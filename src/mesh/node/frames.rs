@@ -21,7 +21,7 @@ impl Node {
         from: NodeId,
         bytes: &[u8],
     ) -> Result<(), FrameError> {
-        let result = check::decode(bytes, &self.config.policies)
+        let result = check::decode(bytes, self.limits.enforced())
             .and_then(|frame| self.apply_frame(now, from, frame));
         self.count_frame(now, &result);
         result

@@ -10,6 +10,7 @@ use crate::mesh::authority::Authority;
 use crate::mesh::cells::Cells;
 use crate::mesh::membership::Membership;
 use crate::mesh::message::{AuthorityState, KeyRef};
+use crate::policy::Policy;
 
 /// A node's lease of one key, as [`Node::lease_state`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,9 +83,17 @@ impl Node {
         self.config.id
     }
 
-    /// Return the configuration.
+    /// Return the configuration (its policies as this node's file gives them: see
+    /// [`Node::policies`] for the limits enforced).
     pub fn config(&self) -> &NodeConfig {
         &self.config
+    }
+
+    /// Return the mesh policies as enforced now: the configuration's, with the lowest of
+    /// each policy's limits among this node and the live peers whose configuration differs
+    /// ([`Node::reconfigure`]).
+    pub fn policies(&self) -> &[Policy] {
+        self.limits.enforced()
     }
 
     /// Return this run's incarnation.

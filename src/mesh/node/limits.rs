@@ -22,8 +22,10 @@ use crate::policy::Policy;
 /// The policies a node was given, and its peers' where their configurations differ.
 #[derive(Debug, Default)]
 pub(super) struct Limits {
-    /// The node's own policies (its file), before the lowest-limit rule.
-    own: Vec<Policy>,
+    /// The policies enforced now: the node's own ([`super::NodeConfig::policies`]) with
+    /// the lowest-limit rule applied. The one place they live: the request path's cells
+    /// get a copy of each change, the keys' authorities and holdings are handed them.
+    enforced: Vec<Policy>,
     /// Each peer's digest as last heard.
     digests: BTreeMap<NodeId, u64>,
     /// The peers whose digest differs from this node's, with the limits they announced.
@@ -33,9 +35,14 @@ pub(super) struct Limits {
 impl Limits {
     pub(super) fn new(own: Vec<Policy>) -> Self {
         Limits {
-            own,
+            enforced: own,
             ..Limits::default()
         }
+    }
+
+    /// The policies enforced now.
+    pub(super) fn enforced(&self) -> &[Policy] {
+        &self.enforced
     }
 }
 
@@ -45,7 +52,7 @@ impl Node {
     /// and bursts may change. While a live peer's digest differs, the lowest of each
     /// policy's limits applies (see the module's docs).
     pub fn reconfigure(&mut self, policies: Vec<Policy>, digest: u64) -> Result<(), MeshError> {
-        let old = &self.limits.own;
+        let old = &self.config.policies;
         if policies.len() != old.len() {
             return Err(MeshError::Reconfigure {
                 index: policies.len().min(old.len()),
@@ -93,7 +100,7 @@ impl Node {
         // limits: those count at once, before their own announcements arrive.
         if digest != before {
             let old_limits: Vec<PolicyLimits> =
-                self.limits.own.iter().map(PolicyLimits::of).collect();
+                self.config.policies.iter().map(PolicyLimits::of).collect();
             for (&peer, &d) in digests {
                 if d == before && self.membership.is_alive(peer) {
                     self.limits.differ.insert(peer, Some(old_limits.clone()));
@@ -101,7 +108,7 @@ impl Node {
                 }
             }
         }
-        self.limits.own = policies;
+        self.config.policies = policies;
         self.config.digest = digest;
         self.membership.set_digest(digest);
         self.apply_limits();
@@ -134,7 +141,7 @@ impl Node {
             entry.insert(None);
             self.events.push_back(Event::ConfigDiffers(from));
             // Told at once, not at the next round: the lower limit applies a round sooner.
-            let own = self.limits.own.iter().map(PolicyLimits::of).collect();
+            let own = self.config.policies.iter().map(PolicyLimits::of).collect();
             self.outbox.push(from, Item::Limits(own));
         }
     }
@@ -171,7 +178,7 @@ impl Node {
         if self.limits.differ.is_empty() {
             return;
         }
-        let own: Vec<PolicyLimits> = self.limits.own.iter().map(PolicyLimits::of).collect();
+        let own: Vec<PolicyLimits> = self.config.policies.iter().map(PolicyLimits::of).collect();
         let peers: Vec<NodeId> = self.limits.differ.keys().copied().collect();
         for p in peers {
             self.outbox.push(p, Item::Limits(own.clone()));
@@ -181,8 +188,8 @@ impl Node {
     /// Enforce, for each policy, the lowest limit of this node's and the live differing
     /// peers' (those of the same algorithm and window).
     fn apply_limits(&mut self) {
-        for index in 0..self.limits.own.len() {
-            let own = self.limits.own[index];
+        for index in 0..self.config.policies.len() {
+            let own = self.config.policies[index];
             let mut capacity = own.capacity();
             let mut interval = own.interval_ns();
             for (&peer, list) in &self.limits.differ {
@@ -195,15 +202,16 @@ impl Node {
                 }
             }
             let enforced = own.with_limits(capacity, interval);
-            if self.config.policies[index] == enforced {
+            let old = self.limits.enforced[index];
+            if old == enforced {
                 continue;
             }
-            self.config.policies[index] = enforced;
+            self.limits.enforced[index] = enforced;
             self.cells.set_policy(index, &enforced);
             let index = index as u32;
             for (key, a) in self.authorities.iter_mut() {
                 if key.policy == index {
-                    a.set_policy(enforced);
+                    a.limits_changed(&old, &enforced);
                     if a.mark_dirty() {
                         self.dirty.push(*key);
                     }
@@ -211,7 +219,7 @@ impl Node {
             }
             for (key, h) in self.holdings.iter_mut() {
                 if key.policy == index {
-                    h.set_policy(enforced);
+                    h.limits_changed();
                 }
             }
             self.stats.policy_changes += 1;

@@ -53,17 +53,17 @@ impl Node {
             Some(Backup { from, state, .. }) => {
                 self.stats.promotions += 1;
                 let offset = self.offset_or_guess(from, now);
-                let mut a = Authority::from_state(&state, policy, offset, now);
+                let mut a = Authority::from_state(&state, &policy, offset, now);
                 let membership = &self.membership;
-                a.retire_departed(|node, run| membership.is_live_run(node, run));
+                a.retire_departed(&policy, |node, run| membership.is_live_run(node, run));
                 a
             }
             None => match self.earlier_owner(key.key) {
                 Some(by) => {
                     let offset = self.offset_or_guess(by, now);
-                    Authority::fresh_after(key, policy, offset, now)
+                    Authority::fresh_after(key, &policy, offset, now)
                 }
-                None => Authority::fresh(key, policy, now),
+                None => Authority::fresh(key, &policy, now),
             },
         };
         self.authorities
@@ -153,7 +153,7 @@ impl Node {
 
     pub(super) fn note_frame(&mut self, key: KeyRef, before: Option<u64>) {
         if let Some(a) = self.authorities.get(&key)
-            && self.config.policies[key.policy as usize]
+            && self.limits.enforced()[key.policy as usize]
                 .algorithm()
                 .counts_per_window()
         {
@@ -197,6 +197,7 @@ impl Node {
             return;
         }
         let max_wait = self.config.max_wait_ns;
+        let policy = self.enforced(key);
         let a = self.authorities.get_mut(&key).expect("made ready above");
         if a.is_stale(from, incarnation, &want) {
             // From a holding the node has since forgotten (delayed or duplicated): the
@@ -207,17 +208,17 @@ impl Node {
         // Grants already on their way serve part of the need (a holder asks again as more
         // requests queue, before the first answer arrives); the answer then only repeats
         // what was granted, which also makes up for a lost grant.
-        let in_flight = a.in_flight(now, from, &want);
-        let news = a.report(now, from, incarnation, &want, true);
+        let in_flight = a.in_flight(&policy, now, from, &want);
+        let news = a.report(&policy, now, from, incarnation, &want, true);
         let need = want.need.saturating_sub(in_flight);
         let answer = if need > 0 {
-            Some(a.request(now, from, incarnation, need, now + max_wait))
+            Some(a.request(&policy, now, from, incarnation, need, now + max_wait))
         } else if want.need > 0 {
-            Some(a.current(now, from))
+            Some(a.current(&policy, now, from))
         } else if want.refill {
-            Some(a.request(now, from, incarnation, 0, now))
+            Some(a.request(&policy, now, from, incarnation, 0, now))
         } else if want.previous_used.is_some() {
-            Some(a.current(now, from))
+            Some(a.current(&policy, now, from))
         } else if news {
             // A report: answered when the holder lacks something (a grant lost on the way,
             // another window's tokens or its denial), or to confirm the counts of a holder
@@ -225,7 +226,7 @@ impl Node {
             // it holds, or (a final count answered by the next window's empty lease) give
             // it nothing.
             let at_rest = a.at_rest(from);
-            match a.current(now, from) {
+            match a.current(&policy, now, from) {
                 Answer::Grant {
                     window, granted, ..
                 } if window == want.window && granted == want.tally.granted && !at_rest => None,
@@ -241,7 +242,7 @@ impl Node {
         } else {
             None
         };
-        let recall = a.recall_targets(now, RECALL_GAP_NS);
+        let recall = a.recall_targets(&policy, now, RECALL_GAP_NS);
         if a.mark_dirty() {
             self.dirty.push(key);
         }
@@ -267,6 +268,7 @@ impl Node {
         alive: bool,
     ) {
         let key = want.key;
+        let policy = self.enforced(key);
         let Some(a) = self.authorities.get_mut(&key) else {
             // The owner, waiting for its authority of the key: counted once it is here.
             if self.membership.owner_and_successor(key.key).0 == self.config.id
@@ -280,7 +282,7 @@ impl Node {
             return;
         }
         let before = Some(a.frame().0);
-        let news = a.report(now, from, incarnation, want, alive);
+        let news = a.report(&policy, now, from, incarnation, want, alive);
         let ack = !alive || (news && want.need == 0 && a.at_rest(from));
         let (window, _, ends_at) = a.frame();
         if a.mark_dirty() {
@@ -369,6 +371,7 @@ impl Node {
 
     pub(super) fn serve_waiting(&mut self, key: KeyRef, now: Nanos) {
         self.schedule.touch(key);
+        let policy = self.enforced(key);
         let Some(a) = self.authorities.get_mut(&key) else {
             return;
         };
@@ -376,7 +379,7 @@ impl Node {
             return;
         }
         let before = Some(a.frame().0);
-        let answers = a.serve_waiting(now);
+        let answers = a.serve_waiting(&policy, now);
         self.note_frame(key, before);
         for (node, _, answer) in answers {
             self.answer(now, key, node, answer);

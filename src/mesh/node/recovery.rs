@@ -53,19 +53,19 @@ impl Node {
         self.backups.remove(&key);
         self.transfers.returned(key);
         let incoming =
-            Authority::from_state(&state, policy, offset, now).with_hold(self.config.hold_ns());
+            Authority::from_state(&state, &policy, offset, now).with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
         let a = match self.authorities.entry(key) {
             std::collections::hash_map::Entry::Occupied(kept) => {
                 let a = kept.into_mut();
-                a.merge(&incoming);
+                a.merge(&policy, &incoming);
                 a
             }
             std::collections::hash_map::Entry::Vacant(slot) => slot.insert(incoming),
         };
         // The sender may not know yet of the holders this node knows are gone.
         let membership = &self.membership;
-        a.retire_departed(|node, run| membership.is_live_run(node, run));
+        a.retire_departed(&policy, |node, run| membership.is_live_run(node, run));
         self.count_deferred(now, key);
         self.mark_dirty(key);
         self.note_frame(key, before);
@@ -232,8 +232,9 @@ impl Node {
                             .min(self.config.dead_after_rounds * self.config.gossip_interval_ns);
                         self.transfers.departed(p, now, now.saturating_add(wait));
                     }
-                    for a in self.authorities.values_mut() {
-                        a.forget_holder(p);
+                    let enforced = self.limits.enforced();
+                    for (key, a) in self.authorities.iter_mut() {
+                        a.forget_holder(&enforced[key.policy as usize], p);
                     }
                     // What it was to hand back is lost with it.
                     self.transfers.peer_gone(p);
@@ -256,8 +257,9 @@ impl Node {
                 }
                 Change::Restarted(p) => {
                     self.events.push_back(Event::PeerRestarted(p));
-                    for a in self.authorities.values_mut() {
-                        a.forget_holder(p);
+                    let enforced = self.limits.enforced();
+                    for (key, a) in self.authorities.iter_mut() {
+                        a.forget_holder(&enforced[key.policy as usize], p);
                     }
                     self.transfers.peer_restarted(p);
                 }

@@ -153,10 +153,14 @@ impl Node {
     /// An authority no key's round looked at is dropped once it holds nothing worth keeping
     /// (the one thing its round would do).
     fn drop_idle_authorities(&mut self, now: Nanos) {
+        let enforced = self.limits.enforced();
         let idle: Vec<KeyRef> = self
             .authorities
             .iter_mut()
-            .filter_map(|(&key, a)| a.is_idle(now).then_some(key))
+            .filter_map(|(&key, a)| {
+                a.is_idle(&enforced[key.policy as usize], now)
+                    .then_some(key)
+            })
             .collect();
         for key in idle {
             self.authorities.remove(&key);
@@ -168,12 +172,13 @@ impl Node {
     fn key_timeout(&mut self, key: KeyRef, now: Nanos, round: Option<u64>) {
         let g = self.config.gossip_interval_ns;
         let rounds = self.stats.rounds;
+        let policy = self.enforced(key);
         let owner_answers = self.holdings.get(&key).is_some_and(|h| {
             let owner = self.membership.owner_and_successor_in(key.key, h.rank()).0;
             self.membership.is_responsive(owner, now)
         });
         if let Some(h) = self.holdings.get_mut(&key) {
-            h.timeouts(now, g, &mut self.decided);
+            h.timeouts(&policy, now, g, &mut self.decided);
             self.stats.timeouts += self.decided.len() as u64;
             for (id, decision) in self.decided.drain(..) {
                 self.events.push_back(Event::Decided { id, decision });
@@ -201,13 +206,13 @@ impl Node {
                 // Deadlines pass even while the authority may not grant: deny those, and look
                 // at the others again at the next round.
                 a.defer_wakes(self.schedule.next_tick());
-                for (node, answer) in a.deny_overdue(now) {
+                for (node, answer) in a.deny_overdue(&policy, now) {
                     self.answer(now, key, node, answer);
                 }
             }
             if round.is_some()
                 && let Some(a) = self.authorities.get_mut(&key)
-                && a.is_idle(now)
+                && a.is_idle(&policy, now)
             {
                 self.authorities.remove(&key);
                 self.forget_if_gone(key);

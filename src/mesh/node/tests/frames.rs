@@ -231,5 +231,5 @@ fn announced_limits_out_of_range_are_refused() {
     };
     let bytes = wire::encode(&frame).unwrap();
     assert!(c.node(0).handle_frame(now, 1, &bytes).is_err());
-    assert_eq!(c.node(0).config().policies[0].capacity(), LIMIT);
+    assert_eq!(c.node(0).policies()[0].capacity(), LIMIT);
 }

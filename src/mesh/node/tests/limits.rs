@@ -31,7 +31,7 @@ fn a_raised_limit_applies_once_every_node_runs_it() {
         c2.run_ms(100);
         assert_eq!(c2.node(0).config_mismatch(), vec![1, 2]);
         assert_eq!(c2.node(1).config_mismatch(), vec![0]);
-        assert_eq!(c2.node(0).config().policies[0].capacity(), LIMIT);
+        assert_eq!(c2.node(0).policies()[0].capacity(), LIMIT);
         spread(&mut c2, key, 300);
         assert_eq!(
             c2.total_admitted(),
@@ -45,7 +45,7 @@ fn a_raised_limit_applies_once_every_node_runs_it() {
         c2.run_ms(100);
         for i in 0..3 {
             assert!(c2.node(i).config_mismatch().is_empty());
-            assert_eq!(c2.node(i).config().policies[0].capacity(), 2 * LIMIT);
+            assert_eq!(c2.node(i).policies()[0].capacity(), 2 * LIMIT);
         }
         spread(&mut c2, key, LIMIT + 300);
         assert_eq!(
@@ -61,11 +61,7 @@ fn a_raised_limit_applies_once_every_node_runs_it() {
     reconfigure(&mut c, 1, LIMIT / 2, 3);
     c.run_ms(100);
     for i in 0..3 {
-        assert_eq!(
-            c.node(i).config().policies[0].capacity(),
-            LIMIT / 2,
-            "node {i}"
-        );
+        assert_eq!(c.node(i).policies()[0].capacity(), LIMIT / 2, "node {i}");
     }
     spread(&mut c, key, LIMIT);
     assert_eq!(c.total_admitted(), LIMIT / 2, "{:?}", c.admitted);
@@ -73,7 +69,7 @@ fn a_raised_limit_applies_once_every_node_runs_it() {
     c.crash(1);
     c.run_ms(1000);
     assert!(c.node(0).config_mismatch().is_empty());
-    assert_eq!(c.node(0).config().policies[0].capacity(), LIMIT);
+    assert_eq!(c.node(0).policies()[0].capacity(), LIMIT);
 }
 
 #[test]
