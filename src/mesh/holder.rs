@@ -27,8 +27,10 @@ use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{Grant, KeyRef, Want};
 use crate::mesh::tally::Tally;
 use crate::policy::{Algorithm, Policy};
+use asking::Asking;
 use demand::Demand;
 
+mod asking;
 mod demand;
 
 /// How soon a holder asks again after a denial while requests still wait.
@@ -42,10 +44,6 @@ const WAKE_SPREAD_ROUNDS: u64 = 16;
 
 /// Rounds between reports of a holder's count when nothing else is sent.
 pub(crate) const REPORT_ROUNDS: u64 = 4;
-
-/// How many times a holder at rest tells counts its authority has not confirmed before it
-/// stops waiting (each `REPORT_ROUNDS` apart: 640 ms at 20 ms rounds).
-const CONFIRM_TRIES: u8 = 8;
 
 /// A request waiting for tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,35 +99,14 @@ pub(crate) struct Holding {
     /// cost as much are denied here until then, without asking again.
     denied_until: Nanos,
     denied_cost: u64,
-    /// When the oldest want not answered yet went out, and the newest want answered: a
-    /// denial answering a later want counts its retry time from there (the authority
-    /// decided no earlier).
-    want_at: Nanos,
-    answered: u32,
     /// What the key asks for, round by round.
     demand: Demand,
     used_at_tick: u64,
     /// The count of admissions last seen, and when it was first seen: the last admission
     /// it counts was no later ([`Want::spent_ago`]).
     used_seen: (u64, Nanos),
-    reported_used: u64,
-    reported_round: u64,
-    reported_demand: u32,
-    /// When to ask again if the last want for tokens gets no answer.
-    want_sent_at: Option<Nanos>,
-    want_need: u64,
-    want_seq: u32,
-    /// The counts the authority must see before the holding may be forgotten (what it gave
-    /// back; a bucket's: and what it spent): those of the last want sent, with its `seq`,
-    /// and those of the newest want the authority answered.
-    sent: (u32, (u64, u64)),
-    confirmed: (u64, u64),
-    /// Reports of the same unconfirmed counts sent at rest (the holder stops waiting after
-    /// [`CONFIRM_TRIES`]: an owner that never confirms, such as one of an earlier version).
-    confirm_tries: u8,
-    /// Tell the authority at the next round: the key's owner changed (a new one learns
-    /// this lease), or a lease closed as it arrived (its final count is due).
-    report_due: bool,
+    /// What it told the key's authority and heard back.
+    asking: Asking,
     /// Kept at least until then (a holding that admitted a request on credit): the node
     /// takes a key's credit again only once it forgot the key.
     keep_until: Nanos,
@@ -165,21 +142,10 @@ impl Holding {
             waiting: VecDeque::new(),
             denied_until: 0,
             denied_cost: 0,
-            want_at: 0,
-            answered: 0,
             demand: Demand::default(),
             used_at_tick: 0,
             used_seen: (0, 0),
-            reported_used: 0,
-            reported_round: 0,
-            reported_demand: 0,
-            want_sent_at: None,
-            want_need: 0,
-            want_seq: 0,
-            sent: (0, (0, 0)),
-            confirmed: (0, 0),
-            confirm_tries: 0,
-            report_due: false,
+            asking: Asking::default(),
             keep_until: 0,
             rank: RankMemo::default(),
         }
@@ -211,19 +177,19 @@ impl Holding {
     /// holding's rounds, as long as nothing happens to it, and then [`Holding::catch_up`].
     pub(crate) fn at_rest(&self, round: u64) -> bool {
         let used = self.used();
+        let (reported_used, reported_round, reported_demand) = self.asking.last_report();
         self.waiting.is_empty()
             && self.reserve == 0
             && self.demand.offered() == 0
-            && self.reported_demand == 0
+            && reported_demand == 0
             && (self.closed || self.cell.remaining() == 0)
             && used == self.used_at_tick
-            && (used == self.reported_used || self.spent_out_at(0))
+            && (used == reported_used || self.spent_out_at(0))
             && self.previous_used.is_none()
-            && !(self.report_due && self.granted > 0)
-            && self.demand.fades_unreported(
-                round,
-                self.reported_round.saturating_add(self.report_every()),
-            )
+            && !(self.asking.report_due() && self.granted > 0)
+            && self
+                .demand
+                .fades_unreported(round, reported_round.saturating_add(self.report_every()))
     }
 
     /// Return the rounds with nothing offered after which the demand is 0.
@@ -334,7 +300,7 @@ impl Holding {
     pub(crate) fn unconfirmed(&self) -> bool {
         self.granted > 0
             && !(self.algorithm.counts_per_window() && self.closed)
-            && self.counts(self.used()) != self.confirmed
+            && !self.asking.confirmed(self.counts(self.used()))
     }
 
     /// Return the lease's window and, for windows, its local expiry.
@@ -458,10 +424,7 @@ impl Holding {
         if self.waiting.is_empty() {
             return false;
         }
-        match self.want_sent_at {
-            None => true,
-            Some(resend_at) => self.need() > self.want_need || now >= resend_at,
-        }
+        self.asking.should_ask(now, self.need())
     }
 
     /// Build the item to send the authority at `now` (`need` = what the waiting requests
@@ -475,23 +438,18 @@ impl Holding {
         resend_after: Nanos,
     ) -> Want {
         let need = self.need();
-        if !self.waiting.is_empty() {
-            self.want_sent_at = Some(now + resend_after);
-            self.want_need = need;
-        }
-        if self.answered == self.want_seq {
-            self.want_at = now;
-        }
-        self.want_seq = self.want_seq.wrapping_add(1).max(1);
-        for w in self.waiting.iter_mut().filter(|w| w.asked == 0) {
-            w.asked = self.want_seq;
-        }
         let used = self.see_used(now);
-        self.reported_used = used;
-        self.reported_round = round;
-        self.report_due = false;
-        self.reported_demand = self.demand.level();
-        self.sent = (self.want_seq, self.counts(used));
+        let seq = self.asking.send(
+            now,
+            (!self.waiting.is_empty()).then_some((need, resend_after)),
+            used,
+            round,
+            self.demand.level(),
+            self.counts(used),
+        );
+        for w in self.waiting.iter_mut().filter(|w| w.asked == 0) {
+            w.asked = seq;
+        }
         Want {
             key: self.key,
             window: self.window,
@@ -503,7 +461,7 @@ impl Holding {
             closed: self.algorithm.counts_per_window() && self.closed,
             need,
             smallest: self.waiting.iter().map(|w| w.cost).min().unwrap_or(0),
-            seq: self.want_seq,
+            seq,
             refill,
             demand: self.demand.level(),
             spent_ago: now.saturating_sub(self.used_seen.1),
@@ -536,23 +494,14 @@ impl Holding {
         if stale {
             // Not at once: the authority may not have ended the window yet (its clock may
             // be behind this node's estimate), and would answer the same.
-            self.want_sent_at = Some(now + DENIED_RESEND_NS);
-            self.want_need = self.need();
+            self.asking
+                .ask_again_at(now + DENIED_RESEND_NS, self.need());
             return;
         }
-        // The authority saw the counts of the wants this answers.
-        if (grant.answers.wrapping_sub(self.sent.0) as i32) >= 0 && self.sent.0 != 0 {
-            self.confirmed = self.sent.1;
-            self.confirm_tries = 0;
-        }
-        // The authority's retry time counts from its decision, a trip before now: from the
-        // oldest want not answered yet, if this answers one of those.
-        let decided_at = if (grant.answers.wrapping_sub(self.answered) as i32) > 0 {
-            self.answered = grant.answers;
-            self.want_at
-        } else {
-            now
-        };
+        // The authority saw the counts of the wants this answers; its retry time counts
+        // from its decision, a trip before now: from the oldest want not answered yet, if
+        // this answers one of those.
+        let decided_at = self.asking.answered(grant.answers, now);
         let granted_before = (self.window, self.granted);
         if self.algorithm.counts_per_window() {
             if grant.window > self.window || (self.closed && self.granted == 0 && self.window == 0)
@@ -569,8 +518,7 @@ impl Holding {
                     .offer(self.closed_used.saturating_sub(self.used_at_tick));
                 self.used_at_tick = 0;
                 // The authority's record of the new window starts at 0 too.
-                self.reported_used = 0;
-                self.confirmed = (0, 0);
+                self.asking.new_window();
                 self.window = grant.window;
                 self.granted = grant.granted;
                 self.returned = 0;
@@ -579,7 +527,7 @@ impl Holding {
                 // A lease that arrives after its window ended closes unspent at once: its
                 // final count (0) is due like any other's.
                 if self.closed && grant.granted > 0 && self.algorithm.weighs_previous() {
-                    self.report_due = true;
+                    self.asking.report_next_round();
                 }
                 self.closed_used = 0;
                 self.cell.renew(0, Some(expiry));
@@ -598,13 +546,11 @@ impl Holding {
             // Progress: what still waits may ask again at once. An answer that only says
             // "wait" or "no" keeps the resend timer (the authority keeps what it queued), or
             // holder and authority would echo each other at the speed of the network.
-            self.want_sent_at = None;
-            self.want_need = 0;
+            self.asking.progress();
         } else if grant.retry_after > 0 {
             // A denial: what still waits asks again soon (the room may have changed), but
             // not at once.
-            let soon = now + DENIED_RESEND_NS;
-            self.want_sent_at = Some(self.want_sent_at.map_or(soon, |at| at.min(soon)));
+            self.asking.denied(now + DENIED_RESEND_NS);
         }
         self.serve(policy, now, decided);
         if grant.retry_after > 0 && !self.waiting.is_empty() {
@@ -706,7 +652,7 @@ impl Holding {
         // itself): it is closed when the holding is next looked at.
         let expiry = (self.algorithm.weighs_previous() && !self.closed).then_some(self.expiry);
         let deadline = self.waiting.iter().map(|w| w.deadline).min();
-        let resend = self.want_sent_at.filter(|_| !self.waiting.is_empty());
+        let resend = self.asking.resend_at().filter(|_| !self.waiting.is_empty());
         [expiry, deadline, resend].into_iter().flatten().min()
     }
 
@@ -772,30 +718,28 @@ impl Holding {
             && self.waiting.is_empty()
             && now >= self.denied_until
             && unspent * 2 < per_round * SHORT_LEASE_ROUNDS;
-        let changed = (used != self.reported_used && !self.spent_out())
-            || self.demand.level().abs_diff(self.reported_demand) > self.reported_demand / 2;
-        if changed && round >= self.reported_round + self.report_every() {
+        let (reported_used, reported_round, reported_demand) = self.asking.last_report();
+        let changed = (used != reported_used && !self.spent_out())
+            || self.demand.level().abs_diff(reported_demand) > reported_demand / 2;
+        if changed && round >= reported_round + self.report_every() {
             tell = true;
         }
-        if self.previous_used.is_some() && round >= self.reported_round + REPORT_ROUNDS {
+        if self.previous_used.is_some() && round >= reported_round + REPORT_ROUNDS {
             tell = true;
         }
-        if self.report_due && (self.granted > 0 || !self.waiting.is_empty()) {
+        if self.asking.report_due() && (self.granted > 0 || !self.waiting.is_empty()) {
             tell = true;
         }
         // Counts at rest that the authority has not confirmed: told again until it does (or
         // until the holder stops waiting).
         if self.demand.idle_rounds() > 0
             && self.unconfirmed()
-            && round >= self.reported_round + REPORT_ROUNDS
+            && round >= reported_round + REPORT_ROUNDS
+            && self
+                .asking
+                .unconfirmed_at_rest(self.counts(self.used()), owner_answers)
         {
-            if self.confirm_tries >= CONFIRM_TRIES {
-                self.confirmed = self.counts(self.used());
-                self.confirm_tries = 0;
-            } else {
-                self.confirm_tries += u8::from(owner_answers);
-                tell = true;
-            }
+            tell = true;
         }
         (tell || refill, refill)
     }
@@ -834,8 +778,7 @@ impl Holding {
     /// The key's owner may have changed: report to it at the next round, so a new
     /// authority learns this node's lease before it grants anyone more.
     pub(crate) fn report_due(&mut self) {
-        self.report_due = true;
-        self.want_sent_at = None;
+        self.asking.report_to_new_owner();
     }
 }
 
