@@ -39,12 +39,16 @@ use crate::mesh::membership::{Membership, RankMemo};
 use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
 use crate::mesh::outbox::{Outbox, Transmit};
 use crate::policy::Policy;
+use authorities::Authorities;
+use holdings::Holdings;
 use schedule::Schedule;
 use transfers::Transfers;
 
+mod authorities;
 mod config;
 mod deferred;
 mod frames;
+mod holdings;
 mod inspect;
 mod join;
 mod limits;
@@ -223,8 +227,8 @@ struct Backup {
 pub struct Node {
     config: NodeConfig,
     membership: Membership,
-    holdings: FixedMap<KeyRef, Holding>,
-    authorities: FixedMap<KeyRef, Authority>,
+    holdings: Holdings,
+    authorities: Authorities,
     backups: FixedMap<KeyRef, Backup>,
     cells: Arc<Cells>,
     outbox: Outbox,
@@ -236,12 +240,8 @@ pub struct Node {
     flushed: Vec<Transmit>,
     stats: NodeStats,
     next_id: u64,
-    /// The number the next holding of a key gets ([`crate::mesh::message::Want::holding`]).
-    next_holding: u64,
     /// How deep the current call re-asks through this node's own authority.
     local_depth: u8,
-    /// Authorities changed since their last backup (each flagged too: see `mark_dirty`).
-    dirty: Vec<KeyRef>,
     /// Whose start answer the node waits for, whose it answered, the authorities it keeps
     /// or awaits, and whether a peer declared it dead.
     transfers: Transfers,
@@ -317,8 +317,8 @@ impl Node {
         let mut node = Node {
             membership_version: membership.version(),
             membership,
-            holdings: FixedMap::default(),
-            authorities: FixedMap::default(),
+            holdings: Holdings::default(),
+            authorities: Authorities::default(),
             backups: FixedMap::default(),
             cells,
             outbox: Outbox::default(),
@@ -328,9 +328,7 @@ impl Node {
             flushed: Vec::new(),
             stats: NodeStats::default(),
             next_id: 1,
-            next_holding: 1,
             local_depth: 0,
-            dirty: Vec::new(),
             running,
             schedule: Schedule::new(now, g),
             transfers,
@@ -357,11 +355,7 @@ impl Node {
     /// Note that `key`'s authority changed since its last backup (listed once until the
     /// round sends it).
     fn mark_dirty(&mut self, key: KeyRef) {
-        if let Some(a) = self.authorities.get_mut(&key)
-            && a.mark_dirty()
-        {
-            self.dirty.push(key);
-        }
+        self.authorities.changed(key);
     }
 
     /// Queue the next instant `key` needs the node: its holding's or its authority's
@@ -380,13 +374,6 @@ impl Node {
         .flatten()
         .min();
         self.schedule.arm(key, at);
-    }
-
-    /// Tell whether `key`'s authority has requests waiting: every look at it may find room
-    /// for them (a sliding window's previous count fades continuously), so any timer of the
-    /// key is live.
-    fn busy(authorities: &FixedMap<KeyRef, Authority>) -> impl Fn(KeyRef) -> bool + '_ {
-        move |key| authorities.get(&key).is_some_and(Authority::has_waiters)
     }
 
     /// `key` has no holding and no authority any more: nothing is queued for it.
@@ -418,15 +405,11 @@ impl Node {
     }
 
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
-        if !self.holdings.contains_key(&key) {
-            let policy = self.policy(key.policy)?;
-            let mut h = Holding::new(key, &policy, self.next_holding);
-            h.count_rounds_from(self.stats.rounds);
-            self.next_holding += 1;
-            self.cells.insert(key, Arc::clone(h.cell()));
-            self.holdings.insert(key, h);
-        }
-        self.holdings.get_mut(&key)
+        let policy = self.policy(key.policy)?;
+        Some(
+            self.holdings
+                .get_or_make(key, &policy, self.stats.rounds, &self.cells),
+        )
     }
 
     /// Decide a request of `cost` for `key` (its stable hash, [`crate::ids::KeyHasher::key`])
@@ -545,7 +528,7 @@ impl Node {
     /// the keys' owners on reliable frames, with what was spent since the last report: a
     /// leaving node's last reports.
     fn give_back_all(&mut self, now: Nanos) {
-        let keys: Vec<KeyRef> = self.holdings.keys().copied().collect();
+        let keys: Vec<KeyRef> = self.holdings.keys().collect();
         for key in keys {
             if let Some(h) = self.holdings.get_mut(&key)
                 && (h.give_back(0) > 0 || h.unconfirmed())
@@ -646,7 +629,7 @@ impl Node {
             let authority = Authority::from_state(&b.state, &policy, offset, now);
             self.authorities.insert(key, authority);
         }
-        let keys: Vec<KeyRef> = self.authorities.keys().copied().collect();
+        let keys: Vec<KeyRef> = self.authorities.keys().collect();
         for key in keys {
             let next = self.rightful_owner(key.key, now);
             if next != self.config.id {
@@ -673,7 +656,7 @@ impl Node {
         }
         self.schedule.keep_touched(touched);
         self.schedule
-            .drop_stale_timers(Node::busy(&self.authorities));
+            .drop_stale_timers(|key| self.authorities.has_waiters(key));
         if self.outbox.is_empty() {
             return;
         }
@@ -709,6 +692,15 @@ const MAX_LOCAL_DEPTH: u8 = 4;
 fn resend_after(membership: &Membership, config: &NodeConfig, owner: NodeId, now: Nanos) -> Nanos {
     let round_trip = membership.offset(owner, now).map_or(0, |o| o.round_trip);
     (3 * round_trip).clamp(2_000_000, 2 * config.gossip_interval_ns)
+}
+
+/// Give a map's memory back when it is mostly empty.
+fn shrink_map<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
+    map: &mut std::collections::HashMap<K, V, S>,
+) {
+    if map.capacity() > 1024 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.len() * 2);
+    }
 }
 
 #[cfg(test)]

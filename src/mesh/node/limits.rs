@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use super::{Event, MeshError, Node};
 use crate::mesh::NodeId;
+use crate::mesh::holder::Holding;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::message::{Item, PolicyLimits};
 use crate::policy::Policy;
@@ -209,19 +210,8 @@ impl Node {
             self.limits.enforced[index] = enforced;
             self.cells.set_policy(index, &enforced);
             let index = index as u32;
-            for (key, a) in self.authorities.iter_mut() {
-                if key.policy == index {
-                    a.limits_changed(&old, &enforced);
-                    if a.mark_dirty() {
-                        self.dirty.push(*key);
-                    }
-                }
-            }
-            for (key, h) in self.holdings.iter_mut() {
-                if key.policy == index {
-                    h.limits_changed();
-                }
-            }
+            self.authorities.limits_changed(index, &old, &enforced);
+            self.holdings.for_each(Some(index), Holding::limits_changed);
             self.stats.policy_changes += 1;
         }
     }

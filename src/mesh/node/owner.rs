@@ -243,9 +243,7 @@ impl Node {
             None
         };
         let recall = a.recall_targets(&policy, now, RECALL_GAP_NS);
-        if a.mark_dirty() {
-            self.dirty.push(key);
-        }
+        self.authorities.changed(key);
         self.note_frame(key, before);
         if let Some(answer) = answer {
             self.answer(now, key, from, answer);
@@ -285,9 +283,7 @@ impl Node {
         let news = a.report(&policy, now, from, incarnation, want, alive);
         let ack = !alive || (news && want.need == 0 && a.at_rest(from));
         let (window, _, ends_at) = a.frame();
-        if a.mark_dirty() {
-            self.dirty.push(key);
-        }
+        self.authorities.changed(key);
         self.note_frame(key, before);
         if !ack {
             return;

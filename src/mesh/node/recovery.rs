@@ -6,6 +6,7 @@ use super::{Event, Node};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::authority::Authority;
+use crate::mesh::holder::Holding;
 use crate::mesh::membership::{Change, weight};
 use crate::mesh::message::{AuthorityState, Item, KeyRef};
 use crate::mesh::timing::Offset;
@@ -55,14 +56,7 @@ impl Node {
         let incoming =
             Authority::from_state(&state, &policy, offset, now).with_hold(self.config.hold_ns());
         let before = self.authorities.get(&key).map(|a| a.frame().0);
-        let a = match self.authorities.entry(key) {
-            std::collections::hash_map::Entry::Occupied(kept) => {
-                let a = kept.into_mut();
-                a.merge(&policy, &incoming);
-                a
-            }
-            std::collections::hash_map::Entry::Vacant(slot) => slot.insert(incoming),
-        };
+        let a = self.authorities.merge_in(key, incoming, &policy);
         // The sender may not know yet of the holders this node knows are gone.
         let membership = &self.membership;
         a.retire_departed(&policy, |node, run| membership.is_live_run(node, run));
@@ -155,7 +149,6 @@ impl Node {
         let keys: Vec<KeyRef> = self
             .authorities
             .keys()
-            .copied()
             .filter(|k| self.membership.owner_and_successor(k.key).1 == Some(from))
             .collect();
         for key in keys {
@@ -173,7 +166,6 @@ impl Node {
         let owned: Vec<KeyRef> = self
             .authorities
             .keys()
-            .copied()
             .filter(|k| self.membership.owner_and_successor(k.key).0 == to)
             .collect();
         for key in owned {
@@ -222,9 +214,7 @@ impl Node {
                     if matches!(change, Change::Left(_)) {
                         // What it gave back may have made room that a denial here does
                         // not know of.
-                        for h in self.holdings.values_mut() {
-                            h.forget_denial();
-                        }
+                        self.holdings.for_each(None, Holding::forget_denial);
                         // A leaving owner hands its keys over: wait for that (at most half
                         // of `max_wait`, and the time a death takes to declare) rather than
                         // take a backup over or make an authority afresh.
@@ -232,10 +222,7 @@ impl Node {
                             .min(self.config.dead_after_rounds * self.config.gossip_interval_ns);
                         self.transfers.departed(p, now, now.saturating_add(wait));
                     }
-                    let enforced = self.limits.enforced();
-                    for (key, a) in self.authorities.iter_mut() {
-                        a.forget_holder(&enforced[key.policy as usize], p);
-                    }
+                    self.authorities.forget_holder(self.limits.enforced(), p);
                     // What it was to hand back is lost with it.
                     self.transfers.peer_gone(p);
                 }
@@ -257,10 +244,7 @@ impl Node {
                 }
                 Change::Restarted(p) => {
                     self.events.push_back(Event::PeerRestarted(p));
-                    let enforced = self.limits.enforced();
-                    for (key, a) in self.authorities.iter_mut() {
-                        a.forget_holder(&enforced[key.policy as usize], p);
-                    }
+                    self.authorities.forget_holder(self.limits.enforced(), p);
                     self.transfers.peer_restarted(p);
                 }
             }
@@ -277,7 +261,7 @@ impl Node {
     /// The live members changed: move authorities to their owners, back up to the new
     /// successors, and tell the new owners of this node's keys what it holds.
     pub(super) fn rebalance(&mut self, now: Nanos) {
-        let keys: Vec<KeyRef> = self.authorities.keys().copied().collect();
+        let keys: Vec<KeyRef> = self.authorities.keys().collect();
         for key in keys {
             let owner = self.rightful_owner(key.key, now);
             if owner != self.config.id {
@@ -286,7 +270,7 @@ impl Node {
                 self.mark_dirty(key);
             }
         }
-        let keys: Vec<KeyRef> = self.holdings.keys().copied().collect();
+        let keys: Vec<KeyRef> = self.holdings.keys().collect();
         for key in keys {
             let h = self.holdings.get_mut(&key).expect("listed");
             h.report_due();

@@ -74,7 +74,7 @@ impl Node {
         self.transfers.expire_departed(now);
         // The keys due now, and those the round must look at.
         self.schedule
-            .plan_round(now, previous_round, Node::busy(&self.authorities));
+            .plan_round(now, previous_round, |key| self.authorities.has_waiters(key));
         self.round_slice(now, max_keys)
     }
 
@@ -82,7 +82,7 @@ impl Node {
     fn deadlines(&mut self, now: Nanos) {
         let due = self
             .schedule
-            .deadline_keys(now, Node::busy(&self.authorities));
+            .deadline_keys(now, |key| self.authorities.has_waiters(key));
         for &key in &due {
             self.schedule.fired(key, now);
             self.key_timeout(key, now, None);
@@ -154,16 +154,10 @@ impl Node {
     /// (the one thing its round would do).
     fn drop_idle_authorities(&mut self, now: Nanos) {
         let enforced = self.limits.enforced();
-        let idle: Vec<KeyRef> = self
+        let idle = self
             .authorities
-            .iter_mut()
-            .filter_map(|(&key, a)| {
-                a.is_idle(&enforced[key.policy as usize], now)
-                    .then_some(key)
-            })
-            .collect();
+            .drop_idle(|key, a| a.is_idle(&enforced[key.policy as usize], now));
         for key in idle {
-            self.authorities.remove(&key);
             self.forget_if_gone(key);
         }
     }
@@ -194,8 +188,7 @@ impl Node {
             if h.should_ask(now) || tell || ended {
                 self.ask(key, now, refill);
             } else if round.is_some() && h.is_idle(now) {
-                self.holdings.remove(&key);
-                self.cells.remove(&key);
+                self.holdings.remove(&key, &self.cells);
                 self.forget_if_gone(key);
             }
         }
@@ -243,45 +236,28 @@ impl Node {
     /// Give back the memory of maps a burst of keys grew and that are now mostly empty (a
     /// map keeps its capacity when entries leave).
     fn shrink(&mut self) {
-        fn shrink_map<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(
-            map: &mut std::collections::HashMap<K, V, S>,
-        ) {
-            if map.capacity() > 1024 && map.len() < map.capacity() / 4 {
-                map.shrink_to(map.len() * 2);
-            }
-        }
-        shrink_map(&mut self.holdings);
-        shrink_map(&mut self.authorities);
-        shrink_map(&mut self.backups);
+        self.holdings.shrink();
+        self.authorities.shrink();
+        super::shrink_map(&mut self.backups);
         self.schedule.shrink();
-        if self.dirty.capacity() > 1024 {
-            self.dirty.shrink_to(1024);
-        }
         self.cells.shrink();
     }
 
     fn round_work(&mut self, now: Nanos) {
         // Backups of the authorities that changed, to their successors.
         // In key order; a key listed twice (its authority dropped and made again) once.
-        let mut dirty = std::mem::take(&mut self.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
         let me = self.config.id;
-        for &key in &dirty {
+        let (membership, stats, outbox) = (&self.membership, &mut self.stats, &mut self.outbox);
+        self.authorities.backups(|key, a| {
             // Only an owner backs its authorities up (one it keeps for a member it has not
             // heard yet is not its own).
-            if let Some(a) = self.authorities.get_mut(&key)
-                && a.take_dirty()
-                && let (owner, Some(successor)) =
-                    self.membership.owner_and_successor_in(key.key, a.rank())
+            if let (owner, Some(successor)) = membership.owner_and_successor_in(key.key, a.rank())
                 && owner == me
             {
-                self.stats.backups_sent += 1;
-                self.outbox.push(successor, Item::Backup(a.state()));
+                stats.backups_sent += 1;
+                outbox.push(successor, Item::Backup(a.state()));
             }
-        }
-        dirty.clear();
-        self.dirty = dirty;
+        });
         // Backups of a live owner that stopped sending them, or of keys nobody would give
         // this node any more, are dropped.
         let round = self.schedule.round();
