@@ -27,6 +27,7 @@ mod rumors;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
@@ -62,8 +63,9 @@ pub(crate) struct Peer {
     pub vouched_at: Nanos,
     /// Its liveness counter, the highest told.
     pub seq: u32,
-    /// Where it is reached, as this node knows it (opaque to the mesh: the transport's).
-    pub addr: Option<Vec<u8>>,
+    /// Where it is reached, as this node knows it (the transport's address; frames carry
+    /// it as text: [`addr_to_wire`]).
+    pub addr: Option<SocketAddr>,
     /// When it was learned, or last changed between alive, dead and left (local time).
     pub since: Nanos,
     /// Local time of its newest frame (or of this node's start, before any; 0 while
@@ -168,6 +170,17 @@ pub(crate) struct Membership {
 /// The highest lag score: a node that runs late waits up to five times `dead_after` before it
 /// declares a peer dead.
 pub(crate) const MAX_LAG_SCORE: u32 = 8;
+
+/// A member's address as frames carry it ([`Member::addr`]): its text (`"10.0.0.7:7000"`,
+/// `"[fd00::7]:7000"`), empty when not known.
+pub(crate) fn addr_to_wire(addr: Option<SocketAddr>) -> Vec<u8> {
+    addr.map(|a| a.to_string().into_bytes()).unwrap_or_default()
+}
+
+/// A member's address from a frame: `None` when empty or not an address.
+pub(crate) fn addr_from_wire(bytes: &[u8]) -> Option<SocketAddr> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
 
 impl Membership {
     /// Start a view at `now`: `members` (this node may be among them) all count as alive
@@ -405,7 +418,7 @@ impl Membership {
     /// Add a member that reached this node at `now` (an authenticated connection), with the
     /// address it is reached at: it counts as alive until silent. A member known already
     /// keeps its state (a pending one is alive now). Return what changed.
-    pub(crate) fn add(&mut self, id: NodeId, addr: Option<Vec<u8>>, now: Nanos) -> Vec<Change> {
+    pub(crate) fn add(&mut self, id: NodeId, addr: Option<SocketAddr>, now: Nanos) -> Vec<Change> {
         let mut changes = Vec::new();
         if id == self.me {
             return changes;
@@ -435,7 +448,7 @@ impl Membership {
                 alive: true,
                 heard_at: now,
                 since: now,
-                addr: addr.clone(),
+                addr,
                 ..Peer::default()
             },
         );
@@ -447,7 +460,7 @@ impl Membership {
             incarnation: 0,
             seq: 0,
             state: MemberState::Alive,
-            addr: addr.unwrap_or_default(),
+            addr: addr_to_wire(addr),
         });
         changes.push(Change::Up(id));
         changes

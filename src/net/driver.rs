@@ -354,9 +354,7 @@ impl Driver {
         let mut inner = self.shared.inner.lock();
         inner.connected.insert(id);
         // A member the node did not know is one now (its certificate says who it is).
-        inner
-            .node
-            .add_member(now, id, Some(addr.to_string().into_bytes()));
+        inner.node.add_member(now, id, Some(addr));
     }
 
     /// Count a failed attempt to reach `id`, log it when due, and dial again after the
@@ -457,13 +455,7 @@ impl Driver {
                     }
                     // Where the member that told of it reaches it.
                     Event::PeerLearned(peer) => {
-                        let addr = inner
-                            .node
-                            .membership()
-                            .peer(peer)
-                            .and_then(|p| p.addr.as_deref())
-                            .and_then(|a| std::str::from_utf8(a).ok())
-                            .and_then(|a| a.parse::<SocketAddr>().ok());
+                        let addr = inner.node.membership().peer(peer).and_then(|p| p.addr);
                         events.push((e, addr));
                     }
                     e => events.push((e, None)),

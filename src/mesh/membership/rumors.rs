@@ -14,7 +14,7 @@
 //!   told dead or gone is forgotten. A death is never taken from others: each node declares
 //!   its own, with a majority (the authorities' safety rests on it).
 
-use super::{Change, MAX_MEMBERS, Membership, Peer};
+use super::{Change, MAX_MEMBERS, Membership, Peer, addr_from_wire, addr_to_wire};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::message::{Member, MemberState};
@@ -153,7 +153,7 @@ impl Membership {
                 seq: m.seq,
                 since: now,
                 heard_at: 0,
-                addr: (!m.addr.is_empty()).then(|| m.addr.clone()),
+                addr: addr_from_wire(&m.addr),
                 ..Peer::default()
             },
         );
@@ -163,8 +163,8 @@ impl Membership {
     /// A member says something about a peer this node knows.
     fn about_peer(&mut self, now: Nanos, from: NodeId, m: &Member, heard: &mut Heard) {
         let peer = self.peers.get_mut(&m.id).expect("known");
-        if peer.addr.is_none() && !m.addr.is_empty() {
-            peer.addr = Some(m.addr.clone());
+        if peer.addr.is_none() {
+            peer.addr = addr_from_wire(&m.addr);
         }
         if peer.pending {
             match m.state {
@@ -193,7 +193,7 @@ impl Membership {
                     // Pass it on: it may not have reached every member.
                     let mut passed = m.clone();
                     if passed.addr.is_empty() {
-                        passed.addr = peer.addr.clone().unwrap_or_default();
+                        passed.addr = addr_to_wire(peer.addr);
                     }
                     self.tell(passed);
                 }
@@ -232,6 +232,6 @@ fn describe(id: NodeId, p: &Peer, state: MemberState) -> Member {
         incarnation: p.incarnation.unwrap_or(0),
         seq: p.seq,
         state,
-        addr: p.addr.clone().unwrap_or_default(),
+        addr: addr_to_wire(p.addr),
     }
 }

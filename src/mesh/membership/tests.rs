@@ -234,7 +234,7 @@ fn a_member_named_by_another_counts_once_heard_and_is_forgotten_when_told_gone()
     assert_eq!(heard.changes, vec![Change::Learned(9)]);
     let p = m.peer(9).unwrap();
     assert!(p.pending && !p.alive);
-    assert_eq!(p.addr.as_deref(), Some(&b"127.0.0.1:7009"[..]));
+    assert_eq!(p.addr, Some("127.0.0.1:7009".parse().unwrap()));
     // Not counted, no owner, never declared dead by silence.
     assert_eq!((m.quorum_of(), m.alive_count()), (2, 2));
     assert!((0..100).all(|k| m.owner_and_successor(k).0 != 9));
@@ -388,5 +388,18 @@ proptest::proptest! {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn addresses_travel_as_text_and_anything_else_is_no_address() {
+    for text in ["10.0.0.7:7000", "[fd00::7]:7000"] {
+        let addr: std::net::SocketAddr = text.parse().unwrap();
+        assert_eq!(addr_to_wire(Some(addr)), text.as_bytes());
+        assert_eq!(addr_from_wire(text.as_bytes()), Some(addr));
+    }
+    assert!(addr_to_wire(None).is_empty());
+    for bytes in [&b""[..], b"node-7", b"10.0.0.7", &[0xff, 0xfe]] {
+        assert_eq!(addr_from_wire(bytes), None);
     }
 }

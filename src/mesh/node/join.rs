@@ -15,6 +15,7 @@
 //! admitted.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 
 use super::{Event, Node};
 use crate::clock::Nanos;
@@ -82,7 +83,7 @@ impl Node {
     /// Add member `id`, which reached this node at `now` (over an authenticated connection),
     /// reached at `addr` (the transport's address, opaque here). A new member counts at once;
     /// the others are told about it.
-    pub fn add_member(&mut self, now: Nanos, id: NodeId, addr: Option<Vec<u8>>) {
+    pub fn add_member(&mut self, now: Nanos, id: NodeId, addr: Option<SocketAddr>) {
         if id == self.config.id {
             return;
         }
