@@ -242,8 +242,8 @@ macro_rules! with_cells {
     };
 }
 
-/// Bookkeeping shared by the three kinds of table.
-struct Limits {
+/// Bookkeeping shared by the three kinds of table (the policy, the key cap, sweeps, counters).
+struct Bookkeeping {
     policy: Policy,
     max_keys: usize,
     keys: AtomicUsize,
@@ -275,7 +275,7 @@ struct Limits {
 /// ```
 pub struct Store<K: Send + Sync, S = DefaultHasher> {
     table: Table<K, S>,
-    limits: Limits,
+    limits: Bookkeeping,
 }
 
 impl<K: Send + Sync, S> std::fmt::Debug for Store<K, S> {
@@ -325,7 +325,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
         };
         Store {
             table,
-            limits: Limits {
+            limits: Bookkeeping {
                 policy,
                 max_keys,
                 keys: AtomicUsize::new(0),
@@ -472,7 +472,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     #[allow(clippy::too_many_arguments)]
     fn decide<'a, D: Step<C>, Q>(
         &self,
-        limits: &Limits,
+        limits: &Bookkeeping,
         key: &'a Q,
         now: Nanos,
         cost: u64,
@@ -491,7 +491,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     #[allow(clippy::too_many_arguments)]
     fn decide_inline<'a, D: Step<C>, Q>(
         &self,
-        limits: &Limits,
+        limits: &Bookkeeping,
         key: &'a Q,
         now: Nanos,
         cost: u64,
@@ -520,7 +520,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     #[inline(never)]
     fn decide_new_key<'a, Q>(
         &self,
-        limits: &Limits,
+        limits: &Bookkeeping,
         key: &'a Q,
         now: Nanos,
         cost: u64,
@@ -552,7 +552,7 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     /// Reserve room for one more key, sweeping idle keys first if the store is full.
     fn reserve_slot(
         &self,
-        limits: &Limits,
+        limits: &Bookkeeping,
         now: Nanos,
         mut evict: impl FnMut(&K, &C) -> bool,
     ) -> bool {
@@ -569,7 +569,12 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     }
 
     /// Sweep if no sweep ran in the last interval; return whether this call swept.
-    fn sweep_if_due(&self, limits: &Limits, now: Nanos, evict: impl FnMut(&K, &C) -> bool) -> bool {
+    fn sweep_if_due(
+        &self,
+        limits: &Bookkeeping,
+        now: Nanos,
+        evict: impl FnMut(&K, &C) -> bool,
+    ) -> bool {
         let last = limits.last_sweep_ns.load(Ordering::Relaxed);
         let due = last == 0 || now >= (last - 1).saturating_add(limits.sweep_interval_ns);
         if !due
@@ -590,7 +595,12 @@ impl<K: Hash + Eq, C: Cell, S: BuildHasher + Clone> Cells<K, C, S> {
     }
 
     /// Remove the keys that `evict` picks (idle keys); return how many were removed.
-    fn sweep(&self, limits: &Limits, now: Nanos, mut evict: impl FnMut(&K, &C) -> bool) -> usize {
+    fn sweep(
+        &self,
+        limits: &Bookkeeping,
+        now: Nanos,
+        mut evict: impl FnMut(&K, &C) -> bool,
+    ) -> usize {
         let mut removed = 0usize;
         self.map.retain(|key, cell| {
             let idle = evict(key, cell);

@@ -183,7 +183,7 @@ struct Inner {
     heard: HashMap<NodeId, Instant>,
 }
 
-pub(crate) struct Shared {
+pub(crate) struct NetShared {
     inner: Mutex<Inner>,
     /// The lease cells (the request path's read handle).
     cells: Arc<Cells>,
@@ -200,7 +200,7 @@ pub(crate) struct Shared {
     max_wait_ns: u64,
 }
 
-impl Shared {
+impl NetShared {
     /// Decide a request by this node's share alone, counted in `counter` (`shed` or
     /// `overflow` of [`NetStats`]).
     fn alone(&self, counter: &AtomicU64, policy: u32, key: u64, cost: u64, now: u64) -> Decision {
@@ -293,7 +293,7 @@ pub(crate) enum Input {
 /// # Ok(()) }
 /// ```
 pub struct MeshNet {
-    shared: Arc<Shared>,
+    shared: Arc<NetShared>,
     inputs: mpsc::UnboundedSender<Input>,
     endpoint: quinn::Endpoint,
     driver: tokio::task::JoinHandle<()>,
@@ -321,7 +321,7 @@ impl MeshNet {
         .map_err(bind_error)?;
         endpoint.set_default_client_config(config.tls.client.clone());
         let (intros, intro_receiver) = mpsc::channel(INTRO_QUEUE);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(NetShared {
             cells: node.cells(),
             inner: Mutex::new(Inner {
                 node,

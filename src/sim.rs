@@ -32,7 +32,7 @@ use crate::policy::Policy;
 pub use baseline::Admission;
 pub use traffic::{Arrival, Traffic, generate as arrivals};
 pub(crate) use world::SimNode;
-use world::{Event, World, drain_events};
+use world::{SimEvent, World, drain_events};
 
 /// More events than this at one simulated instant is a livelock (every arrival of a
 /// synchronized burst of the largest runs is one event).
@@ -403,22 +403,22 @@ pub fn run(config: &SimConfig) -> SimReport {
         world.flush(i, START_NS - WARM_UP_NS);
     }
     if let Some(p) = config.partition {
-        world.push(START_NS + p.at_ns, Event::Split);
-        world.push(START_NS + p.heal_ns, Event::Heal);
+        world.push(START_NS + p.at_ns, SimEvent::Split);
+        world.push(START_NS + p.heal_ns, SimEvent::Heal);
     }
     for c in &config.crashes {
-        world.push(START_NS + c.at_ns, Event::Crash(c.node));
+        world.push(START_NS + c.at_ns, SimEvent::Crash(c.node));
         if let Some(r) = c.restart_ns {
-            world.push(START_NS + r, Event::Restart(c.node));
+            world.push(START_NS + r, SimEvent::Restart(c.node));
         }
     }
     for d in &config.drains {
-        world.push(START_NS + d.at_ns, Event::Drain(d.node));
-        world.push(START_NS + d.at_ns + DRAIN_STOP_NS, Event::Stop(d.node));
+        world.push(START_NS + d.at_ns, SimEvent::Drain(d.node));
+        world.push(START_NS + d.at_ns + DRAIN_STOP_NS, SimEvent::Stop(d.node));
         if let Some(r) = d.restart_ns {
             world.push(
                 START_NS + r.max(d.at_ns + DRAIN_STOP_NS),
-                Event::Restart(d.node),
+                SimEvent::Restart(d.node),
             );
         }
     }
@@ -512,7 +512,7 @@ pub fn run(config: &SimConfig) -> SimReport {
             break;
         };
         match event {
-            Event::Tick(i) => {
+            SimEvent::Tick(i) => {
                 if world.next_tick[i] == now {
                     world.next_tick[i] = 0;
                 }
@@ -546,7 +546,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                     record.check_convergence(now, &world.nodes);
                 }
             }
-            Event::Deliver {
+            SimEvent::Deliver {
                 from,
                 to,
                 incarnation,
@@ -580,7 +580,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 world.flush(to, now);
                 world.schedule(to, now);
             }
-            Event::Crash(i) => {
+            SimEvent::Crash(i) => {
                 record.crashed(now, i, &world.nodes);
                 record.handoffs_lost(&world.handoffs_to(i));
                 // What it kept for its peers goes with the process.
@@ -592,7 +592,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                     record.decided(index, now, false, 0);
                 }
             }
-            Event::Drain(i) => {
+            SimEvent::Drain(i) => {
                 let local = world.nodes[i].local(now);
                 if world.nodes[i].node.is_none() {
                     continue;
@@ -607,7 +607,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 world.flush(i, now);
                 world.schedule(i, now);
             }
-            Event::Stop(i) => {
+            SimEvent::Stop(i) => {
                 if !world.nodes[i].draining {
                     continue;
                 }
@@ -620,7 +620,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                     record.decided(index, now, false, 0);
                 }
             }
-            Event::Restart(i) => {
+            SimEvent::Restart(i) => {
                 if world.nodes[i].node.is_some() {
                     continue;
                 }
@@ -629,12 +629,12 @@ pub fn run(config: &SimConfig) -> SimReport {
                 world.start_node(i, now);
                 world.flush(i, now);
             }
-            Event::Split => {
+            SimEvent::Split => {
                 world.partitioned = true;
                 let minority = config.partition.map_or(0, |p| p.minority);
                 record.split(now, minority, config, &world.nodes);
             }
-            Event::Heal => {
+            SimEvent::Heal => {
                 world.partitioned = false;
                 record.heal(now);
                 for (from, to, len, frame) in std::mem::take(&mut world.held) {

@@ -34,7 +34,7 @@ use dashmap::DashMap;
 
 use super::cell::{RETIRED, WordCell};
 use super::hot::{HotKeys, Lookup, SharedCell};
-use super::{Cells, Charge, Limits, ToKey, WordStep};
+use super::{Bookkeeping, Cells, Charge, ToKey, WordStep};
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::Policy;
@@ -98,7 +98,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn decide<'a, D: WordStep, Q>(
         &self,
-        limits: &Limits,
+        limits: &Bookkeeping,
         key: &'a Q,
         now: Nanos,
         cost: u64,
@@ -118,7 +118,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn decide_inline<'a, D: WordStep, Q>(
         &self,
-        limits: &Limits,
+        limits: &Bookkeeping,
         key: &'a Q,
         now: Nanos,
         cost: u64,
@@ -157,7 +157,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     #[inline(always)]
     fn decide_through_map<'a, D: WordStep, Q>(
         &self,
-        limits: &Limits,
+        limits: &Bookkeeping,
         key: &'a Q,
         call: MapCall,
         charge: &mut Charge,
@@ -230,7 +230,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     /// Move a hot key's cell into a shared one (once per key's life) and keep a shortcut.
     #[cold]
     #[inline(never)]
-    fn share<'a, Q>(&self, limits: &Limits, hash: u64, key: &'a Q)
+    fn share<'a, Q>(&self, limits: &Bookkeeping, hash: u64, key: &'a Q)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToKey<'a, K> + ?Sized,
@@ -279,7 +279,7 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
     }
 
     /// Remove every idle key; return how many were removed.
-    pub(super) fn sweep(&self, limits: &Limits, now: Nanos) -> usize {
+    pub(super) fn sweep(&self, limits: &Bookkeeping, now: Nanos) -> usize {
         let policy = &limits.policy;
         let removed = self.cells.sweep(limits, now, |key, cell| {
             self.evict_if_idle(key, cell, policy, now)

@@ -72,7 +72,7 @@ pub struct Cells {
     /// How many cells `map` holds (kept beside it: a `DashMap`'s own count reads every
     /// shard).
     count: AtomicUsize,
-    policies: Vec<Limits>,
+    policies: Vec<CellPolicy>,
     /// Per policy, the keys decided by this node's share alone (made at the first such key).
     overflow: Vec<OnceLock<Store<u64>>>,
     /// The most keys the node holds leases for (its `max_keys`).
@@ -88,7 +88,7 @@ pub struct Cells {
 /// What the request path needs of a policy; its limit and rate change live
 /// ([`Cells::set_policy`]).
 #[derive(Debug)]
-struct Limits {
+struct CellPolicy {
     capacity: AtomicU64,
     interval_ns: AtomicU64,
     /// The policy as configured (the overflow store's is scaled from it).
@@ -110,7 +110,7 @@ impl Cells {
             overflow: policies.iter().map(|_| OnceLock::new()).collect(),
             policies: policies
                 .into_iter()
-                .map(|p| Limits {
+                .map(|p| CellPolicy {
                     capacity: AtomicU64::new(p.capacity()),
                     interval_ns: AtomicU64::new(p.interval_ns()),
                     policy: p,

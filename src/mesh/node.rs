@@ -254,7 +254,7 @@ pub struct Node {
     /// Joining the cluster, and the decisions before.
     join: join::Join,
     /// The node's own policies, and its peers' while their configurations differ.
-    limits: limits::Limits,
+    limits: limits::Enforcement,
 }
 
 impl Node {
@@ -334,7 +334,7 @@ impl Node {
             transfers,
             deferred: deferred::Deferred::default(),
             join: join::Join::new(&config, now),
-            limits: limits::Limits::new(config.policies.clone()),
+            limits: limits::Enforcement::new(config.policies.clone()),
             config,
         };
         // Say hello (and ask for what this node should hold) at once.

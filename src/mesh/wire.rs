@@ -112,11 +112,21 @@ fn begin(capacity: usize) -> Vec<u8> {
 
 /// Append `value`'s encoding to `frame`.
 fn write<T: Encode>(value: &T, frame: &mut Vec<u8>) -> Result<(), WireError> {
-    bincode::encode_into_std_write(value, frame, LIMITED)
-        .map(drop)
-        .map_err(|e| WireError::Encode {
-            reason: e.to_string(),
-        })
+    bincode::encode_into_writer(value, Appender(frame), LIMITED).map_err(|e| WireError::Encode {
+        reason: e.to_string(),
+    })
+}
+
+/// A frame's buffer as bincode's writer: each value's bytes appended (`std::io::Write`
+/// would do the same, through a layer of its own per value).
+struct Appender<'a>(&'a mut Vec<u8>);
+
+impl bincode::enc::write::Writer for Appender<'_> {
+    #[inline(always)]
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
 }
 
 /// `frame`, unless it is larger than any frame a peer accepts.

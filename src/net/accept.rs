@@ -20,7 +20,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use crate::mesh::NodeId;
 use crate::net::tls::peer_id;
-use crate::net::{Input, Shared};
+use crate::net::{Input, NetShared};
 
 /// At most one log line about refused handshakes per this interval.
 pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -153,7 +153,7 @@ pub(crate) async fn accept_loop(
     endpoint: quinn::Endpoint,
     me: NodeId,
     inputs: mpsc::UnboundedSender<Input>,
-    shared: Arc<Shared>,
+    shared: Arc<NetShared>,
 ) {
     let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
     let mut flush = tokio::time::interval(LOG_EVERY);

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::{INPUT_BATCH, INTRO_BATCH, Input, Intro, PEER_UP_WITHIN, Shared};
+use super::{INPUT_BATCH, INTRO_BATCH, Input, Intro, NetShared, PEER_UP_WITHIN};
 use crate::clock::Clock;
 use crate::mesh::node::{Admit, Event};
 use crate::mesh::wire::MAX_FRAME_BYTES;
@@ -28,7 +28,7 @@ use crate::net::tls::{SEED_NAME, peer_id};
 const ROUND_SLICE_KEYS: usize = 128;
 
 pub(super) struct Driver {
-    shared: Arc<Shared>,
+    shared: Arc<NetShared>,
     endpoint: quinn::Endpoint,
     inputs: mpsc::UnboundedSender<Input>,
     connections: HashMap<NodeId, quinn::Connection>,
@@ -49,7 +49,7 @@ impl Driver {
     /// A driver for the node in `shared`, on `endpoint`, that dials the configured `peers`
     /// for as long as the node runs; `inputs` is where its tasks send what they learn.
     pub(super) fn new(
-        shared: Arc<Shared>,
+        shared: Arc<NetShared>,
         endpoint: quinn::Endpoint,
         inputs: mpsc::UnboundedSender<Input>,
         peers: &[(NodeId, SocketAddr)],

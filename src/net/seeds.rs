@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::net::dial::{DialState, Failure};
-use crate::net::{Input, Shared};
+use crate::net::{Input, NetShared};
 
 /// While the node has not joined, the seeds are resolved (and dialed) this often.
 pub(crate) const JOINING_RETRY: Duration = Duration::from_secs(1);
@@ -57,7 +57,7 @@ pub(crate) async fn resolve_loop(
     seeds: Vec<String>,
     refresh: Duration,
     inputs: mpsc::UnboundedSender<Input>,
-    shared: Arc<Shared>,
+    shared: Arc<NetShared>,
 ) {
     loop {
         let (addrs, complete) = resolve(&seeds).await;

@@ -71,10 +71,10 @@ struct BaseKey {
     /// `stale_sum`, windows: this node's (window, current, previous) counts.
     own: (u64, u64, u64),
     /// `stale_sum`, windows: the others' latest (window, current, previous).
-    others: FixedMap<NodeId, (u64, u64, u64)>,
+    others: SmallMap<(u64, u64, u64)>,
     /// `stale_sum`, buckets: this node's cumulative admissions, and the others' as heard.
     own_total: u64,
-    others_total: FixedMap<NodeId, u64>,
+    others_total: SmallMap<u64>,
     /// `stale_sum`, buckets: free tokens in ns of refill, as of `at`.
     level_ns: u64,
     at: Nanos,
@@ -88,6 +88,8 @@ pub(crate) struct Baseline {
     nodes: usize,
     policies: Vec<Policy>,
     keys: FixedMap<KeyRef, BaseKey>,
+    /// `stale_sum`: the keys whose counts changed since the last round, each once.
+    changed: Vec<KeyRef>,
 }
 
 impl Baseline {
@@ -98,6 +100,7 @@ impl Baseline {
             nodes,
             policies,
             keys: FixedMap::default(),
+            changed: Vec::new(),
         }
     }
 
@@ -112,9 +115,9 @@ impl Baseline {
                 _ => None,
             },
             own: (0, 0, 0),
-            others: FixedMap::default(),
+            others: SmallMap::default(),
             own_total: 0,
-            others_total: FixedMap::default(),
+            others_total: SmallMap::default(),
             level_ns: policy.window_ns(),
             at: now,
             changed: false,
@@ -124,12 +127,22 @@ impl Baseline {
 
     /// Decide a request at `now`.
     pub(crate) fn decide(&mut self, key: KeyRef, cost: u64, now: Nanos) -> Decision {
+        let (decision, changed) = self.decide_key(key, cost, now);
+        if changed {
+            self.changed.push(key);
+        }
+        decision
+    }
+
+    /// Decide a request at `now`; tell whether the key's counts changed for the first time
+    /// since the last round.
+    fn decide_key(&mut self, key: KeyRef, cost: u64, now: Nanos) -> (Decision, bool) {
         let (k, policy) = self.entry(key, now);
         if cost == 0 || cost > policy.capacity() {
-            return Decision::cannot_fit(policy.capacity());
+            return (Decision::cannot_fit(policy.capacity()), false);
         }
         if let Some(machine) = &mut k.machine {
-            return machine.decide(now, cost);
+            return (machine.decide(now, cost), false);
         }
         let limit = policy.capacity();
         match policy.algorithm() {
@@ -139,10 +152,13 @@ impl Baseline {
                 if k.level_ns >= need {
                     k.level_ns -= need;
                     k.own_total += cost;
-                    k.changed = true;
-                    Decision::allowed(limit, k.level_ns / policy.interval_ns(), 0)
+                    let newly = !std::mem::replace(&mut k.changed, true);
+                    (
+                        Decision::allowed(limit, k.level_ns / policy.interval_ns(), 0),
+                        newly,
+                    )
                 } else {
-                    Decision::denied(limit, 0, 0, need - k.level_ns)
+                    (Decision::denied(limit, 0, 0, need - k.level_ns), false)
                 }
             }
             algorithm => {
@@ -166,13 +182,16 @@ impl Baseline {
                     weighted + cur
                 };
                 let total: u64 =
-                    estimate(k.own) + k.others.values().map(|&c| estimate(c)).sum::<u64>();
+                    estimate(k.own) + k.others.0.iter().map(|&(_, c)| estimate(c)).sum::<u64>();
                 if total + cost <= limit {
                     k.own.1 += cost;
-                    k.changed = true;
-                    Decision::allowed(limit, limit - total - cost, w - elapsed)
+                    let newly = !std::mem::replace(&mut k.changed, true);
+                    (
+                        Decision::allowed(limit, limit - total - cost, w - elapsed),
+                        newly,
+                    )
                 } else {
-                    Decision::denied(limit, 0, w - elapsed, w - elapsed)
+                    (Decision::denied(limit, 0, w - elapsed, w - elapsed), false)
                 }
             }
         }
@@ -183,11 +202,13 @@ impl Baseline {
         if self.rule != Admission::StaleSum {
             return Vec::new();
         }
-        let mut out = Vec::new();
-        for (key, k) in &mut self.keys {
-            if std::mem::take(&mut k.changed) {
+        let mut out = Vec::with_capacity(self.changed.len());
+        for key in self.changed.drain(..) {
+            if let Some(k) = self.keys.get_mut(&key)
+                && std::mem::take(&mut k.changed)
+            {
                 out.push(Count {
-                    key: *key,
+                    key,
                     window: k.own.0,
                     current: k.own.1,
                     previous: k.own.2,
@@ -205,7 +226,7 @@ impl Baseline {
         }
         let (k, policy) = self.entry(count.key, now);
         if policy.algorithm().is_bucket() {
-            let seen = k.others_total.entry(from).or_insert(0);
+            let seen = k.others_total.entry(from);
             if count.total > *seen {
                 let spent = count.total - *seen;
                 *seen = count.total;
@@ -215,7 +236,7 @@ impl Baseline {
                     .saturating_sub(spent.saturating_mul(policy.interval_ns()));
             }
         } else {
-            let slot = k.others.entry(from).or_insert((0, 0, 0));
+            let slot = k.others.entry(from);
             if (count.window, count.current) > (slot.0, slot.1) {
                 *slot = (count.window, count.current, count.previous);
             }
@@ -225,8 +246,8 @@ impl Baseline {
     /// Forget a peer's counts (it restarted).
     pub(crate) fn forget(&mut self, from: NodeId) {
         for k in self.keys.values_mut() {
-            k.others.remove(&from);
-            k.others_total.remove(&from);
+            k.others.remove(from);
+            k.others_total.remove(from);
         }
     }
 }
@@ -248,4 +269,33 @@ fn roll(own: &mut (u64, u64, u64), window: u64) {
     own.2 = if own.0 + 1 == window { own.1 } else { 0 };
     own.1 = 0;
     own.0 = window;
+}
+
+/// A key's counts per peer: a handful of peers use a key (a map per key would cost more
+/// than its few entries).
+#[derive(Debug, Clone)]
+struct SmallMap<V>(Vec<(NodeId, V)>);
+
+impl<V> Default for SmallMap<V> {
+    fn default() -> Self {
+        SmallMap(Vec::new())
+    }
+}
+
+impl<V: Default> SmallMap<V> {
+    /// The value of `peer`, made (default) if absent.
+    fn entry(&mut self, peer: NodeId) -> &mut V {
+        let i = match self.0.iter().position(|(p, _)| *p == peer) {
+            Some(i) => i,
+            None => {
+                self.0.push((peer, V::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    fn remove(&mut self, peer: NodeId) {
+        self.0.retain(|(p, _)| *p != peer);
+    }
 }

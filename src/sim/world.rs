@@ -13,7 +13,7 @@ use crate::mesh::message::Frame;
 use crate::mesh::node::{Event as NodeEvent, Node};
 
 #[derive(Debug)]
-pub(super) enum Event {
+pub(super) enum SimEvent {
     Tick(usize),
     Deliver {
         from: usize,
@@ -85,7 +85,7 @@ pub(super) struct World<'a> {
     /// Pending events by (time, sequence number), pointing into `slots`.
     pub(super) queue: BinaryHeap<Reverse<(Nanos, u64, usize)>>,
     /// The pending events; `free` lists the empty slots.
-    pub(super) slots: Vec<Option<Event>>,
+    pub(super) slots: Vec<Option<SimEvent>>,
     pub(super) free: Vec<usize>,
     pub(super) seq: u64,
     /// Reused buffer of a node's events.
@@ -106,7 +106,7 @@ impl World<'_> {
     pub(super) fn handoffs_to(&self, to: usize) -> Vec<crate::mesh::message::AuthorityState> {
         let mut states = Vec::new();
         let on_links = self.slots.iter().flatten().filter_map(|event| match event {
-            Event::Deliver {
+            SimEvent::Deliver {
                 from, to, frame, ..
             } => Some((*from, *to, frame)),
             _ => None,
@@ -131,7 +131,7 @@ impl World<'_> {
         states
     }
 
-    pub(super) fn push(&mut self, at: Nanos, event: Event) {
+    pub(super) fn push(&mut self, at: Nanos, event: SimEvent) {
         self.seq += 1;
         let slot = match self.free.pop() {
             Some(slot) => {
@@ -147,7 +147,7 @@ impl World<'_> {
     }
 
     /// Remove the earliest event.
-    pub(super) fn pop(&mut self) -> Option<Event> {
+    pub(super) fn pop(&mut self) -> Option<SimEvent> {
         let Reverse((_, _, slot)) = self.queue.pop()?;
         self.free.push(slot);
         self.slots[slot].take()
@@ -190,7 +190,7 @@ impl World<'_> {
         let at = self.nodes[i].true_time(node.poll_timeout()).max(now + 1);
         if at < self.next_tick[i] || self.next_tick[i] <= now {
             self.next_tick[i] = at;
-            self.push(at, Event::Tick(i));
+            self.push(at, SimEvent::Tick(i));
         }
     }
 
@@ -265,7 +265,7 @@ impl World<'_> {
             let Some(frame) = frame else { return };
             self.push(
                 at,
-                Event::Deliver {
+                SimEvent::Deliver {
                     from: i,
                     to,
                     incarnation,

@@ -22,7 +22,7 @@ use crate::policy::Policy;
 
 /// The policies a node was given, and its peers' where their configurations differ.
 #[derive(Debug, Default)]
-pub(super) struct Limits {
+pub(super) struct Enforcement {
     /// The policies enforced now: the node's own ([`super::NodeConfig::policies`]) with
     /// the lowest-limit rule applied. The one place they live: the request path's cells
     /// get a copy of each change, the keys' authorities and holdings are handed them.
@@ -33,11 +33,11 @@ pub(super) struct Limits {
     differ: BTreeMap<NodeId, Option<Vec<PolicyLimits>>>,
 }
 
-impl Limits {
+impl Enforcement {
     pub(super) fn new(own: Vec<Policy>) -> Self {
-        Limits {
+        Enforcement {
             enforced: own,
-            ..Limits::default()
+            ..Enforcement::default()
         }
     }
 
