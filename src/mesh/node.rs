@@ -33,18 +33,19 @@ use crate::mesh::NodeId;
 use crate::mesh::authority::Authority;
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
-use crate::mesh::keymap::FixedMap;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
-use crate::mesh::membership::{Membership, RankMemo};
+use crate::mesh::membership::Membership;
 use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
 use crate::mesh::outbox::{Outbox, Transmit};
 use crate::policy::Policy;
 use authorities::Authorities;
+use backups::Backups;
 use holdings::Holdings;
 use schedule::Schedule;
 use transfers::Transfers;
 
 mod authorities;
+mod backups;
 mod config;
 mod deferred;
 mod frames;
@@ -157,16 +158,6 @@ pub struct NodeStats {
     pub credited: u64,
 }
 
-/// A backup this node keeps of a peer's authority (as the key's successor).
-#[derive(Debug)]
-struct Backup {
-    /// The peer that sent it (the key's owner).
-    from: NodeId,
-    state: AuthorityState,
-    /// The key's owner and successor, as last ranked.
-    rank: RankMemo,
-}
-
 /// One mesh node: the sans-IO state machine a transport drives.
 ///
 /// The transport owns the clock and the sockets: it calls [`Node::handle_frame`] with each
@@ -229,7 +220,7 @@ pub struct Node {
     membership: Membership,
     holdings: Holdings,
     authorities: Authorities,
-    backups: FixedMap<KeyRef, Backup>,
+    backups: Backups,
     cells: Arc<Cells>,
     outbox: Outbox,
     transmits: VecDeque<Transmit>,
@@ -319,7 +310,7 @@ impl Node {
             membership,
             holdings: Holdings::default(),
             authorities: Authorities::default(),
-            backups: FixedMap::default(),
+            backups: Backups::default(),
             cells,
             outbox: Outbox::default(),
             transmits: VecDeque::new(),
@@ -612,14 +603,9 @@ impl Node {
         // next owners too, as authorities. (A live owner backs up to its new successor
         // itself; a stale copy merged into its authority would count again grants that it
         // has since forgotten, once all spent and refilled.)
-        let orphaned: Vec<KeyRef> = self
-            .backups
-            .iter()
-            .filter(|(key, b)| {
-                !self.membership.is_responsive(b.from, now) && !self.authorities.contains_key(key)
-            })
-            .map(|(&key, _)| key)
-            .collect();
+        let orphaned = self.backups.keys_where(|key, b| {
+            !self.membership.is_responsive(b.from, now) && !self.authorities.contains_key(key)
+        });
         for key in orphaned {
             let (Some(b), Some(policy)) = (self.backups.remove(&key), self.policy(key.policy))
             else {

@@ -2,12 +2,9 @@
 //! heard by the membership, then each item handed to the part of the node it is for (the
 //! key's holding, its authority, the sync, the members, the limits).
 
-use std::collections::hash_map::Entry;
-
-use super::{Backup, Node};
+use super::Node;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
-use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{Frame, Item};
 use crate::mesh::timing::Offset;
 use crate::mesh::wire::check::{self, FrameError};
@@ -79,24 +76,7 @@ impl Node {
                     if self.authorities.contains_key(&state.key) {
                         continue;
                     }
-                    match self.backups.entry(state.key) {
-                        Entry::Occupied(mut kept) => {
-                            // The key's kept ranking stays: it is checked against the
-                            // membership before each use.
-                            let b = kept.get_mut();
-                            if b.from != from || b.state.version <= state.version {
-                                b.from = from;
-                                b.state = state;
-                            }
-                        }
-                        Entry::Vacant(slot) => {
-                            slot.insert(Backup {
-                                from,
-                                state,
-                                rank: RankMemo::default(),
-                            });
-                        }
-                    }
+                    self.backups.keep(from, state);
                 }
                 Item::Handoff(state) => self.on_handoff(now, from, state),
                 Item::Restore(state) => {

@@ -1,7 +1,8 @@
 //! A node as the owner of keys: whether it may grant (its authority lease), and how it
 //! answers holders' wants with grants, waits, denials and recalls.
 
-use super::{Backup, Event, Node};
+use super::backups::Backup;
+use super::{Event, Node};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::authority::{Answer, Authority};

@@ -182,12 +182,9 @@ impl Node {
             self.outbox.push_reliable(to, Item::Backup(state));
         }
         // What it kept before it restarted: the backups it sent this node.
-        let restored: Vec<AuthorityState> = self
-            .backups
-            .iter()
-            .filter(|(k, b)| b.from == to && self.membership.owner_and_successor(k.key).0 == to)
-            .map(|(_, b)| b.state.clone())
-            .collect();
+        let restored = self.backups.states_where(|k, b| {
+            b.from == to && self.membership.owner_and_successor(k.key).0 == to
+        });
         for state in restored {
             self.outbox.push_reliable(to, Item::Restore(state));
         }

@@ -218,16 +218,12 @@ impl Node {
     /// taking over without a backup makes an equivalent one. Without this, every key a
     /// flood brought would keep its backup here for as long as its owner lives.
     fn drop_idle_backups(&mut self, now: Nanos) {
-        let mut idle = Vec::new();
-        for (key, b) in &self.backups {
-            let Some(policy) = self.policy(key.policy) else {
-                continue;
-            };
-            let offset = self.offset_or_guess(b.from, now);
-            if Authority::state_is_idle(&b.state, &policy, offset, now) {
-                idle.push(*key);
-            }
-        }
+        let idle = self.backups.keys_where(|key, b| {
+            self.policy(key.policy).is_some_and(|policy| {
+                let offset = self.offset_or_guess(b.from, now);
+                Authority::state_is_idle(&b.state, &policy, offset, now)
+            })
+        });
         for key in idle {
             self.backups.remove(&key);
         }
@@ -238,7 +234,7 @@ impl Node {
     fn shrink(&mut self) {
         self.holdings.shrink();
         self.authorities.shrink();
-        super::shrink_map(&mut self.backups);
+        self.backups.shrink();
         self.schedule.shrink();
         self.cells.shrink();
     }
@@ -268,10 +264,7 @@ impl Node {
             self.drop_idle_backups(now);
             let me = self.config.id;
             let membership = &self.membership;
-            self.backups.retain(|k, b| {
-                let (owner, successor) = membership.owner_and_successor_in(k.key, &b.rank);
-                (membership.is_alive(b.from) && successor == Some(me)) || owner == me
-            });
+            self.backups.keep_own(me, membership);
             // This node owns such a key again only once the peer holding it is gone, which
             // ends the wait anyway.
             self.transfers
