@@ -3,12 +3,14 @@
 //!
 //! A request is decided in `RateLimitService::call` → [`crate::rules::Rules::decide`].
 
+mod answer;
 pub mod client;
 pub(crate) mod headers;
 pub(crate) mod identity;
 mod layer;
 pub(crate) mod sf;
 
+pub use answer::DenialHook;
 pub use headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
@@ -17,4 +19,4 @@ pub use identity::{
 };
 #[cfg(feature = "node")]
 pub(crate) use layer::OutcomeUnseen;
-pub use layer::{DenialHook, RateLimitLayer, RateLimitService, ReloadError};
+pub use layer::{RateLimitLayer, RateLimitService, ReloadError};

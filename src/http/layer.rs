@@ -23,12 +23,12 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use axum::body::{Body, Bytes, HttpBody};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use tower::{Layer, Service};
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, GatewayConfig};
-use crate::http::headers::{denial_body, insert_rate_limit_headers, unavailable_body};
+use crate::http::answer::{DenialHook, denial, identity_too_long, with_fields};
 use crate::http::identity::{
     AuthenticatedUser, ClientTier, DEFAULT_MAX_IDENTITY_BYTES, IdentityTooLong, client_ip,
     identify, peer_of,
@@ -45,9 +45,6 @@ pub enum ReloadError {
     #[error(transparent)]
     Rules(#[from] RulesError),
 }
-
-/// Shape the response to a denied request (the default is 429 with a JSON body).
-pub type DenialHook = Arc<dyn Fn(&Outcome) -> Response<Body> + Send + Sync>;
 
 /// What one decision needs, taken from the request.
 struct Prepared {
@@ -387,76 +384,12 @@ impl RateLimitLayer {
     }
 
     fn denial_response(&self, outcome: &Outcome, rules: &Rules) -> Response<Body> {
-        if let Some(refusal) = outcome.refused {
-            return refused(refusal);
-        }
-        let mut response = match &self.shared.on_denied {
-            _ if outcome.backend_unavailable.is_some() => {
-                let mut response = Response::new(Body::from(unavailable_body(outcome)));
-                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                let headers = response.headers_mut();
-                headers.insert(
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return response;
-            }
-            Some(hook) => hook(outcome),
-            None => {
-                let mut response = Response::new(Body::from(denial_body(outcome)));
-                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                response.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                response
-            }
-        };
-        let mut fields = http::HeaderMap::new();
-        insert_rate_limit_headers(&mut fields, outcome, rules.config().legacy_headers);
-        for (name, value) in fields {
-            if let Some(name) = name
-                && !response.headers().contains_key(&name)
-            {
-                response.headers_mut().insert(name, value);
-            }
-        }
-        response
+        denial(
+            outcome,
+            self.shared.on_denied.as_ref(),
+            rules.config().legacy_headers,
+        )
     }
-}
-
-/// The answer to a request refused before any counting: 400 for a missing part of a
-/// policy's key, 403 for an address in `[access] deny`; a JSON body that says which.
-fn refused(refusal: Refusal) -> Response<Body> {
-    let (status, body) = match refusal {
-        Refusal::Missing(missing) => (
-            StatusCode::BAD_REQUEST,
-            serde_json::json!({
-                "error": "missing_part",
-                "message": format!(
-                    "the request has no `{}`, which policy `{}` counts by",
-                    missing.part, missing.policy
-                ),
-                "policy": missing.policy,
-                "part": missing.part,
-            }),
-        ),
-        Refusal::Denied => (
-            StatusCode::FORBIDDEN,
-            serde_json::json!({
-                "error": "forbidden",
-                "message": "requests from this address are refused",
-            }),
-        ),
-    };
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 /// Count decisions by policy and outcome (never by client), and log shadow denials with a
@@ -489,26 +422,6 @@ fn record(outcome: &Outcome, rules: &Rules, identity: &crate::rules::Identity) {
     for report in outcome.shadow_denials() {
         tracing::info!(client = %rules.client_label(identity), policy = %report.name, "shadow policy would deny");
     }
-}
-
-/// 431 with a JSON body: the identity header is longer than the cap.
-fn identity_too_long(error: &IdentityTooLong) -> Response<Body> {
-    metrics::counter!("ratemesh_requests_refused_total", "reason" => "identity_too_long")
-        .increment(1);
-    let body = serde_json::json!({
-        "error": "identity_too_long",
-        "message": error.to_string(),
-        "source": error.origin.name(),
-        "bytes": error.len,
-        "max_bytes": error.max,
-    });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 impl<S> Layer<S> for RateLimitLayer {
@@ -678,15 +591,4 @@ fn settle_by(rules: &Rules, outcome: &Outcome, status: StatusCode) {
     for pending in &outcome.pending {
         rules.settle(pending, status.as_u16());
     }
-}
-
-/// `response` with the `RateLimit` fields of `outcome`.
-fn with_fields<B>(response: Response<B>, outcome: &Outcome, legacy: bool) -> Response<Body>
-where
-    B: HttpBody<Data = Bytes> + Send + 'static,
-    B::Error: Into<axum::BoxError>,
-{
-    let mut response = response.map(Body::new);
-    insert_rate_limit_headers(response.headers_mut(), outcome, legacy);
-    response
 }
