@@ -6,7 +6,8 @@
 //! cluster-wide limit, [`crate::backend::mesh`]), then at most one `redis` policy (the exact
 //! backend, [`crate::backend::exact`], with [`Rules::decide_exact`]); then it counts the
 //! shadow policies, which report but never deny. Both remote kinds enter through a trait and
-//! follow the same path (`rules::decide`). Keys are 64-bit keyed hashes
+//! follow the same path: a request is matched once (`rules::plan`), then charged
+//! (`rules::decide`). Keys are 64-bit keyed hashes
 //! ([`crate::ids::KeyHasher`]) of `(env, identity source, identity, [route])`: no client secret (API key,
 //! user id, IP) is ever stored, logged or used as a metric label.
 
@@ -16,6 +17,7 @@ mod envoy;
 mod jwt;
 mod key;
 mod lockout;
+mod plan;
 mod request;
 
 use std::collections::{BTreeMap, HashMap};
