@@ -43,6 +43,7 @@ use jwt::JwtVerifier;
 pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub(crate) use key::address_text;
+pub(crate) use plan::Planned;
 pub use request::{
     Identity, MissingPart, Outcome, Pending, PolicyReport, Refusal, RequestFacts, RequestParts,
 };
@@ -450,9 +451,11 @@ impl Rules {
         matches!((find(self), find(other)), (Some(a), Some(b)) if a == b)
     }
 
-    /// Tell whether a request may have to wait for IO: a `redis` policy, or a `mesh` policy
-    /// whose key's owner the node may have to ask. Such rules are decided with
+    /// Tell whether some request may have to wait for IO: a `redis` policy, or a `mesh`
+    /// policy whose key's owner the node may have to ask. Such rules are decided with
     /// [`Rules::decide_exact`]; others with [`Rules::decide`], which gives the same answer.
+    /// (The tower layer asks this of each request: one whose policies are all local is
+    /// decided at once even when other routes have remote ones.)
     pub fn needs_io(&self) -> bool {
         self.exact_policies || self.mesh_policies
     }

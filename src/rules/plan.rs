@@ -1,8 +1,9 @@
 //! One request matched against the rules, once, before anything is charged: `[access]`,
 //! the client's tier, the request's route and cost, and the key of each policy it passes
 //! ([`Planned`]). What the match yields is owned (numbers and keys, no borrow of the
-//! request), so a decision that waits for the mesh or Redis can carry it instead of a copy
-//! of the request.
+//! request), so a decision that waits for the mesh or Redis carries it instead of a copy of
+//! the request; and it says whether this request needs IO ([`Planned::needs_io`]), so a
+//! request whose policies are all local is decided at once whatever other routes use.
 
 use super::Rules;
 use super::compile::Layers;
@@ -27,6 +28,19 @@ pub(crate) enum Planned {
     Before(Option<Refusal>),
     /// The policies to charge.
     Charge(Plan),
+}
+
+impl Planned {
+    /// Tell whether deciding this request may wait for IO: it passes a `mesh` policy (whose
+    /// key's owner the node may have to ask) or a `redis` one.
+    pub(crate) fn needs_io(&self) -> bool {
+        match self {
+            Planned::Before(_) => false,
+            Planned::Charge(plan) => {
+                !plan.refused && (plan.global.is_some() || plan.exact.is_some())
+            }
+        }
+    }
 }
 
 /// Which policies a request passes, under which keys, at what cost.
@@ -258,6 +272,19 @@ mod tests {
             path,
             request: Default::default(),
         })
+    }
+
+    #[test]
+    fn a_request_whose_policies_are_local_needs_no_io_while_another_route_has_a_mesh_policy() {
+        let config = GatewayConfig::from_toml_str(FILE, "test.toml").unwrap();
+        let rules = Rules::with_mesh(config, Arc::new(Unasked)).unwrap();
+        assert!(
+            rules.needs_io(),
+            "the rule set as a whole has a mesh policy"
+        );
+        assert!(!planned(&rules, "/orders").needs_io());
+        assert!(planned(&rules, "/global").needs_io());
+        assert!(planned(&rules, "/global/x").needs_io());
     }
 
     #[test]
