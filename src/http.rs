@@ -14,7 +14,7 @@ pub(crate) mod sf;
 
 pub use answer::DenialHook;
 #[cfg(feature = "node")]
-pub(crate) use gate::OutcomeUnseen;
+pub(crate) use gate::{Gate, Matched, Responding};
 pub use headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };

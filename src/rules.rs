@@ -44,6 +44,8 @@ pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub(crate) use key::address_text;
 pub(crate) use plan::Planned;
+#[cfg(all(test, feature = "node"))]
+pub(crate) use plan::plans_made;
 pub use request::{
     Identity, MissingPart, Outcome, Pending, PolicyReport, Refusal, RequestFacts, RequestParts,
 };

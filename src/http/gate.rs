@@ -1,7 +1,8 @@
 //! One request through the layer, in two steps: matched once against the rules in force
 //! ([`Gate::plan`] → [`Matched`]: who asks, and the policies to charge), then charged and
 //! answered ([`Gate::pass`], which consumes the match). The tower service takes both steps
-//! at once.
+//! at once; a node takes the first where it routes a request and the second where it
+//! answers it, so that a request is matched once on its way through.
 //!
 //! A request whose policies are all local is charged in `pass` itself, from the request as
 //! it stands, and handed on at once; only one that passes a `mesh` or `redis` policy is
@@ -45,10 +46,36 @@ pub(crate) struct Matched {
     settle: bool,
 }
 
-/// Marks a request whose response is not the protected service's (a forward-auth check):
-/// `count_when` charges are then kept, since the outcome is never seen.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct OutcomeUnseen;
+impl Matched {
+    /// Tell whether deciding this request may wait for IO (a `mesh` or `redis` policy of
+    /// its own).
+    #[cfg(all(test, feature = "node"))]
+    pub(crate) fn needs_io(&self) -> bool {
+        self.matched
+            .as_ref()
+            .is_ok_and(|(_, planned)| planned.needs_io())
+    }
+
+    /// The same match for a request whose answer the protected service never gives (a
+    /// forward-auth check): its `count_when` charges are kept.
+    #[cfg(feature = "node")]
+    pub(crate) fn outcome_unseen(self) -> Matched {
+        Matched {
+            settle: false,
+            ..self
+        }
+    }
+
+    /// The same match, holding its rules for a wait before the charge (a request body
+    /// read first) without keeping one of this thread's few quick loans of them.
+    #[cfg(feature = "node")]
+    pub(crate) fn kept(self) -> Matched {
+        Matched {
+            rules: Guard::from_inner(Guard::into_inner(self.rules)),
+            ..self
+        }
+    }
+}
 
 /// A boxed response future of the layer.
 pub(crate) type Responding<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
@@ -95,7 +122,7 @@ impl Gate {
         Matched {
             rules,
             matched,
-            settle: request.extensions().get::<OutcomeUnseen>().is_none(),
+            settle: true,
         }
     }
 

@@ -142,6 +142,13 @@ impl RateLimitLayer {
         self.gate.rules_now()
     }
 
+    /// The layer's two steps, for a server that matches a request where it routes it and
+    /// charges it where it answers it (the node).
+    #[cfg(feature = "node")]
+    pub(crate) fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
     /// Read the layer's clock (nanoseconds), for decisions made beside the layer (Envoy's
     /// rate limit service API in a node).
     pub fn now_ns(&self) -> crate::clock::Nanos {
@@ -230,37 +237,5 @@ where
         let gate = &self.layer.gate;
         let matched = gate.plan(gate.rules_now(), &request, peer_of(request.extensions()));
         gate.pass(matched, request, move |request| inner.call(request))
-    }
-}
-
-impl<S> RateLimitService<S> {
-    /// Call a clone of the inner service, through a shared reference (for an inner service
-    /// that is always ready, like the node's own).
-    #[cfg(feature = "node")]
-    pub(crate) fn call_shared<ReqBody, ResBody>(
-        &self,
-        request: Request<ReqBody>,
-    ) -> Responding<S::Error>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        ReqBody: Send + 'static,
-        ResBody: HttpBody<Data = Bytes> + Send + 'static,
-        ResBody::Error: Into<axum::BoxError>,
-    {
-        let mut inner = self.inner.clone();
-        let gate = &self.layer.gate;
-        let matched = gate.plan(gate.rules_now(), &request, peer_of(request.extensions()));
-        gate.pass(matched, request, move |request| inner.call(request))
-    }
-
-    /// The same layer around `f` of the inner service.
-    #[cfg(feature = "node")]
-    pub(crate) fn map_inner(&self, f: impl FnOnce(&S) -> S) -> RateLimitService<S> {
-        RateLimitService {
-            layer: self.layer.clone(),
-            inner: f(&self.inner),
-        }
     }
 }
