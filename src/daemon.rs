@@ -1,6 +1,7 @@
 //! `ratemesh node`: one gateway node as a process — the mesh node with its QUIC transport,
-//! and an HTTP server that rate-limits every request through the same tower layer library
-//! users embed ([`crate::http::RateLimitLayer`]), plus `/metrics` and `/health`.
+//! and an HTTP server that rate-limits every request with the same layer library users embed
+//! ([`crate::http::RateLimitLayer`]), plus `/metrics` and `/health`. Each request is matched
+//! once, where the node routes it, and charged where it answers it (`daemon::app`).
 //!
 //! Every path other than `/metrics` and `/health` is the gateway: a request the policies
 //! deny is answered 429 (with `Retry-After` and the `RateLimit` fields); an admitted one is
@@ -20,6 +21,7 @@
 //! (the keys are still handed over).
 
 mod activity;
+mod app;
 pub(crate) mod config;
 mod envoy_rls;
 mod forward_auth;
@@ -38,22 +40,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use tower::Layer;
 
 use crate::config::ConfigError;
+use crate::daemon::app::App;
 use crate::daemon::config::{EnvoyRls, NodeFile};
 use crate::daemon::envoy_rls::RlsServer;
-use crate::daemon::forward_auth::ForwardAuthService;
-use crate::daemon::proxy::{Gateway, Proxy};
+use crate::daemon::forward_auth::Checks;
+use crate::daemon::proxy::Proxy;
 use crate::daemon::reload::PolicyReloader;
 use crate::daemon::server::{Limits, Server};
 use crate::daemon::signals::{Signal, Signals};
-use crate::http::{RateLimitLayer, RateLimitService};
+use crate::http::RateLimitLayer;
 use crate::net::{MeshNet, NetConfig, NetError};
 use crate::rules::RulesError;
 
@@ -117,7 +118,6 @@ pub struct RunningNode {
     drain: Duration,
     drain_grace: Duration,
     limits: Limits,
-    proxy: Arc<Proxy>,
     signals: Signals,
     layer: RateLimitLayer,
     /// The `[envoy_rls]` port, bound, and its settings.
@@ -170,24 +170,16 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
             file.policy_sha256.clone(),
         ),
     });
-    let proxy = Arc::new(Proxy::new(&file.proxies));
-    let front = Front {
-        forward_auth: file
-            .forward_auth
-            .clone()
-            .map(|settings| ForwardAuthService::new(settings, layer.clone())),
-        gateway: layer.layer(Gateway::new(Arc::clone(&proxy), layer.clone())),
-    };
     let own = Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .with_state(Arc::clone(&state));
-    let app = App {
+    let app = App::new(
         own,
-        peer_forwarded: front.forward_auth.is_some() || !file.proxies.is_empty(),
-        layer: layer.clone(),
-        front,
-    };
+        &layer,
+        file.forward_auth.clone().map(Checks::new),
+        Arc::new(Proxy::new(&file.proxies)),
+    );
     Ok(RunningNode {
         state,
         listener,
@@ -195,7 +187,6 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         drain: file.drain,
         drain_grace: file.drain_grace,
         limits,
-        proxy,
         signals,
         layer,
         envoy_rls,
@@ -237,12 +228,11 @@ impl RunningNode {
             drain,
             drain_grace,
             limits,
-            proxy,
             mut signals,
             layer,
             envoy_rls,
         } = self;
-        let server = Server::start(listener, app, limits, proxy);
+        let server = Server::start(listener, app, limits);
         let rls =
             envoy_rls.map(|(listener, settings)| RlsServer::start(listener, &settings, layer));
 
@@ -316,101 +306,6 @@ async fn wait_or_stop(signals: &mut Signals, state: &NodeState, time: Duration) 
                 }
                 _ => return true,
             },
-        }
-    }
-}
-
-/// The node's HTTP service: `/health` and `/metrics` through their axum router, every other
-/// path straight to [`Front`] (no routing table on the gateway's path).
-#[derive(Clone)]
-pub(crate) struct App {
-    own: Router,
-    front: Front,
-    /// A forward-auth check or a proxy route reads the client's address.
-    peer_forwarded: bool,
-    /// The policies in force, whose identity may be the client's address.
-    layer: RateLimitLayer,
-}
-
-/// What [`App::call`] returns.
-pub(crate) type AppFuture = std::pin::Pin<
-    Box<
-        dyn std::future::Future<
-                Output = Result<axum::http::Response<Body>, std::convert::Infallible>,
-            > + Send,
-    >,
->;
-
-impl App {
-    /// Tell whether requests need the client's address ([`axum::extract::ConnectInfo`]):
-    /// a forward-auth check or a proxy route reads it, or the policies read it (the identity
-    /// chain, a policy's `by`, `[access]`). Otherwise it is not attached (which costs three allocations a request).
-    pub(crate) fn wants_peer(&self) -> bool {
-        let rules = self.layer.rules_now();
-        self.peer_forwarded
-            || rules.reads_address()
-            || rules
-                .identity_config()
-                .order
-                .contains(&crate::config::IdentitySource::Ip)
-    }
-
-    /// The same app for one HTTP thread: what a request clones (the app, the gateway) is
-    /// that thread's own, so that threads do not take turns over the cache lines of shared
-    /// counts, request after request.
-    pub(crate) fn for_thread(&self) -> App {
-        let mut app = self.clone();
-        app.front.gateway = self.front.gateway.map_inner(Gateway::for_thread);
-        app
-    }
-
-    /// Answer `request`.
-    pub(crate) fn call(&self, request: axum::http::Request<Body>) -> AppFuture {
-        match request.uri().path() {
-            "/health" | "/metrics" => {
-                let mut own = self.own.clone();
-                Box::pin(async move { tower::Service::call(&mut own, request).await })
-            }
-            _ => self.front.call_shared(request),
-        }
-    }
-}
-
-/// Every request but `/health` and `/metrics`: forward-auth checks, then the gateway.
-#[derive(Clone)]
-struct Front {
-    forward_auth: Option<ForwardAuthService>,
-    gateway: RateLimitService<Gateway>,
-}
-
-impl Front {
-    /// Answer `request` without cloning the front (its services are always ready).
-    fn call_shared(&self, request: axum::http::Request<Body>) -> AppFuture {
-        match &self.forward_auth {
-            Some(check) if check.takes(request.uri().path()) => {
-                tower::Service::call(&mut check.clone(), request)
-            }
-            _ => self.gateway.call_shared(request),
-        }
-    }
-}
-
-impl tower::Service<axum::http::Request<Body>> for Front {
-    type Response = axum::http::Response<Body>;
-    type Error = std::convert::Infallible;
-    type Future = <RateLimitService<Gateway> as tower::Service<axum::http::Request<Body>>>::Future;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.gateway.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: axum::http::Request<Body>) -> Self::Future {
-        match &mut self.forward_auth {
-            Some(check) if check.takes(request.uri().path()) => check.call(request),
-            _ => self.gateway.call(request),
         }
     }
 }

@@ -6,7 +6,8 @@
 //! cluster-wide limit, [`crate::backend::mesh`]), then at most one `redis` policy (the exact
 //! backend, [`crate::backend::exact`], with [`Rules::decide_exact`]); then it counts the
 //! shadow policies, which report but never deny. Both remote kinds enter through a trait and
-//! follow the same path (`rules::decide`). Keys are 64-bit keyed hashes
+//! follow the same path: a request is matched once (`rules::plan`), then charged
+//! (`rules::decide`). Keys are 64-bit keyed hashes
 //! ([`crate::ids::KeyHasher`]) of `(env, identity source, identity, [route])`: no client secret (API key,
 //! user id, IP) is ever stored, logged or used as a metric label.
 
@@ -16,6 +17,7 @@ mod envoy;
 mod jwt;
 mod key;
 mod lockout;
+mod plan;
 mod request;
 
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +43,9 @@ use jwt::JwtVerifier;
 pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub(crate) use key::address_text;
+pub(crate) use plan::Planned;
+#[cfg(all(test, feature = "node"))]
+pub(crate) use plan::plans_made;
 pub use request::{
     Identity, MissingPart, Outcome, Pending, PolicyReport, Refusal, RequestFacts, RequestParts,
 };
@@ -448,9 +453,11 @@ impl Rules {
         matches!((find(self), find(other)), (Some(a), Some(b)) if a == b)
     }
 
-    /// Tell whether a request may have to wait for IO: a `redis` policy, or a `mesh` policy
-    /// whose key's owner the node may have to ask. Such rules are decided with
+    /// Tell whether some request may have to wait for IO: a `redis` policy, or a `mesh`
+    /// policy whose key's owner the node may have to ask. Such rules are decided with
     /// [`Rules::decide_exact`]; others with [`Rules::decide`], which gives the same answer.
+    /// (The tower layer asks this of each request: one whose policies are all local is
+    /// decided at once even when other routes have remote ones.)
     pub fn needs_io(&self) -> bool {
         self.exact_policies || self.mesh_policies
     }

@@ -1,9 +1,10 @@
 //! Forward-auth decisions: a gateway that asks an auth service about every request (Caddy
 //! `forward_auth`, Traefik `forwardAuth`, Envoy `ext_authz` in HTTP mode) asks the node at
-//! its `[forward_auth] path`. The node decides the original request once, with the same
-//! policies and counters as its own gateway, and answers `200` with the `RateLimit` fields
-//! to admit it, or `429` with `Retry-After`, the fields and the JSON body to deny it (the
-//! gateway passes that answer on to its client).
+//! its `[forward_auth] path`. The node rewrites the check into the original request as it
+//! routes it (`daemon::app`) and decides that once, with the same policies and counters as
+//! its own gateway, and answers `200` with the `RateLimit` fields to admit it, or `429` with
+//! `Retry-After`, the fields and the JSON body to deny it (the gateway passes that answer on
+//! to its client).
 //!
 //! What is decided is read from the check:
 //!
@@ -23,23 +24,18 @@
 //! minute.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use tower::{Layer, Service};
 
 use crate::daemon::config::ForwardAuth;
 use crate::daemon::proxy::headers::X_FORWARDED_FOR;
-use crate::http::{RateLimitLayer, RateLimitService};
+use crate::http::Responding;
 
 /// `X-Forwarded-Method`.
 pub(crate) const X_FORWARDED_METHOD: HeaderName = HeaderName::from_static("x-forwarded-method");
@@ -118,102 +114,74 @@ pub(crate) fn forwarded_target(
     Ok((forwarded_method, path))
 }
 
-/// The inner service of a check: a request the policies admitted is answered 200.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Admit;
-
-impl Service<Request<Body>> for Admit {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<Body>) -> Self::Future {
-        std::future::ready(Ok(Response::new(Body::empty())))
-    }
-}
-
-/// The `[forward_auth]` endpoint as a service.
+/// The `[forward_auth]` endpoint: which paths are checks, what a check asks about, and how
+/// its answers are counted.
 #[derive(Clone)]
-pub(crate) struct ForwardAuthService {
-    shared: Arc<Shared>,
-    decide: RateLimitService<Admit>,
-}
+pub(crate) struct Checks(Arc<Shared>);
 
 struct Shared {
     settings: ForwardAuth,
-    layer: RateLimitLayer,
     start: Instant,
     /// When the last warning about an untrusted peer was logged (ns from `start`, 0: never).
     warned: AtomicU64,
 }
 
-impl ForwardAuthService {
-    /// Decide checks at `settings.path` with `layer`'s policies and counters.
-    pub(crate) fn new(settings: ForwardAuth, layer: RateLimitLayer) -> Self {
+impl Checks {
+    /// Take checks at `settings.path`.
+    pub(crate) fn new(settings: ForwardAuth) -> Self {
         for result in ["admitted", "denied", "refused"] {
             metrics::counter!("ratemesh_forward_auth_checks_total", "result" => result)
                 .increment(0);
         }
         metrics::counter!("ratemesh_forward_auth_untrusted_total").increment(0);
         tracing::info!(path = %settings.path, "forward-auth endpoint");
-        ForwardAuthService {
-            decide: layer.layer(Admit),
-            shared: Arc::new(Shared {
-                settings,
-                layer,
-                start: Instant::now(),
-                warned: AtomicU64::new(0),
-            }),
-        }
+        Checks(Arc::new(Shared {
+            settings,
+            start: Instant::now(),
+            warned: AtomicU64::new(0),
+        }))
     }
 
     /// Tell whether `path` is a check.
     pub(crate) fn takes(&self, path: &str) -> bool {
-        self.shared.settings.matches(path)
+        self.0.settings.matches(path)
     }
 
-    /// Rewrite a check into the request it asks about; or why it cannot be read.
-    fn target(&self, request: Request<Body>) -> Result<Request<Body>, CheckError> {
-        let peer = request
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|info| info.0);
-        let trusted = peer.is_some_and(|peer| {
-            let rules = self.shared.layer.rules_now();
-            let proxies = &rules.identity_config().trusted_proxies;
-            proxies.iter().any(|net| net.contains(&peer.ip()))
-        });
+    /// Rewrite a check from `peer` into the request it asks about, when `trusted` (the peer
+    /// is a trusted proxy); or say why its forwarding fields cannot be read.
+    pub(crate) fn target<B>(
+        &self,
+        request: &mut Request<B>,
+        peer: SocketAddr,
+        trusted: bool,
+    ) -> Result<(), CheckError> {
         if !trusted {
             self.untrusted(peer, request.headers());
-            return Ok(request);
+            return Ok(());
         }
-        let (mut parts, body) = request.into_parts();
-        let (method, path) = forwarded_target(&self.shared.settings, &parts.uri, &parts.headers)?;
+        let (method, path) = forwarded_target(&self.0.settings, request.uri(), request.headers())?;
         if let Some(method) = method {
-            parts.method = method;
+            *request.method_mut() = method;
         }
         if let Some(path) = path {
-            parts.uri = http::Uri::from(path);
+            *request.uri_mut() = http::Uri::from(path);
         }
         // The gateways set X-Forwarded-For from what they saw and pass on whatever
         // `Forwarded` the client wrote: with the former, the latter names no one.
-        if parts.headers.contains_key(X_FORWARDED_FOR) {
-            parts.headers.remove(http::header::FORWARDED);
+        let headers = request.headers_mut();
+        if headers.contains_key(X_FORWARDED_FOR) {
+            headers.remove(http::header::FORWARDED);
         }
-        Ok(Request::from_parts(parts, body))
+        Ok(())
     }
 
-    fn untrusted(&self, peer: Option<SocketAddr>, headers: &http::HeaderMap) {
+    fn untrusted(&self, peer: SocketAddr, headers: &http::HeaderMap) {
         metrics::counter!("ratemesh_forward_auth_untrusted_total").increment(1);
         let forwarded = headers.contains_key(X_FORWARDED_URI)
             || headers.contains_key(X_FORWARDED_METHOD)
             || headers.contains_key(X_FORWARDED_FOR)
             || headers.contains_key(http::header::FORWARDED);
-        let shared = &self.shared;
+        let shared = &self.0;
         let now = u64::try_from(shared.start.elapsed().as_nanos())
             .unwrap_or(u64::MAX)
             .max(1);
@@ -234,6 +202,28 @@ impl ForwardAuthService {
             );
         }
     }
+
+    /// The answer to a check whose forwarding fields cannot be read, counted.
+    pub(crate) fn refuse(error: &CheckError) -> Response<Body> {
+        let refused = refusal(error);
+        count(refused.status());
+        refused
+    }
+
+    /// The answer to a check the policies decided (`decided`), counted when it comes.
+    pub(crate) fn answer(decided: Responding<Infallible>) -> Responding<Infallible> {
+        Box::pin(async move {
+            let response = decided.await?;
+            count(response.status());
+            Ok(response)
+        })
+    }
+}
+
+/// What a check the policies admitted is answered: `200` with no body (the `RateLimit`
+/// fields are added as for any admitted request).
+pub(crate) fn admitted() -> std::future::Ready<Result<Response<Body>, Infallible>> {
+    std::future::ready(Ok(Response::new(Body::empty())))
 }
 
 /// 400 (or 431) with a JSON body: a trusted proxy sent forwarding fields that do not parse.
@@ -258,36 +248,6 @@ fn count(status: StatusCode) {
         _ => "refused",
     };
     metrics::counter!("ratemesh_forward_auth_checks_total", "result" => result).increment(1);
-}
-
-impl Service<Request<Body>> for ForwardAuthService {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let mut request = match self.target(request) {
-            Ok(request) => request,
-            Err(error) => {
-                let refused = refusal(&error);
-                count(refused.status());
-                return Box::pin(std::future::ready(Ok(refused)));
-            }
-        };
-        // The answer is this check's, not the protected service's: `count_when` charges
-        // stay counted.
-        request.extensions_mut().insert(crate::http::OutcomeUnseen);
-        let decided = self.decide.call(request);
-        Box::pin(async move {
-            let response = decided.await?;
-            count(response.status());
-            Ok(response)
-        })
-    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! The reverse proxy: a request the policies admitted, under a `[[proxy]]` route's prefix, is
 //! sent on to the route's upstream (HTTP/1.1, or HTTP/2 with prior knowledge) through a pool
 //! of kept-alive connections, and the upstream's answer comes back with the `RateLimit`
-//! fields added by the layer around this service. Bodies stream both ways, piece by piece
-//! ([`body::Relay`]); hop-by-hop fields are dropped and the forwarding fields appended
-//! ([`headers`]).
+//! fields added by the step that admitted it (`http::gate`). Where a request goes was found
+//! when the node routed it ([`Hop`]): nothing here matches it again. Bodies stream both
+//! ways, piece by piece ([`body::Relay`]); hop-by-hop fields are dropped and the forwarding
+//! fields appended ([`headers`]).
 //!
 //! When the upstream fails the client gets a JSON answer: 502 when the connection is refused
 //! or reset, 504 when the upstream does not answer within the route's `timeout` (or does not
@@ -21,7 +22,7 @@ pub(crate) use h1::fuzz_head;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,12 +30,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use tokio::time::Instant;
 
 use crate::daemon::config::ProxyRoute;
-use crate::http::RateLimitLayer;
 use body::{BodyError, Progress, Relay};
 use pool::{Answer, Pool};
 
@@ -104,12 +103,15 @@ impl Proxy {
         }
     }
 
-    /// The route whose prefix is the longest one `path` is under.
-    pub(crate) fn route(&self, path: &str) -> Option<&ProxyRoute> {
-        self.upstreams
-            .iter()
-            .map(|u| &u.route)
-            .find(|route| route.matches(path))
+    /// The route whose prefix is the longest one `path` is under: its place among the
+    /// routes (as [`Hop::upstream`] names it).
+    pub(crate) fn upstream_of(&self, path: &str) -> Option<usize> {
+        self.upstreams.iter().position(|u| u.route.matches(path))
+    }
+
+    /// The body limit of the route at `upstream` (`None`: no limit).
+    pub(crate) fn max_body_bytes(&self, upstream: usize) -> Option<u64> {
+        self.upstreams[upstream].route.max_body_bytes
     }
 
     /// `request` (admitted) as it goes to `upstream`, with the progress of its body if it
@@ -370,69 +372,63 @@ fn failure(failed: Failure, route: &ProxyRoute) -> Response<Body> {
     response
 }
 
-/// The service behind the rate-limit layer: an admitted request goes to its route's
-/// upstream, or is answered `200 ok` when no route takes its path.
+/// Where an admitted request goes, as the node routed it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Hop {
+    /// The `[[proxy]]` route its path is under ([`Proxy::upstream_of`]); none: the node
+    /// answers `200 ok` itself.
+    pub(crate) upstream: Option<usize>,
+    /// The client connection's address.
+    pub(crate) peer: IpAddr,
+    /// That address is one of the trusted proxies, whose forwarding fields are kept.
+    pub(crate) trusted: bool,
+}
+
+/// What serves a request the policies admitted: its route's upstream, or `200 ok` when no
+/// route takes its path.
 ///
-/// Cloned for every request (the layer hands each its own), and so one handle per HTTP
-/// thread ([`Gateway::for_thread`]): the count a clone writes is then that thread's alone,
-/// not a cache line every thread takes in turn.
+/// Cloned for every request, and so one handle per HTTP thread ([`Gateway::for_thread`]):
+/// the count a clone writes is then that thread's alone, not a cache line every thread
+/// takes in turn.
 #[derive(Clone)]
 pub(crate) struct Gateway(Arc<GatewayParts>);
 
 struct GatewayParts {
     proxy: Arc<Proxy>,
-    layer: RateLimitLayer,
 }
 
 impl Gateway {
-    /// Serve admitted requests with `proxy`; `layer` gives the trusted proxies in force.
-    pub(crate) fn new(proxy: Arc<Proxy>, layer: RateLimitLayer) -> Gateway {
-        Gateway(Arc::new(GatewayParts { proxy, layer }))
+    /// Serve admitted requests with `proxy`.
+    pub(crate) fn new(proxy: Arc<Proxy>) -> Gateway {
+        Gateway(Arc::new(GatewayParts { proxy }))
     }
 
     /// The same gateway, through a handle of one thread's own.
     pub(crate) fn for_thread(&self) -> Gateway {
-        Gateway::new(Arc::clone(&self.0.proxy), self.0.layer.clone())
-    }
-}
-
-impl tower::Service<Request<Body>> for Gateway {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = GatewayFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+        Gateway::new(Arc::clone(&self.0.proxy))
     }
 
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let GatewayParts { proxy, layer } = &*self.0;
-        let path = request.uri().path();
-        let Some(index) = proxy.upstreams.iter().position(|u| u.route.matches(path)) else {
+    /// The proxy routes, to route a request by.
+    pub(crate) fn proxy(&self) -> &Proxy {
+        &self.0.proxy
+    }
+
+    /// Send an admitted `request` on as `hop` says: to its upstream, or answered `200 ok`.
+    pub(crate) fn forward(self, request: Request<Body>, hop: Hop) -> GatewayFuture {
+        let Some(index) = hop.upstream else {
             return GatewayFuture::Answered(std::future::ready(Ok(admitted())));
         };
-        let peer = request
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|info| info.0.ip());
-        let trusted = peer.is_some_and(|ip| {
-            let rules = layer.rules_now();
-            let proxies = &rules.identity_config().trusted_proxies;
-            proxies.iter().any(|net| net.contains(&ip))
-        });
-        let upstream = &proxy.upstreams[index];
-        let prepared = match Proxy::prepare(upstream, request, peer, trusted) {
+        let upstream = &self.proxy().upstreams[index];
+        let prepared = match Proxy::prepare(upstream, request, Some(hop.peer), hop.trusted) {
             Ok(prepared) => prepared,
             Err(failed) => {
-                let answer = proxy.failed(upstream, failed);
+                let answer = self.proxy().failed(upstream, failed);
                 return GatewayFuture::Answered(std::future::ready(Ok(answer)));
             }
         };
-        let gateway = self.clone();
         GatewayFuture::Forwarded(Box::pin(async move {
-            let proxy = &gateway.0.proxy;
-            let upstream = &proxy.upstreams[index];
-            Ok(proxy.forward(upstream, prepared).await)
+            let proxy = self.proxy();
+            Ok(proxy.forward(&proxy.upstreams[index], prepared).await)
         }))
     }
 }
@@ -443,7 +439,7 @@ struct Prepared {
     progress: Option<Arc<Progress>>,
 }
 
-/// The answer of [`Gateway`]: ready at once (no proxy route), or the upstream's.
+/// The answer of [`Gateway::forward`]: ready at once (no proxy route), or the upstream's.
 pub(crate) enum GatewayFuture {
     /// Answered by the node itself.
     Answered(std::future::Ready<Result<Response<Body>, Infallible>>),

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::{Body as _, Incoming};
@@ -27,10 +26,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
-use crate::daemon::App;
 use crate::daemon::activity::{Activity, Gated, InFlight, Tracked, Watched};
+use crate::daemon::app::{App, AppFuture, Route};
 use crate::daemon::config::{HttpSettings, RESERVED_FDS};
-use crate::daemon::proxy::Proxy;
 
 /// The server's limits, resolved.
 #[derive(Debug, Clone, Copy)]
@@ -123,13 +121,8 @@ pub(crate) struct Server {
 
 impl Server {
     /// Accept connections on `listener` and serve `app` on each; the bodies of requests
-    /// under `proxy`'s routes are streamed, not read first.
-    pub(crate) fn start(
-        listener: TcpListener,
-        app: App,
-        limits: Limits,
-        proxy: Arc<Proxy>,
-    ) -> Server {
+    /// under its proxy routes are streamed, not read first.
+    pub(crate) fn start(listener: TcpListener, app: App, limits: Limits) -> Server {
         let (stop, stopped) = watch::channel(false);
         let permits = Arc::new(Semaphore::new(limits.max_connections));
         tracing::info!(
@@ -142,7 +135,6 @@ impl Server {
             listener,
             Arc::new(app),
             limits,
-            proxy,
             Arc::clone(&permits),
             stopped,
         ));
@@ -170,11 +162,10 @@ async fn accept_loop(
     listener: TcpListener,
     app: Arc<App>,
     limits: Limits,
-    proxy: Arc<Proxy>,
     permits: Arc<Semaphore>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let threads = start_http_threads(&app, limits, &proxy, &stopped);
+    let threads = start_http_threads(&app, limits, &stopped);
     let mut next = 0usize;
     let mut at_cap = false;
     loop {
@@ -237,7 +228,6 @@ async fn accept_loop(
                 accepted,
                 Arc::clone(&app),
                 limits,
-                Arc::clone(&proxy),
                 stopped.clone(),
             ));
         }
@@ -269,25 +259,19 @@ fn http_thread_count() -> usize {
 fn start_http_threads(
     app: &Arc<App>,
     limits: Limits,
-    proxy: &Arc<Proxy>,
     stopped: &watch::Receiver<bool>,
 ) -> Vec<tokio::sync::mpsc::UnboundedSender<Accepted>> {
     let mut threads = Vec::new();
     for i in 0..http_thread_count() {
         let (send, mut received) = tokio::sync::mpsc::unbounded_channel::<Accepted>();
         // The thread's own app, whose counts only this thread writes.
-        let (app, proxy, stopped) = (
-            Arc::new(app.for_thread()),
-            Arc::clone(proxy),
-            stopped.clone(),
-        );
+        let (app, stopped) = (Arc::new(app.for_thread()), stopped.clone());
         let serve = async move {
             while let Some(accepted) = received.recv().await {
                 tokio::spawn(serve_accepted(
                     accepted,
                     Arc::clone(&app),
                     limits,
-                    Arc::clone(&proxy),
                     stopped.clone(),
                 ));
             }
@@ -319,7 +303,6 @@ async fn serve_accepted(
     accepted: Accepted,
     app: Arc<App>,
     limits: Limits,
-    proxy: Arc<Proxy>,
     stopped: watch::Receiver<bool>,
 ) {
     let Accepted {
@@ -335,7 +318,7 @@ async fn serve_accepted(
         }
     };
     metrics::gauge!("ratemesh_http_connections").increment(1.0);
-    serve_connection(stream, peer, app, limits, proxy, stopped).await;
+    serve_connection(stream, peer, app, limits, stopped).await;
     metrics::gauge!("ratemesh_http_connections").decrement(1.0);
     drop(permit);
 }
@@ -345,7 +328,6 @@ async fn serve_connection(
     peer: SocketAddr,
     app: Arc<App>,
     limits: Limits,
-    proxy: Arc<Proxy>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let activity = Arc::new(Activity::new());
@@ -354,37 +336,39 @@ async fn serve_connection(
         activity: Arc::clone(&activity),
     });
     let service_activity = Arc::clone(&activity);
-    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         let in_flight = InFlight::begin(&service_activity);
+        // Routed once, here: who answers, the proxy route, the policies.
+        let route = app.route(&mut request, peer);
         // Under a proxy route the body streams (the route's limit); else it is read first.
-        let streamed = proxy
-            .route(request.uri().path())
-            .map(|route| route.max_body_bytes);
-        // A request whose body streams (a proxy route's) or that has none is handed to the
-        // app now, whose rules may decide it (and drop it) before the connection reads on;
-        // one with a body to read first waits for it.
-        let next = match streamed {
+        // A request whose body streams or that has none is answered now, whose policies may
+        // decide it (and drop it) before the connection reads on; one with a body to read
+        // first waits for it.
+        let next = match app.streamed(&route) {
             Some(max) => {
                 let body_in_flight = InFlight::begin(&service_activity);
                 match streamed_body(request, max, body_in_flight) {
-                    Ok(request) => Next::Answer(app.call(with_peer(request, &app, peer))),
+                    Ok(request) => Next::Answer(app.answer(route, request)),
                     Err(refusal) => Next::Refused(refusal),
                 }
             }
             // No body: an empty one in its place (which allocates nothing).
             None if request.body().is_end_stream() => {
-                Next::Answer(app.call(with_peer(request.map(|_| Body::empty()), &app, peer)))
+                Next::Answer(app.answer(route, request.map(|_| Body::empty())))
             }
-            None => Next::Read(Box::new(request), Arc::clone(&app)),
+            None => Next::Read(Box::new((request, route.kept())), Arc::clone(&app)),
         };
         async move {
             let response = match next {
                 Next::Answer(answer) => answer.await,
                 Next::Refused(refusal) => Ok(*refusal),
-                Next::Read(request, app) => match bounded_body(*request, &limits).await {
-                    Ok(request) => app.call(with_peer(request, &app, peer)).await,
-                    Err(refusal) => Ok(refusal),
-                },
+                Next::Read(read, app) => {
+                    let (request, route) = *read;
+                    match bounded_body(request, &limits).await {
+                        Ok(request) => app.answer(route, request).await,
+                        Err(refusal) => Ok(refusal),
+                    }
+                }
             };
             response.map(|response| {
                 response.map(|body| Tracked {
@@ -458,19 +442,11 @@ enum Event<E> {
 /// What a request's service does next: await the app's answer, answer a refusal, or read
 /// the body first.
 enum Next {
-    Answer(crate::daemon::AppFuture),
+    Answer(AppFuture),
     Refused(Box<Response<Body>>),
-    /// (boxed: the request is large, the answer's future small), with the app that answers
-    /// it then
-    Read(Box<Request<Incoming>>, Arc<App>),
-}
-
-/// `request` with the client's address attached, when the app reads it.
-fn with_peer(mut request: Request<Body>, app: &App, peer: SocketAddr) -> Request<Body> {
-    if app.wants_peer() {
-        request.extensions_mut().insert(ConnectInfo(peer));
-    }
-    request
+    /// The request and its route (boxed: they are large, the answer's future small), with
+    /// the app that answers it then
+    Read(Box<(Request<Incoming>, Route)>, Arc<App>),
 }
 
 /// Read the request's body, at most `max_body_bytes` of it and within the header time;

@@ -126,6 +126,8 @@ pub(crate) fn client_ip(
         .or(Some(peer))
 }
 
+/// The connection's peer as the request's extensions tell it ([`ClientAddr`], or axum's
+/// `ConnectInfo`), for a layer that is not told it otherwise.
 pub(crate) fn peer_of(extensions: &Extensions) -> Option<IpAddr> {
     extensions
         .get::<ClientAddr>()
@@ -137,14 +139,16 @@ pub(crate) fn peer_of(extensions: &Extensions) -> Option<IpAddr> {
         })
 }
 
-/// Identify the client of a request by `config.order`; a request with none of the sources
-/// (no peer address either) is `ip:unknown`, and all such requests share one key.
+/// Identify the client of a request from `peer` by `config.order`; a request with none of
+/// the sources (no peer address either) is `ip:unknown`, and all such requests share one
+/// key.
 ///
 /// The identity is used whole (it is hashed, never cut); an API key or device id longer than
 /// `max_bytes` is an error, for the caller to refuse the request.
 pub(crate) fn identify(
     headers: &HeaderMap,
     extensions: &Extensions,
+    peer: Option<IpAddr>,
     config: &IdentityConfig,
     max_bytes: usize,
 ) -> Result<Identity, IdentityTooLong> {
@@ -160,7 +164,7 @@ pub(crate) fn identify(
             IdentitySource::Device => {
                 header_text(headers, &config.device_header, *source, max_bytes)?.map(str::to_string)
             }
-            IdentitySource::Ip => client_ip(headers, peer_of(extensions), &config.trusted_proxies)
+            IdentitySource::Ip => client_ip(headers, peer, &config.trusted_proxies)
                 .map(|ip| crate::rules::address_text(ip, config.prefixes)),
         };
         if let Some(value) = found {
@@ -220,13 +224,13 @@ mod tests {
         let prefix = "k".repeat(600);
         let a = headers(&[("x-api-key", &format!("{prefix}a"))]);
         let b = headers(&[("x-api-key", &format!("{prefix}b"))]);
-        let id_a = identify(&a, &extensions, &config, 4096).unwrap();
-        let id_b = identify(&b, &extensions, &config, 4096).unwrap();
+        let id_a = identify(&a, &extensions, None, &config, 4096).unwrap();
+        let id_b = identify(&b, &extensions, None, &config, 4096).unwrap();
         assert_ne!(
             id_a, id_b,
             "keys that differ after 512 bytes are two identities"
         );
-        let error = identify(&a, &extensions, &config, 600).unwrap_err();
+        let error = identify(&a, &extensions, None, &config, 600).unwrap_err();
         assert_eq!(error.origin, IdentitySource::ApiKey);
         assert_eq!((error.len, error.max), (601, 600));
     }

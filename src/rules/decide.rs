@@ -1,22 +1,18 @@
-//! One request through its layers: plan (tier, route, cost, keys) → charge the local layers
+//! One request through its layers, as [`super::plan`] matched it: charge the local layers
 //! → ask the remote ones (at most one `mesh` policy, then at most one `redis` policy) → on
 //! any denial, give the local charges back. One path for every kind of policy, and one place
 //! that refunds ([`Passage::refund`], through the same [`Charges`] as a local denial).
 
 use super::Rules;
-use super::compile::{CompiledRoute, Layers, Remote};
-use super::request::{MissingPart, Outcome, Pending, PolicyReport, Refusal, RequestFacts};
+use super::compile::Remote;
+use super::plan::{Keyed, Plan, Planned};
+use super::request::{Outcome, Pending, PolicyReport, Refusal, RequestFacts};
 use crate::backend::exact::{ExactDecision, ExactError, ExactFuture, fail_over};
 use crate::backend::mesh::MeshDecision;
 use crate::clock::Nanos;
-use crate::config::{Access, IdentitySource, OnMissing, TierSource};
 use crate::decision::{Decision, Verdict};
 use crate::limiter::{Charges, decide_in_layers};
 use crate::local::Charge;
-
-/// (policy, key) of each layer a request passes, inline for the few a request usually has,
-/// so that listing them allocates nothing.
-type Keyed = smallvec::SmallVec<[(usize, u64); 4]>;
 
 /// The name reported (headers, JSON body, metrics) for a client refused because it matches
 /// no tier and the file says `no_tier = "refuse"`.
@@ -29,29 +25,10 @@ const NO_TIER_SF_NAME: &str = "\"no_tier\"";
 /// decide without waiting.
 const MESH_BUSY_RETRY_NS: Nanos = 1_000_000;
 
-/// Which policies a request passes, under which keys, at what cost.
-pub(super) struct Plan<'a> {
-    /// The client matches no tier and the file says `no_tier = "refuse"`.
-    refused: bool,
-    route: Option<&'a CompiledRoute>,
-    cost: u64,
-    /// (policy, key) of the layers decided on this node, the tier's then the route's.
-    enforced: Keyed,
-    shadow: Keyed,
-    /// The request's `mesh` policy, if any.
-    global: Option<(usize, u64)>,
-    /// The request's `redis` policy, if any.
-    exact: Option<(usize, u64)>,
-    /// The first part the request lacks of a policy that refuses such requests.
-    missing: Option<MissingPart>,
-    /// The policies left out because the request lacks a part of their `by`.
-    skipped: Vec<MissingPart>,
-}
-
 /// A request on its way through its layers: what this node charged, what each layer said.
 struct Passage<'r> {
     rules: &'r Rules,
-    plan: Plan<'r>,
+    plan: Plan,
     now: Nanos,
     /// The layers charged on this node, in order, and what each took.
     local: Keyed,
@@ -66,7 +43,7 @@ struct Passage<'r> {
 impl<'r> Passage<'r> {
     /// Charge the local layers of `plan` (and its `redis` policy on its local store, when
     /// `exact_here`); a denial by one gives the earlier ones back.
-    fn start(rules: &'r Rules, mut plan: Plan<'r>, now: Nanos, exact_here: bool) -> Self {
+    fn start(rules: &'r Rules, mut plan: Plan, now: Nanos, exact_here: bool) -> Self {
         // The plan's enforced layers are read only from here on, as `local`.
         let mut local = std::mem::take(&mut plan.enforced);
         if exact_here {
@@ -147,6 +124,7 @@ impl<'r> Passage<'r> {
         let route = self
             .plan
             .route
+            .map(|r| &self.rules.routes[r])
             .filter(|r| r.layers.exact.contains(&p) && self.rules.models[p].is_none())
             .map(|r| r.name);
         Some((p, key, exact.decide(number, key, route, self.plan.cost)))
@@ -214,130 +192,6 @@ impl<'r> Passage<'r> {
 }
 
 impl Rules {
-    /// Work out which policies a request passes, under which keys, at what cost.
-    fn plan(&self, facts: &RequestFacts<'_>) -> Plan<'_> {
-        let route = self.routes.iter().find(|r| r.matches(facts));
-        let cost = route.map_or(1, |r| r.cost);
-        let tier = self.tier_of(facts);
-        // The key of (environment, source, identity[, route]), its first two parts hashed
-        // when the rules were made.
-        let prefix = &self.client_keys[super::client_keys_slot(facts.identity.source)];
-        let value = facts.identity.value.as_bytes();
-        let client_key = prefix.key(&[value]);
-        let route_key = route
-            .map(|r| prefix.key(&[value, r.name.as_bytes()]))
-            .unwrap_or(client_key);
-        let mut plan = Plan {
-            refused: tier.is_none() && self.config.refuse_without_tier,
-            route,
-            cost,
-            enforced: Keyed::new(),
-            shadow: Keyed::new(),
-            global: None,
-            exact: None,
-            missing: None,
-            skipped: Vec::new(),
-        };
-        // (policy index, key) of each layer: the tier's under the client's key, then the
-        // route's under the client's and the route's; a policy that counts `by` under the
-        // key of those parts of the request (left out, or the request refused, when it
-        // lacks one).
-        let mut keyed = |of: fn(&Layers) -> &Vec<usize>| -> Keyed {
-            let tier_layers = tier.map_or(&[][..], |t| of(t)).iter().map(|&i| (i, false));
-            let route_layers = route
-                .map_or(&[][..], |r| of(&r.layers))
-                .iter()
-                .map(|&i| (i, true));
-            let mut out = Keyed::new();
-            for (i, via_route) in tier_layers.chain(route_layers) {
-                let Some(model) = &self.models[i] else {
-                    out.push((i, if via_route { route_key } else { client_key }));
-                    continue;
-                };
-                match model.key(facts, route.map(|r| r.name), &self.config.identity) {
-                    Ok(key) => out.push((i, key)),
-                    Err(part) => {
-                        let missing = MissingPart {
-                            policy: self.policies[i].name,
-                            part,
-                        };
-                        match model.on_missing {
-                            OnMissing::Refuse => {
-                                plan.missing.get_or_insert(missing);
-                            }
-                            OnMissing::Skip => plan.skipped.push(missing),
-                        }
-                    }
-                }
-            }
-            out
-        };
-        let enforced = keyed(|l| &l.enforced);
-        let shadow = keyed(|l| &l.shadow);
-        let global = keyed(|l| &l.global).first().copied();
-        let exact = keyed(|l| &l.exact).first().copied();
-        Plan {
-            enforced,
-            shadow,
-            global,
-            exact,
-            ..plan
-        }
-    }
-
-    fn tier_of(&self, facts: &RequestFacts<'_>) -> Option<&Layers> {
-        // The tier an earlier layer chose, else the first of `tier_from` that names one,
-        // else the default; a name with no tier counts as none.
-        if let Some(tier) = facts.tier {
-            return self.tiers.get(tier);
-        }
-        for from in &self.config.tier_from {
-            let named = match from {
-                TierSource::Tenants => self.tenant_tier(facts),
-                TierSource::Jwt(claim) => facts
-                    .request
-                    .claims
-                    .and_then(|claims| claims.get(claim.as_str()))
-                    .and_then(|value| value.as_str()),
-                TierSource::Header(name) if facts.request.from_trusted_proxy => facts
-                    .request
-                    .headers
-                    .and_then(|h| h.get(name))
-                    .and_then(|v| v.to_str().ok()),
-                TierSource::Header(_) => None,
-            };
-            if let Some(layers) = named.and_then(|tier| self.tiers.get(tier.trim())) {
-                return Some(layers);
-            }
-        }
-        self.config
-            .default_tier
-            .as_deref()
-            .and_then(|tier| self.tiers.get(tier))
-    }
-
-    /// The tier `tenants` gives the client: an API key by the digest of its label, others
-    /// by `kind:value`.
-    fn tenant_tier(&self, facts: &RequestFacts<'_>) -> Option<&str> {
-        let identity = facts.identity;
-        if identity.source == IdentitySource::ApiKey {
-            if self.api_key_tenants.is_empty() {
-                return None;
-            }
-            let digest = self
-                .hasher
-                .label_digest("api_key", identity.value.as_bytes());
-            return self.api_key_tenants.get(&digest).map(String::as_str);
-        }
-        if self.tenants.is_empty() {
-            return None;
-        }
-        identity
-            .tenant_name()
-            .and_then(|name| self.tenants.get(&name))
-            .map(String::as_str)
-    }
-
     /// Settle a `count_when` charge by the response's `status`: kept when the policy counts
     /// it, given back otherwise. Call it once per pending charge of an admitted request's
     /// [`Outcome::pending`], on the rules that decided it.
@@ -368,7 +222,7 @@ impl Rules {
             .refund(&key, charge, policy.local_now(now), cost);
     }
 
-    fn count_shadow(&self, plan: &Plan<'_>, now: Nanos) -> Vec<PolicyReport> {
+    fn count_shadow(&self, plan: &Plan, now: Nanos) -> Vec<PolicyReport> {
         plan.shadow
             .iter()
             .map(|&(p, key)| {
@@ -380,7 +234,7 @@ impl Rules {
 
     fn outcome(
         &self,
-        plan: &Plan<'_>,
+        plan: &Plan,
         allowed: bool,
         delay_ns: Nanos,
         enforced: Vec<PolicyReport>,
@@ -389,7 +243,7 @@ impl Rules {
         Outcome {
             allowed,
             cost: plan.cost,
-            route: plan.route.map(|r| r.name),
+            route: plan.route.map(|r| self.routes[r].name),
             enforced,
             shadow: if allowed {
                 self.count_shadow(plan, now)
@@ -422,42 +276,9 @@ impl Rules {
         }
     }
 
-    /// What `[access]` and the request's missing parts decide before any policy counts:
-    /// `None` to go on.
-    fn screen(&self, facts: &RequestFacts<'_>) -> Option<Outcome> {
-        let access = &self.config.access;
-        let by_address = match facts.request.client_ip {
-            Some(ip) if !access.is_empty() => access.of(ip),
-            _ => Access::Limited,
-        };
-        match by_address {
-            Access::Denied => return Some(self.before_counting(Some(Refusal::Denied))),
-            Access::Exempt => return Some(self.before_counting(None)),
-            Access::Limited => {}
-        }
-        if !access.names_clients() {
-            return None;
-        }
-        let identity = facts.identity;
-        let exempt_key = identity.source == IdentitySource::ApiKey
-            && !access.exempt_api_keys.is_empty()
-            && access.exempt_api_keys.contains(
-                &self
-                    .hasher
-                    .label_digest("api_key", identity.value.as_bytes()),
-            );
-        let exempt_subject = facts
-            .request
-            .claims
-            .and_then(|claims| claims.get("sub"))
-            .and_then(|sub| sub.as_str())
-            .is_some_and(|sub| access.exempt_subjects.iter().any(|s| s == sub));
-        (exempt_key || exempt_subject).then(|| self.before_counting(None))
-    }
-
     /// The outcome for a client that matches no tier under `no_tier = "refuse"`: denied by
     /// [`NO_TIER_POLICY`], a limit of zero that no retry can meet (nothing is charged).
-    fn refused(&self, plan: &Plan<'_>) -> Outcome {
+    fn refused(&self, plan: &Plan) -> Outcome {
         let report = PolicyReport {
             name: NO_TIER_POLICY,
             sf_name: NO_TIER_SF_NAME,
@@ -477,22 +298,7 @@ impl Rules {
     /// for a millisecond. A `redis` policy is answered here by its local store, as when it
     /// fails open. Use [`Rules::decide_exact`] to wait for the mesh and to ask Redis.
     pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
-        if let Some(outcome) = self.screen(facts) {
-            return outcome;
-        }
-        let plan = self.plan(facts);
-        if let Some(missing) = plan.missing {
-            return self.before_counting(Some(Refusal::Missing(missing)));
-        }
-        if plan.refused {
-            return self.refused(&plan);
-        }
-        let mut passage = Passage::start(self, plan, now, true);
-        if let Some((p, mesh)) = passage.ask_mesh() {
-            let busy = Decision::denied(passage.decision.limit, 0, 0, MESH_BUSY_RETRY_NS);
-            passage.settle(p, mesh.now_or(busy));
-        }
-        passage.finish()
+        self.charge(self.plan(facts), now)
     }
 
     /// Decide one request with the IO it may need: a `mesh` policy waits for the key's owner
@@ -501,16 +307,34 @@ impl Rules {
     /// failure under `fail_mode = "closed"`, gives the local charges back, while a mesh
     /// charge stays counted: the cluster then admits less, never more).
     pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
-        if let Some(outcome) = self.screen(facts) {
-            return outcome;
+        self.charge_io(self.plan(facts), now).await
+    }
+
+    /// Charge a request these rules planned, at `now`, without IO (as [`Rules::decide`]
+    /// does); for a plan with no `mesh` or `redis` policy, the same outcome as
+    /// [`Rules::charge_io`].
+    pub(crate) fn charge(&self, planned: Planned, now: Nanos) -> Outcome {
+        let plan = match planned {
+            Planned::Before(refused) => return self.before_counting(refused),
+            Planned::Charge(plan) if plan.refused => return self.refused(&plan),
+            Planned::Charge(plan) => plan,
+        };
+        let mut passage = Passage::start(self, plan, now, true);
+        if let Some((p, mesh)) = passage.ask_mesh() {
+            let busy = Decision::denied(passage.decision.limit, 0, 0, MESH_BUSY_RETRY_NS);
+            passage.settle(p, mesh.now_or(busy));
         }
-        let plan = self.plan(facts);
-        if let Some(missing) = plan.missing {
-            return self.before_counting(Some(Refusal::Missing(missing)));
-        }
-        if plan.refused {
-            return self.refused(&plan);
-        }
+        passage.finish()
+    }
+
+    /// Charge a request these rules planned, at `now`, with the IO it may need (as
+    /// [`Rules::decide_exact`] does).
+    pub(crate) async fn charge_io(&self, planned: Planned, now: Nanos) -> Outcome {
+        let plan = match planned {
+            Planned::Before(refused) => return self.before_counting(refused),
+            Planned::Charge(plan) if plan.refused => return self.refused(&plan),
+            Planned::Charge(plan) => plan,
+        };
         let mut passage = Passage::start(self, plan, now, false);
         if let Some((p, mesh)) = passage.ask_mesh() {
             let decision = mesh.await;
