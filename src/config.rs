@@ -58,8 +58,8 @@ mod jwt;
 mod key;
 mod limits;
 mod matching;
+mod named_policy;
 mod outcome;
-mod policy;
 mod raw;
 mod redis;
 mod routes;
@@ -82,18 +82,18 @@ pub use jwt::{JwtConfig, JwtKeySource, KeySet, MAX_KEY_FILE_BYTES};
 pub use key::{AddressPrefixes, CountBy, KeyPart, MAX_BY_PARTS, OnMissing};
 use limits::check_limits_something;
 pub use matching::{HostPattern, MAX_PATTERN_SEGMENTS, PathPattern, RouteMatch, Segment};
-pub use outcome::StatusSet;
-use policy::build_policy;
-pub use policy::{
+use named_policy::build_policy;
+pub use named_policy::{
     Backend, FailMode, MAX_BLOCK_FOR, MAX_TOKEN_CACHE_TTL, NamedPolicy, TokenCacheConfig,
 };
+pub use outcome::StatusSet;
 use raw::{NoTier, RawConfig};
 use redis::build_redis;
 pub use redis::{RedisConfig, RedisEndpoints};
 pub use routes::RouteRule;
 use routes::build_routes;
 pub use source::ConfigError;
-/// For the node file (`daemon::config`), which shares the file format's conventions.
+/// For the node file (`daemon::node_file`), which shares the file format's conventions.
 #[cfg(feature = "node")]
 pub(crate) use source::parse_duration;
 pub(crate) use source::{Source, read_config_file};

@@ -22,9 +22,9 @@
 
 mod activity;
 mod app;
-pub(crate) mod config;
 mod envoy_rls;
 mod forward_auth;
+pub(crate) mod node_file;
 mod proxy;
 mod reload;
 mod server;
@@ -47,12 +47,12 @@ use axum::routing::get;
 
 use crate::config::ConfigError;
 use crate::daemon::app::App;
-use crate::daemon::config::{EnvoyRls, NodeFile};
 use crate::daemon::envoy_rls::RlsServer;
 use crate::daemon::forward_auth::Checks;
+use crate::daemon::node_file::{EnvoyRls, NodeFile};
 use crate::daemon::proxy::Proxy;
 use crate::daemon::reload::PolicyReloader;
-use crate::daemon::server::{Limits, Server};
+use crate::daemon::server::{ConnLimits, Server};
 use crate::daemon::signals::{Signal, Signals};
 use crate::http::RateLimitLayer;
 use crate::net::{MeshNet, NetConfig, NetError};
@@ -117,7 +117,7 @@ pub struct RunningNode {
     app: App,
     drain: Duration,
     drain_grace: Duration,
-    limits: Limits,
+    limits: ConnLimits,
     signals: Signals,
     layer: RateLimitLayer,
     /// The `[envoy_rls]` port, bound, and its settings.
@@ -129,7 +129,7 @@ pub struct RunningNode {
 pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
     // First: from here on SIGHUP, SIGTERM and SIGINT are the node's, never fatal.
     let signals = Signals::install().map_err(DaemonError::Signals)?;
-    let limits = Limits::new(&file.http_settings, server::raise_open_file_limit());
+    let limits = ConnLimits::new(&file.http_settings, server::raise_open_file_limit());
     let tls = file.load_tls()?;
     let metrics = telemetry::Exporter::install()?;
     let mesh = Arc::new(

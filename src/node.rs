@@ -15,7 +15,7 @@
 //! # Ok(()) }
 //! ```
 
-pub use crate::daemon::config::{
+pub use crate::daemon::node_file::{
     EnvoyRls, ForwardAuth, Forwarded, HttpSettings, NodeFile, ProxyRoute, TlsFiles,
 };
 pub use crate::daemon::{DaemonError, RunningNode, start};

@@ -36,7 +36,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::policy::{Backend, FailMode, NamedPolicy};
+use super::named_policy::{Backend, FailMode, NamedPolicy};
 use super::source::{ConfigError, Source};
 use crate::policy::{Algorithm, Policy};
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::policy::NamedPolicy;
+use super::named_policy::NamedPolicy;
 use super::routes::RouteRule;
 use super::source::{ConfigError, Source};
 

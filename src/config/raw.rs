@@ -11,7 +11,7 @@ use super::access::RawAccess;
 use super::envoy::RawEnvoy;
 use super::identity::RawIdentity;
 use super::jwt::RawJwt;
-use super::policy::RawPolicy;
+use super::named_policy::RawPolicy;
 use super::redis::RawRedis;
 use super::routes::RawRoute;
 

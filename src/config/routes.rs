@@ -9,7 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::matching::{HostPattern, PathPattern, RouteMatch};
-use super::policy::NamedPolicy;
+use super::named_policy::NamedPolicy;
 use super::source::{ConfigError, Source};
 
 /// A route: requests it matches cost `cost` tokens and also pass through `policies` (keyed

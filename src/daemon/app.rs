@@ -178,7 +178,7 @@ mod tests {
     use super::*;
     use crate::backend::mesh::{GlobalLimits, MeshDecision};
     use crate::config::GatewayConfig;
-    use crate::daemon::config::{ForwardAuth, Forwarded, ProxyRoute};
+    use crate::daemon::node_file::{ForwardAuth, Forwarded, ProxyRoute};
     use crate::decision::Decision;
     use crate::rules::plans_made;
 

@@ -36,7 +36,7 @@ use tonic::{Request, Response, Status};
 
 use crate::config::RateLimitUnit;
 use crate::daemon::DaemonError;
-use crate::daemon::config::EnvoyRls;
+use crate::daemon::node_file::EnvoyRls;
 use crate::http::RateLimitLayer;
 use crate::http::headers::insert_rate_limit_headers;
 use crate::rules::{

@@ -33,7 +33,7 @@ use axum::body::Body;
 use http::uri::PathAndQuery;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 
-use crate::daemon::config::ForwardAuth;
+use crate::daemon::node_file::ForwardAuth;
 use crate::daemon::proxy::headers::X_FORWARDED_FOR;
 use crate::http::Responding;
 
@@ -117,9 +117,9 @@ pub(crate) fn forwarded_target(
 /// The `[forward_auth]` endpoint: which paths are checks, what a check asks about, and how
 /// its answers are counted.
 #[derive(Clone)]
-pub(crate) struct Checks(Arc<Shared>);
+pub(crate) struct Checks(Arc<CheckShared>);
 
-struct Shared {
+struct CheckShared {
     settings: ForwardAuth,
     start: Instant,
     /// When the last warning about an untrusted peer was logged (ns from `start`, 0: never).
@@ -135,7 +135,7 @@ impl Checks {
         }
         metrics::counter!("ratemesh_forward_auth_untrusted_total").increment(0);
         tracing::info!(path = %settings.path, "forward-auth endpoint");
-        Checks(Arc::new(Shared {
+        Checks(Arc::new(CheckShared {
             settings,
             start: Instant::now(),
             warned: AtomicU64::new(0),

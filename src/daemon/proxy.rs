@@ -33,7 +33,7 @@ use axum::body::Body;
 use http::{HeaderValue, Request, Response, StatusCode, Version};
 use tokio::time::Instant;
 
-use crate::daemon::config::ProxyRoute;
+use crate::daemon::node_file::ProxyRoute;
 use body::{BodyError, Progress, Relay};
 use pool::{Answer, Pool};
 

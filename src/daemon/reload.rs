@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use crate::daemon::config::read_policy_file;
+use crate::daemon::node_file::read_policy_file;
 use crate::http::RateLimitLayer;
 use crate::rules::RulesError;
 

@@ -28,26 +28,26 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::daemon::activity::{Activity, Gated, InFlight, Tracked, Watched};
 use crate::daemon::app::{App, AppFuture, Route};
-use crate::daemon::config::{HttpSettings, RESERVED_FDS};
+use crate::daemon::node_file::{HttpSettings, RESERVED_FDS};
 
 /// The server's limits, resolved.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
+pub(crate) struct ConnLimits {
     pub(crate) header_read_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) max_connections: usize,
     pub(crate) max_body_bytes: u64,
 }
 
-impl Limits {
+impl ConnLimits {
     /// The limits of `settings`, with the connection cap derived from the open-file limit
     /// when the file does not set it.
-    pub(crate) fn new(settings: &HttpSettings, open_files: Option<u64>) -> Limits {
+    pub(crate) fn new(settings: &HttpSettings, open_files: Option<u64>) -> ConnLimits {
         let derived = open_files
             .map_or(16_384, |n| usize::try_from(n).unwrap_or(usize::MAX))
             .saturating_sub(RESERVED_FDS)
             .clamp(16, 1 << 24);
-        Limits {
+        ConnLimits {
             header_read_timeout: settings.header_read_timeout,
             idle_timeout: settings.idle_timeout,
             max_connections: settings.max_connections.unwrap_or(derived),
@@ -122,7 +122,7 @@ pub(crate) struct Server {
 impl Server {
     /// Accept connections on `listener` and serve `app` on each; the bodies of requests
     /// under its proxy routes are streamed, not read first.
-    pub(crate) fn start(listener: TcpListener, app: App, limits: Limits) -> Server {
+    pub(crate) fn start(listener: TcpListener, app: App, limits: ConnLimits) -> Server {
         let (stop, stopped) = watch::channel(false);
         let permits = Arc::new(Semaphore::new(limits.max_connections));
         tracing::info!(
@@ -161,7 +161,7 @@ impl Server {
 async fn accept_loop(
     listener: TcpListener,
     app: Arc<App>,
-    limits: Limits,
+    limits: ConnLimits,
     permits: Arc<Semaphore>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -258,7 +258,7 @@ fn http_thread_count() -> usize {
 /// sockets are ready. Return where to send each its connections.
 fn start_http_threads(
     app: &Arc<App>,
-    limits: Limits,
+    limits: ConnLimits,
     stopped: &watch::Receiver<bool>,
 ) -> Vec<tokio::sync::mpsc::UnboundedSender<Accepted>> {
     let mut threads = Vec::new();
@@ -302,7 +302,7 @@ fn start_http_threads(
 async fn serve_accepted(
     accepted: Accepted,
     app: Arc<App>,
-    limits: Limits,
+    limits: ConnLimits,
     stopped: watch::Receiver<bool>,
 ) {
     let Accepted {
@@ -327,7 +327,7 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     app: Arc<App>,
-    limits: Limits,
+    limits: ConnLimits,
     mut stopped: watch::Receiver<bool>,
 ) {
     let activity = Arc::new(Activity::new());
@@ -397,26 +397,26 @@ async fn serve_connection(
             tokio::pin!(changed, timer);
             tokio::select! {
                 biased;
-                result = connection.as_mut() => Event::Ended(result),
+                result = connection.as_mut() => ConnEvent::Ended(result),
                 changed = Gated::new(changed.as_mut(), |_| probe.has_changed().unwrap_or(true)),
-                    if !draining => Event::Stop(changed.is_err()),
-                () = Gated::new(timer.as_mut(), |timer| timer.is_elapsed()) => Event::Timer,
+                    if !draining => ConnEvent::Stop(changed.is_err()),
+                () = Gated::new(timer.as_mut(), |timer| timer.is_elapsed()) => ConnEvent::Timer,
             }
         };
         match event {
-            Event::Ended(result) => {
+            ConnEvent::Ended(result) => {
                 if let Err(error) = result {
                     tracing::debug!(%error, %peer, "connection ended");
                 }
                 return;
             }
-            Event::Stop(closed) => {
+            ConnEvent::Stop(closed) => {
                 if closed || *stopped.borrow() {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
                 }
             }
-            Event::Timer => {
+            ConnEvent::Timer => {
                 if let Some((at, reason)) =
                     activity.deadline(limits.header_read_timeout, limits.idle_timeout)
                     && activity.now() >= at
@@ -433,7 +433,7 @@ async fn serve_connection(
 
 /// What woke a connection's watch: its end, the node's stop signal (or the signal's sender
 /// gone), or its timer.
-enum Event<E> {
+enum ConnEvent<E> {
     Ended(Result<(), E>),
     Stop(bool),
     Timer,
@@ -453,7 +453,7 @@ enum Next {
 /// otherwise the answer (413, 408 or 400, JSON, `Connection: close`) that refuses it.
 async fn bounded_body(
     request: Request<Incoming>,
-    limits: &Limits,
+    limits: &ConnLimits,
 ) -> Result<Request<Body>, Response<Body>> {
     let max = limits.max_body_bytes;
     if declared_length(&request).is_some_and(|length| length > max) {

@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use http::header::{CONNECTION, FORWARDED, HOST, TE, TRAILER, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::daemon::config::Forwarded;
+use crate::daemon::node_file::Forwarded;
 
 /// `X-Forwarded-For`.
 pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use super::body::Relay;
 use super::h1::{self, Conn, Failed, IDLE_TIMEOUT, Keeper};
 use super::{Failure, classify};
-use crate::daemon::config::ProxyRoute;
+use crate::daemon::node_file::ProxyRoute;
 
 /// The most idle HTTP/1.1 connections each HTTP thread keeps per upstream.
 pub(crate) const MAX_IDLE: usize = 1024;
