@@ -1,6 +1,11 @@
 //! The answer to one request: admitted or not, and what an HTTP response needs to say so.
 
 use crate::clock::Nanos;
+#[cfg(any(feature = "http", feature = "quic"))]
+pub use global::MeshDecision;
+
+#[cfg(any(feature = "http", feature = "quic"))]
+mod global;
 
 /// Whether a request was admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -48,9 +48,9 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::backend::mesh::MeshDecision;
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
+use crate::decision::MeshDecision;
 use crate::mesh::node::{MeshError, Node, NodeConfig};
 use crate::mesh::{Behind, Cells, NodeId};
 pub use crate::net::accept::{Refusal, Refusals};
@@ -572,15 +572,5 @@ impl MeshNet {
         let _ = self.driver.await;
         // The endpoint is closed and the driver done: the mesh's own thread may end.
         drop(self.thread_keepalive);
-    }
-}
-
-impl crate::backend::mesh::GlobalLimits for MeshNet {
-    fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
-        MeshNet::decide(self, policy, key, cost)
-    }
-
-    fn reconfigure(&self, policies: &[crate::policy::Policy], digest: u64) -> Result<(), String> {
-        MeshNet::reconfigure(self, policies.to_vec(), digest).map_err(|e| e.to_string())
     }
 }

@@ -6,11 +6,6 @@
 //! [`crate::net::MeshNet`] (a node with its QUIC transport) implements [`GlobalLimits`];
 //! [`crate::rules::Rules::with_mesh`] connects it to the policies with `backend = "mesh"`.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
-use crate::decision::Decision;
 use crate::policy::Policy;
 
 /// Decide requests against the cluster-wide policies of a mesh node.
@@ -30,43 +25,16 @@ pub trait GlobalLimits: Send + Sync {
     }
 }
 
-/// A global decision: ready at once (the node's lease decided), or on its way from the key's
-/// owner.
-#[derive(Debug)]
-pub enum MeshDecision {
-    /// Decided.
-    Ready(Option<Decision>),
-    /// The request waits for the owner's answer; `fallback` answers if the node stops first.
-    Waiting {
-        /// Where the answer arrives.
-        answer: tokio::sync::oneshot::Receiver<Decision>,
-        /// The decision if no answer ever comes (the node shut down).
-        fallback: Decision,
-    },
-}
+pub use crate::decision::MeshDecision;
 
-impl MeshDecision {
-    /// The decision if it is ready, or `fallback` without waiting.
-    pub fn now_or(self, fallback: Decision) -> Decision {
-        match self {
-            MeshDecision::Ready(Some(d)) => d,
-            MeshDecision::Ready(None) => fallback,
-            MeshDecision::Waiting { mut answer, .. } => answer.try_recv().unwrap_or(fallback),
-        }
+/// A node with its QUIC transport decides the `mesh` policies.
+#[cfg(feature = "quic")]
+impl GlobalLimits for crate::net::MeshNet {
+    fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
+        crate::net::MeshNet::decide(self, policy, key, cost)
     }
-}
 
-impl Future for MeshDecision {
-    type Output = Decision;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Decision> {
-        match self.get_mut() {
-            MeshDecision::Ready(d) => Poll::Ready(d.take().expect("polled after completion")),
-            MeshDecision::Waiting { answer, fallback } => match Pin::new(answer).poll(cx) {
-                Poll::Ready(Ok(d)) => Poll::Ready(d),
-                Poll::Ready(Err(_)) => Poll::Ready(*fallback),
-                Poll::Pending => Poll::Pending,
-            },
-        }
+    fn reconfigure(&self, policies: &[Policy], digest: u64) -> Result<(), String> {
+        crate::net::MeshNet::reconfigure(self, policies.to_vec(), digest).map_err(|e| e.to_string())
     }
 }
