@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use ratemesh::Policy;
 use ratemesh::sim::{self, Crash, Drain, Partition, SimConfig, SimReport, Traffic};
+use ratemesh::{Algorithm, Policy};
 
 fn policy(algorithm: u8, limit: u64, window_ms: u64) -> Policy {
     let window = Duration::from_millis(window_ms);
@@ -61,9 +61,32 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
         "honest peers' frames were refused"
     );
     prop_assert!(report.admitted <= report.requests * config.max_cost);
-    // Without loss or faults, the mesh never denies a request while there is room for it
-    // with a round's worth of arrivals to spare, by the oracle's history and by the mesh's
-    // own admissions (docs/overshoot.md, "When false denials can happen").
+    // Whatever the faults (loss, partitions and heals, crashes, restarts, drains), an owner
+    // never refuses what it has room for: a request denied with room was denied because
+    // its wait reached `max_wait`, its node was down, or its answer came at its window's
+    // end; or the room was what the leases of nodes its owner could not hear held
+    // (docs/overshoot.md, "When false denials can happen"). A bucket, without loss and
+    // with the default gossip budget: a late report holds back the refill its authority
+    // gives back for tokens spent before it.
+    let default_budget =
+        config.gossip_budget_bytes_per_s == SimConfig::new(config.policy).gossip_budget_bytes_per_s;
+    let bucket = matches!(
+        config.policy.algorithm(),
+        Algorithm::TokenBucket | Algorithm::Gcra
+    );
+    if !bucket || (config.loss == 0.0 && default_budget) {
+        prop_assert_eq!(
+            report.refused_with_room,
+            0,
+            "refused with room in {:?}: {:?}",
+            config,
+            report
+        );
+    }
+    // Without loss or faults, and with a `max_wait` that covers a round and two round trips
+    // (a want, a recall, their answers), the mesh never denies a request while there is
+    // room for it with a round's worth of arrivals to spare, by the oracle's history and by
+    // the mesh's own admissions.
     // The busiest key's share of the load: a Zipf law puts more than 1/keys on the first.
     let top_share = match config.traffic {
         Traffic::Zipf { exponent_milli } => {
@@ -77,12 +100,13 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
     // Drains and starts are ordinary: nothing changes for them. (With clocks further apart
     // than a twentieth of a window, not measurable: a key's windows follow its first owner's
     // clock, and after a drain another's clock may run them, apart from the oracle's.)
+    let trip = config.latency_ns + config.jitter_ns;
     if config.loss == 0.0
+        && config.max_wait_ns >= config.gossip_interval_ns + 4 * trip
         && config.partition.is_none()
         && config.crashes.is_empty()
         && (config.drains.is_empty() || 20 * config.skew_ns < config.policy.window_ns())
-        && config.gossip_budget_bytes_per_s
-            == SimConfig::new(config.policy).gossip_budget_bytes_per_s
+        && default_budget
         && config.demand * top_share * (config.keys as f64) <= 1.0
     {
         prop_assert!(
@@ -227,6 +251,13 @@ proptest! {
         // node's driver does with larger slices (drawn from the seed, so the schedules are
         // the same as without).
         c.round_slice_keys = [0, 0, 1, 2][(seed >> 32) as usize % 4];
+        // Half the schedules wait long enough for a round and two round trips (a want, a
+        // recall and their answers), the condition of the no-denial check below on slow
+        // links (drawn from the seed too).
+        if (seed >> 40) % 2 == 1 {
+            let covers = c.gossip_interval_ns + 4 * (c.latency_ns + c.jitter_ns);
+            c.max_wait_ns = c.max_wait_ns.max(covers);
+        }
         if let Some(budget) = budget {
             // Tight enough to hold items back in most schedules.
             c.gossip_budget_bytes_per_s = budget;
@@ -1165,4 +1196,59 @@ fn a_fresh_bucket_state_does_not_refund_an_earlier_states_returns() {
         report.policy_overshoot <= report.declared_bound.total() + 1e-9,
         "{report:?}"
     );
+}
+
+/// A key's successor crashes: until its death is declared, the owner may not grant, and the
+/// requests waiting on it run out their time. The owner denied them with a retry until the
+/// end of its window (its room by the policy alone), so their holders denied every request
+/// at once for the rest of that window, with most of the limit free (8 refused with room).
+/// An owner that may not grant answers nothing: each holder's requests wait their own time.
+#[test]
+fn an_owner_that_may_not_grant_does_not_deny_until_its_windows_end() {
+    let mut c = SimConfig::new(Policy::fixed_window(99, Duration::from_millis(519)).unwrap());
+    c.nodes = 4;
+    c.gossip_interval_ns = 37_000_000;
+    c.latency_ns = 6_000_000;
+    c.jitter_ns = 3_000_000;
+    c.traffic = Traffic::Poisson;
+    c.demand = 0.959_062_6;
+    c.max_cost = 7;
+    c.keys = 1;
+    c.duration_ns = 3_000_000_000;
+    c.seed = 13_668_273_115_080_771_774;
+    c.crashes.push(Crash {
+        node: 3,
+        at_ns: 259_000_000,
+        restart_ns: None,
+    });
+    let report = sim::run(&c);
+    assert_eq!(report.refused_with_room, 0, "{report:?}");
+}
+
+/// Two nodes, one crashed: the other may not grant alone. The first request's wait ran out
+/// at the owner, and its denial also denied the requests that the holder's later wants had
+/// counted (arrived up to 50 ms after it, with time left to wait and the limit free).
+#[test]
+fn a_want_overdue_at_an_owner_that_may_not_grant_denies_no_later_request() {
+    let mut c = SimConfig::new(Policy::fixed_window(373, Duration::from_millis(507)).unwrap());
+    c.nodes = 2;
+    c.gossip_interval_ns = 18_000_000;
+    c.latency_ns = 0;
+    c.jitter_ns = 2_000_000;
+    c.duplication = 0.176_477_8;
+    c.traffic = Traffic::Poisson;
+    c.demand = 0.924_059_8;
+    c.max_cost = 17;
+    c.keys = 3;
+    c.duration_ns = 3_000_000_000;
+    c.gossip_budget_bytes_per_s = 127_794;
+    c.first_credit = 1;
+    c.seed = 17_880_635_581_676_272_927;
+    c.crashes.push(Crash {
+        node: 1,
+        at_ns: 1_672_000_000,
+        restart_ns: Some(2_657_000_000),
+    });
+    let report = sim::run(&c);
+    assert_eq!(report.refused_with_room, 0, "{report:?}");
 }

@@ -489,7 +489,9 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
-#[tokio::test]
+/// On tokio's paused clock: each `sleep` below returns only once every task waits, so the
+/// waiter has run as far as it can before each check (no real-time guess).
+#[tokio::test(start_paused = true)]
 async fn until_ready_returns_once_a_manual_clock_is_advanced_from_another_task() {
     let clock = ManualClock::new(SECOND);
     let limiter = Arc::new(
@@ -504,7 +506,7 @@ async fn until_ready_returns_once_a_manual_clock_is_advanced_from_another_task()
         let limiter = Arc::clone(&limiter);
         async move { limiter.until_ready("k", 1, Duration::from_secs(60)).await }
     });
-    // The clock stands still: the waiter waits, however long in real time.
+    // The limiter's clock stands still: the waiter waits, however long tokio's runs.
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!waiter.is_finished());
     // Another task moves it halfway: still waiting.

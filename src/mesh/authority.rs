@@ -342,7 +342,6 @@ impl Authority {
     }
 
     /// Return the holders' records.
-    #[cfg(test)]
     pub(crate) fn holders(&self) -> &[HolderRecord] {
         &self.holders
     }

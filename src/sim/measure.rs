@@ -4,6 +4,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::clock::Nanos;
+use crate::mesh::message::HolderRecord;
 use crate::policy::Policy;
 use crate::sim::cut::{Cut, unbacked};
 use crate::sim::overshoot::{exact_overshoot, framed_overshoot};
@@ -29,6 +30,8 @@ struct Request {
     mesh: Option<bool>,
     /// When the mesh decided it (true time).
     decided_at: Nanos,
+    /// Its node was down when it arrived, or went down while it waited: an error, denied.
+    failed: bool,
 }
 
 /// Collects decisions while a run goes on.
@@ -47,6 +50,14 @@ pub(crate) struct Recorder {
     last_event: Nanos,
     /// The most a crashed node held of a key's lease at its crash, over the limit.
     crash_loss: f64,
+    /// Per key, what the holdings of nodes an authority could not hear (crashed, or across
+    /// a partition) held, in tokens: that side counts it as spent.
+    unheard_leases: Vec<u64>,
+    /// Crashed nodes' (id, incarnation) at their crash: what the keys' authorities record
+    /// of their holdings is looked at until their deaths are declared.
+    crashed: Vec<(u64, u64)>,
+    /// While the network is split: the first `minority` nodes are on one side.
+    split: Option<usize>,
     /// The policy's limit (capacity).
     limit: Option<u64>,
     detected_at: Option<Nanos>,
@@ -85,6 +96,9 @@ impl Recorder {
             drains: 0,
             last_event: 0,
             crash_loss: 0.0,
+            unheard_leases: vec![0; keys],
+            crashed: Vec::new(),
+            split: None,
             limit: Some(config.policy.capacity()),
             detected_at: None,
             crash_term: 0.0,
@@ -132,11 +146,19 @@ impl Recorder {
             room,
             mesh: None,
             decided_at: 0,
+            failed: false,
         });
         let oracle = allowed;
         if oracle {
             self.oracle[key as usize].push((now, cost));
         }
+    }
+
+    /// Request `index` failed at `now`: its node was down, or went down while it waited
+    /// (denied, and no decision of the mesh's).
+    pub(crate) fn failed(&mut self, index: usize, now: Nanos) {
+        self.decided(index, now, false, 0);
+        self.requests[index].failed = true;
     }
 
     /// The mesh decided request `index` at `now`, after waiting `waited` ns.
@@ -168,11 +190,14 @@ impl Recorder {
         self.crash_at.get_or_insert((now, i));
         self.event(now);
         let Some(node) = &nodes[i].node else { return };
+        self.crashed.push((node.id(), node.incarnation()));
         let limit = node.policies()[0].capacity() as f64;
         // What its leases held: the survivors count it as spent (the loss a crash may cost).
         for key in 0..self.mesh.len() as u64 {
             if let Some(lease) = node.lease_state(0, key + 1) {
                 self.crash_loss = self.crash_loss.max(lease.unspent as f64 / limit);
+                let most = &mut self.unheard_leases[key as usize];
+                *most = (*most).max(lease.unspent);
             }
         }
         for key in 0..self.mesh.len() as u64 {
@@ -185,6 +210,34 @@ impl Recorder {
                 .and_then(|s| s.node.as_ref())
                 .and_then(|s| s.backup(0, key + 1));
             self.crash_term = self.crash_term.max(unbacked(&a, backup) as f64 / limit);
+        }
+    }
+
+    /// Node `i` ran after a crash or during a partition: what its authorities record as
+    /// leased to the holdings of nodes it cannot hear (a crashed node's, grants on their
+    /// way at the crash included; the other side's), which they count as spent.
+    pub(crate) fn check_unheard(&mut self, i: usize, nodes: &[SimNode]) {
+        if self.crashed.is_empty() && self.split.is_none() {
+            return;
+        }
+        let Some(node) = &nodes[i].node else { return };
+        let side = |n: u64| self.split.map(|minority| (n as usize) < minority);
+        let unheard = |h: &HolderRecord| {
+            self.crashed.contains(&(h.node, h.incarnation)) || side(h.node) != side(i as u64)
+        };
+        let keys = (self.mesh.len() as u64).min(CHECKED_KEYS);
+        for key in 0..keys {
+            let Some(a) = node.authority(0, key + 1) else {
+                continue;
+            };
+            let leased: u64 = a
+                .holders()
+                .iter()
+                .filter(|h| unheard(h))
+                .map(|h| h.tally.unspent())
+                .sum();
+            let most = &mut self.unheard_leases[key as usize];
+            *most = (*most).max(leased);
         }
     }
 
@@ -230,6 +283,7 @@ impl Recorder {
         nodes: &[SimNode],
     ) {
         self.event(now);
+        self.split = Some(minority);
         self.cut = Cut::at_split(
             minority,
             config,
@@ -252,6 +306,7 @@ impl Recorder {
             cut.heal();
         }
         self.heal_at = Some(now);
+        self.split = None;
         self.converged_at = None;
     }
 
@@ -377,6 +432,21 @@ impl Recorder {
         };
         let starts = group_by_key(&mut self.requests, self.mesh.len());
         let mut with_room = 0u64;
+        let mut refused = 0u64;
+        // A crashed node's lease weighs until its death is declared and settled, and for
+        // the windows it was granted in (a sliding window's next weighs the one before; a
+        // bucket refills from empty in its window).
+        let weighs = 2 * config.dead_after_rounds * config.gossip_interval_ns
+            + config.max_wait_ns
+            + 2 * p.window_ns();
+        let crash_weighs_until = self.crash_at.map_or(0, |(at, _)| at + weighs);
+        // A partition's: until its heal is settled likewise (the end of the run if it lasts).
+        let cut_weighs_until = match (config.partition, self.heal_at) {
+            (None, _) => 0,
+            (Some(_), Some(healed)) => healed + weighs,
+            (Some(_), None) => Nanos::MAX,
+        };
+        let unheard_weighs_until = crash_weighs_until.max(cut_weighs_until);
         // The budget lost: at the last decision of each window (a bucket: of the run) once
         // the membership events are over and settled (failure detection twice over, a
         // wait), if it was a denial, the room one central limiter that admitted what the
@@ -445,6 +515,30 @@ impl Recorder {
                     && !at_start
                 {
                     with_room += 1;
+                    // Refused, not timed out: beyond what the leases of nodes its authority
+                    // could not hear held (counted spent there) while they may still weigh;
+                    // with clocks a twentieth of a window apart or more, once ownership may
+                    // have moved, not measurable (the oracle follows the first owner's clock).
+                    let lost = if r.at < unheard_weighs_until {
+                        self.unheard_leases[key]
+                    } else {
+                        0
+                    };
+                    // Its answer came near its window's end (a wait that loss made long): as
+                    // at its arrival, the room may not come back in time.
+                    let waited = r.decided_at.saturating_sub(r.at);
+                    let answered_at = r.oracle_at + waited;
+                    let answered_at_edge = !bucket
+                        && (answered_at / w != r.oracle_at / w || answered_at % w + edge >= w);
+                    let close_clocks = !moved || 20 * config.skew_ns < w;
+                    if !r.failed
+                        && close_clocks
+                        && waited < config.max_wait_ns
+                        && !answered_at_edge
+                        && r.room.min(own_room) >= sum + round_tokens + lost
+                    {
+                        refused += 1;
+                    }
                 }
                 // The room at a denial that no admission follows in its window: what the
                 // cluster will not give any more (a denial that one follows was late, not
@@ -499,6 +593,7 @@ impl Recorder {
             oracle_admitted,
             double_authority: self.double_authority,
             false_denials_with_room: with_room,
+            refused_with_room: refused,
             budget_lost: lost as f64 / p.capacity() as f64,
             crash_loss: self.crash_loss,
             drains: self.drains,
@@ -682,6 +777,7 @@ mod tests {
             room: 0,
             mesh: None,
             decided_at: 0,
+            failed: false,
         }
     }
 

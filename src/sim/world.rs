@@ -49,6 +49,10 @@ pub(crate) struct SimNode {
     pub(super) draining: bool,
     /// Requests waiting on this node: id → (arrival index, arrival time).
     pub(super) waiting: FixedMap<u64, (usize, Nanos)>,
+    /// Windows its authorities began while they could not grant (cut off from a majority,
+    /// their lease run out): `(policy, key, window, start in true time)`, recorded once the
+    /// authority may grant in them, dropped once it moved on.
+    pub(super) unframed: Vec<(u32, u64, u64, Nanos)>,
 }
 
 impl SimNode {
@@ -70,6 +74,13 @@ impl SimNode {
                     .extend_from_slice(&counts);
             }
         }
+    }
+    /// Whether a key's authority on this node frames decisions at `local`: it may grant, or
+    /// its side keeps a majority (whose windows are the key's, granting or not yet).
+    fn may_grant(&self, policy: u32, key: u64, local: Nanos) -> bool {
+        self.node
+            .as_ref()
+            .is_some_and(|n| n.has_majority() || n.can_grant(policy, key, local))
     }
     pub(crate) fn local(&self, true_ns: Nanos) -> Nanos {
         (true_ns as i64 + self.offset_ns) as Nanos
@@ -284,6 +295,7 @@ pub(super) fn drain_events(
     now: Nanos,
 ) {
     let offset = world.nodes[i].offset_ns;
+    let local = world.nodes[i].local(now);
     let Some(node) = world.nodes[i].node.as_mut() else {
         return;
     };
@@ -299,10 +311,21 @@ pub(super) fn drain_events(
                 }
             }
             NodeEvent::Window {
-                key, window, start, ..
+                policy,
+                key,
+                window,
+                start,
             } => {
                 let start = (start as i64 - offset).max(0) as Nanos;
-                record.window(key - 1, window, start);
+                let sim_node = &mut world.nodes[i];
+                sim_node
+                    .unframed
+                    .retain(|&(p, k, ..)| (p, k) != (policy, key));
+                if sim_node.may_grant(policy, key, local) {
+                    record.window(key - 1, window, start);
+                } else {
+                    sim_node.unframed.push((policy, key, window, start));
+                }
             }
             NodeEvent::PeerDown(p) | NodeEvent::PeerLeft(p) => record.peer_down(now, p as usize),
             NodeEvent::PeerRestarted(p) => {
@@ -314,4 +337,31 @@ pub(super) fn drain_events(
         }
     }
     world.events = events;
+    frame_unframed(&mut world.nodes[i], record, local);
+}
+
+/// Windows a node's authorities began while they could not grant frame the decisions they
+/// grant from once they may (a cut-off owner whose side regained a majority): recorded then;
+/// those the authority moved on from (or lost) framed nothing.
+fn frame_unframed(sim_node: &mut SimNode, record: &mut measure::Recorder, local: Nanos) {
+    if sim_node.unframed.is_empty() {
+        return;
+    }
+    let mut unframed = std::mem::take(&mut sim_node.unframed);
+    unframed.retain(|&(policy, key, window, start)| {
+        let current = sim_node
+            .node
+            .as_ref()
+            .and_then(|n| n.authority(policy, key))
+            .map(|a| a.frame().0);
+        if current != Some(window) {
+            return false;
+        }
+        if sim_node.may_grant(policy, key, local) {
+            record.window(key - 1, window, start);
+            return false;
+        }
+        true
+    });
+    sim_node.unframed = unframed;
 }

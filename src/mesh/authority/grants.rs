@@ -321,26 +321,13 @@ impl Authority {
         }
     }
 
-    /// Deny the waiting requests past their deadline (while the authority may not grant).
-    pub(crate) fn deny_overdue(&mut self, policy: &Policy, now: Nanos) -> Vec<(NodeId, Answer)> {
-        let mut answers = Vec::new();
-        let overdue: Vec<Waiter> = self
-            .waiting
-            .iter()
-            .copied()
-            .filter(|w| w.deadline <= now)
-            .collect();
+    /// Forget the waiting requests past their deadline (while the authority may not grant),
+    /// without answering them: the holder's requests waited since before the want reached
+    /// here, so its own deadlines passed first and it denied them. A denial from here would
+    /// also deny the requests its later wants counted, which still have time to wait (and
+    /// say nothing of the room).
+    pub(crate) fn drop_overdue(&mut self, now: Nanos) {
         self.waiting.retain(|w| w.deadline > now);
-        for w in overdue {
-            let incarnation = self
-                .holders
-                .iter()
-                .find(|h| h.node == w.node)
-                .map_or(0, |h| h.incarnation);
-            let retry = self.retry_after(policy, now, w.need);
-            answers.push((w.node, self.grant(policy, w.node, incarnation, 0, retry)));
-        }
-        answers
     }
 
     /// Answer `node` with what it holds now, granting nothing (an acknowledgement).

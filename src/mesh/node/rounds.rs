@@ -196,12 +196,10 @@ impl Node {
             if self.authority_ready(key, now) {
                 self.serve_waiting(key, now);
             } else if let Some(a) = self.authorities.get_mut(&key) {
-                // Deadlines pass even while the authority may not grant: deny those, and look
-                // at the others again at the next round.
+                // Deadlines pass even while the authority may not grant: forget those, and
+                // look at the others again at the next round.
                 a.defer_wakes(self.schedule.next_tick());
-                for (node, answer) in a.deny_overdue(&policy, now) {
-                    self.answer(now, key, node, answer);
-                }
+                a.drop_overdue(now);
             }
             if round.is_some()
                 && let Some(a) = self.authorities.get_mut(&key)
