@@ -331,6 +331,8 @@ fn fields(r: &SimReport) -> serde_json::Value {
         "admitted": r.admitted,
         "oracle_admitted": r.oracle_admitted,
         "requests": r.requests,
+        "false_denials_with_room": r.false_denials_with_room,
+        "refused_with_room": r.refused_with_room,
         "budget_lost": r.budget_lost,
         "crash_loss": r.crash_loss,
         "drains": r.drains,
@@ -371,6 +373,8 @@ fn median(runs: &[SimReport]) -> SimReport {
     out.admitted = u(|r| r.admitted);
     out.oracle_admitted = u(|r| r.oracle_admitted);
     out.requests = u(|r| r.requests);
+    out.false_denials_with_room = u(|r| r.false_denials_with_room);
+    out.refused_with_room = u(|r| r.refused_with_room);
     out.budget_lost = f(|r| r.budget_lost);
     out.crash_loss = f(|r| r.crash_loss);
     out
