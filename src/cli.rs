@@ -52,6 +52,10 @@ enum Command {
         /// The policy file whose `key_secret` the hash is made with.
         #[arg(long)]
         config: std::path::PathBuf,
+        /// Read `KEY,TIER` lines and print `api_key:HASH,TIER` lines: a plans file
+        /// (`plans_file`) from an export of keys and their tiers.
+        #[arg(long)]
+        plans: bool,
     },
     /// Generate a cluster CA and one certificate per node (for mutual TLS between nodes).
     Certs {
@@ -104,7 +108,7 @@ fn certs(
 /// The longest API key `hash-key` reads (as `max_identity_bytes` allows at most).
 const MAX_KEY_LINE: usize = 65536;
 
-fn hash_key(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+fn hash_key(config: &std::path::Path, plans: bool) -> Result<(), Box<dyn std::error::Error>> {
     use std::io::{BufRead, Write};
     let config = ratemesh::config::GatewayConfig::from_file(config)?;
     let Some(secret) = &config.key_secret else {
@@ -112,7 +116,7 @@ fn hash_key(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> 
     };
     let hasher = ratemesh::ids::KeyHasher::from_secret(secret);
     let stdin = std::io::stdin();
-    let mut out = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut hashed = 0u64;
     for (n, line) in stdin.lock().split(b'\n').enumerate() {
         let line = line?;
@@ -127,12 +131,26 @@ fn hash_key(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> 
             )
             .into());
         }
-        writeln!(out, "{}", hasher.label("api_key", key))?;
+        if plans {
+            // `KEY,TIER`: the tier after the last comma (a key may hold commas).
+            let Some(comma) = key.iter().rposition(|&b| b == b',') else {
+                return Err(format!("line {}: write `KEY,TIER`", n + 1).into());
+            };
+            let tier = std::str::from_utf8(key[comma + 1..].trim_ascii())
+                .ok()
+                .filter(|t| !t.is_empty() && !t.contains(char::is_whitespace))
+                .ok_or_else(|| format!("line {}: no tier after the last comma", n + 1))?;
+            let key = key[..comma].trim_ascii();
+            writeln!(out, "{},{tier}", hasher.label("api_key", key))?;
+        } else {
+            writeln!(out, "{}", hasher.label("api_key", key))?;
+        }
         hashed += 1;
     }
     if hashed == 0 {
         return Err("no API key on standard input (one per line)".into());
     }
+    out.flush()?;
     Ok(())
 }
 
@@ -236,7 +254,7 @@ pub fn main() -> std::process::ExitCode {
             add_node,
             cluster,
         } => certs(&out, nodes, &add_node, &cluster),
-        Command::HashKey { config } => hash_key(&config),
+        Command::HashKey { config, plans } => hash_key(&config, plans),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

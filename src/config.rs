@@ -60,6 +60,7 @@ mod limits;
 mod matching;
 mod named_policy;
 mod outcome;
+mod plans;
 mod raw;
 mod redis;
 mod routes;
@@ -68,6 +69,7 @@ mod tiers;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use access::build_access;
 pub use access::{Access, AccessLists, MAX_ACCESS_RANGES};
@@ -87,6 +89,8 @@ pub use named_policy::{
     Backend, FailMode, MAX_BLOCK_FOR, MAX_TOKEN_CACHE_TTL, NamedPolicy, TokenCacheConfig,
 };
 pub use outcome::StatusSet;
+use plans::load_plans;
+pub use plans::Plans;
 use raw::{NoTier, RawConfig};
 use redis::build_redis;
 pub use redis::{RedisConfig, RedisEndpoints};
@@ -129,6 +133,8 @@ pub struct GatewayConfig {
     /// Client identity (`user:alice`, as the identity's kind and value; `api_key:HASH` for
     /// an API key) → tier.
     pub tenants: BTreeMap<String, String>,
+    /// The plans file (`plans_file`): more API keys (by hash) → tier, read with the file.
+    pub plans: Option<Arc<Plans>>,
     /// Where a client's tier comes from, in order, before `default_tier` (`tier_from`).
     pub tier_from: Vec<TierSource>,
     /// Routes, most specific first.
@@ -275,6 +281,26 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         }
         tenants.insert(tenant.clone(), tier.get_ref().clone());
     }
+    let plans = match &raw.plans_file {
+        Some(name) => {
+            let line = source.line_of(name.span().start);
+            if raw.key_secret.is_none() {
+                return Err(source.error(
+                    line,
+                    "plans_file",
+                    "API keys are listed by their hash under `key_secret`: set `key_secret`",
+                ));
+            }
+            Some(Arc::new(load_plans(
+                source,
+                line,
+                name.get_ref(),
+                &tiers,
+                &tenants,
+            )?))
+        }
+        None => None,
+    };
     let tier_from = match &raw.tier_from {
         None => vec![TierSource::Tenants],
         Some(list) => {
@@ -408,6 +434,7 @@ fn build(source: &Source<'_>, raw: RawConfig) -> Result<GatewayConfig, ConfigErr
         refuse_without_tier,
         allow_unlimited: raw.allow_unlimited,
         tenants,
+        plans,
         tier_from,
         routes,
         redis,

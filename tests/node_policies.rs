@@ -250,3 +250,76 @@ async fn a_proxying_node_counts_failed_logins_by_the_upstreams_status() {
     );
     server.abort();
 }
+
+/// A plans file of a million API keys beside the policy file: a `ratemesh node` gives each
+/// key its tier, and an unknown key the default; SIGHUP reads a changed plans file and keeps
+/// every counter of the policies that did not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_takes_plans_for_a_million_api_keys_and_reloads_them_keeping_counters() {
+    use ratemesh::ids::KeyHasher;
+    let dir = tempfile::tempdir().unwrap();
+    let policies = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"free\"\n\
+        plans_file = \"plans.csv\"\n\n\
+        [policies.free_hourly]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1h\"\n\n\
+        [policies.pro_hourly]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1h\"\n\n\
+        [tiers.free]\npolicies = [\"free_hourly\"]\n\n[tiers.pro]\npolicies = [\"pro_hourly\"]\n";
+    let files = write_cluster_with(dir.path(), 1, policies);
+    let hasher = KeyHasher::from_secret("test-secret");
+    let plans = |moved_tier: &str| {
+        let mut text = String::with_capacity(32 << 20);
+        for i in 0..999_998u32 {
+            let tier = if i % 3 == 0 { "pro" } else { "free" };
+            let key = format!("sk_customer_{i}");
+            text.push_str(&format!(
+                "{},{tier}\n",
+                hasher.label("api_key", key.as_bytes())
+            ));
+        }
+        text.push_str(&format!("{},pro\n", hasher.label("api_key", b"sk_pro")));
+        text.push_str(&format!(
+            "{},{moved_tier}\n",
+            hasher.label("api_key", b"sk_moves")
+        ));
+        std::fs::write(dir.path().join("plans.csv"), text).unwrap();
+    };
+    plans("free");
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let text = metrics_of(&client, &node).await;
+    assert_eq!(metric(&text, "ratemesh_plan_keys"), 1_000_000.0);
+    let admitted = |key: &'static str, n: usize| {
+        let client = client.clone();
+        let node = &node;
+        async move {
+            let mut admitted = 0;
+            for _ in 0..n {
+                admitted += usize::from(status_of(&client, node, key).await == 200);
+            }
+            admitted
+        }
+    };
+    assert_eq!(admitted("sk_pro", 7).await, 5, "pro: 5 an hour");
+    assert_eq!(admitted("sk_customer_3", 7).await, 5, "pro: 5 an hour");
+    assert_eq!(admitted("sk_customer_4", 7).await, 2, "free: 2 an hour");
+    assert_eq!(admitted("sk_moves", 7).await, 2, "free: 2 an hour");
+    assert_eq!(admitted("sk_unknown", 7).await, 2, "the default tier");
+    let rss = rss_kib(node.child.id()).unwrap();
+
+    // `sk_moves` goes pro: after SIGHUP it has the pro policy's 5; every counter stays.
+    plans("pro");
+    signal(&node, libc::SIGHUP);
+    wait_metric_line(
+        &client,
+        &node,
+        "ratemesh_config_reloads_total{result=\"applied\"} 1",
+    )
+    .await;
+    assert_eq!(admitted("sk_moves", 7).await, 5, "now pro");
+    assert_eq!(admitted("sk_pro", 3).await, 0, "its count was kept");
+    assert_eq!(admitted("sk_unknown", 3).await, 0, "its count was kept");
+    eprintln!(
+        "a million keys: RSS {rss} KiB after start, {} KiB after a reload",
+        rss_kib(node.child.id()).unwrap()
+    );
+}

@@ -317,3 +317,96 @@ async fn exempt_api_keys_and_jwt_subjects_are_never_limited() {
             .contains("add a `[jwt]`")
     );
 }
+
+/// `ratemesh hash-key --plans` over an export of a million `KEY,TIER` lines.
+fn plans_file_of(dir: &std::path::Path, lines: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ratemesh"))
+        .args(["hash-key", "--plans", "--config"])
+        .arg(dir.join("policies.toml"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = lines.to_string();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()).unwrap());
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn a_plans_file_of_a_million_api_keys_gives_each_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("policies.toml"), file("")).unwrap();
+    // A million customers, every tenth on the pro plan; keys may hold commas.
+    let mut export = String::new();
+    for i in 0..1_000_000u32 {
+        let tier = if i % 10 == 0 { "pro" } else { "free" };
+        export.push_str(&format!("sk_live_{i:07},x,{tier}\n"));
+    }
+    let plans = plans_file_of(dir.path(), &export);
+    assert_eq!(plans.lines().count(), 1_000_000);
+    assert_eq!(
+        plans.lines().next().unwrap(),
+        format!(
+            "{},pro",
+            KeyHasher::from_secret("s").label("api_key", b"sk_live_0000000,x")
+        )
+    );
+    std::fs::write(dir.path().join("plans.csv"), &plans).unwrap();
+    let layer = layer_in(dir.path(), &file("plans_file = \"plans.csv\"")).unwrap();
+    let key = |k: &str| vec![("x-api-key", k.to_string())];
+    for (customer, limit) in [
+        ("sk_live_0000000,x", 3),
+        ("sk_live_0999990,x", 3),
+        ("sk_live_0000001,x", 1),
+        ("sk_live_0999999,x", 1),
+        ("sk_not_a_customer", 1),
+    ] {
+        assert_eq!(
+            admitted(&layer, "192.0.2.1", &key(customer), 5).await,
+            limit,
+            "{customer}"
+        );
+    }
+    // `tenants` and the plans file may not both list a key; a plans file needs `key_secret`.
+    let first = plans.lines().next().unwrap().split(',').next().unwrap();
+    let error = layer_in(
+        dir.path(),
+        &file(&format!(
+            "plans_file = \"plans.csv\"\n\n[tenants]\n\"{first}\" = \"pro\""
+        )),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        error.contains("plans.csv:1:") && error.contains("`tenants`"),
+        "{error}"
+    );
+    let error = layer_in(
+        dir.path(),
+        &file("plans_file = \"plans.csv\"").replace("key_secret = \"s\"\n", ""),
+    )
+    .err()
+    .unwrap();
+    assert!(error.contains("`plans_file`: API keys"), "{error}");
+    // A bad line names the plans file and its line, and never echoes a key in clear.
+    std::fs::write(
+        dir.path().join("plans.csv"),
+        format!("{first},pro\napi_key:sk_live_secret,pro\n"),
+    )
+    .unwrap();
+    let error = layer_in(dir.path(), &file("plans_file = \"plans.csv\""))
+        .err()
+        .unwrap();
+    assert!(error.contains("plans.csv:2: `api_key`"), "{error}");
+    assert!(!error.contains("sk_live_secret"), "{error}");
+}

@@ -43,6 +43,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) tenants: BTreeMap<String, Spanned<String>>,
     #[serde(default)]
+    pub(super) plans_file: Option<Spanned<String>>,
+    #[serde(default)]
     pub(super) tier_from: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     pub(super) routes: Vec<Spanned<RawRoute>>,

@@ -37,6 +37,7 @@ impl PolicyReloader {
         for result in ["applied", "refused"] {
             metrics::counter!("ratemesh_config_reloads_total", "result" => result).increment(0);
         }
+        plans_in_force(&layer);
         PolicyReloader {
             layer,
             path,
@@ -97,6 +98,7 @@ impl PolicyReloader {
             Ok((config, sha256)) => match self.layer.reload(config) {
                 Ok(()) => {
                     tracing::info!(%file, %sha256, "policy file reloaded");
+                    plans_in_force(&self.layer);
                     let mut in_force = self
                         .sha256
                         .lock()
@@ -129,4 +131,15 @@ impl PolicyReloader {
         metrics::counter!("ratemesh_config_reloads_total", "result" => "refused").increment(1);
         ReloadResult::Refused
     }
+}
+
+/// Say how many API keys the plans file in force lists (`ratemesh_plan_keys`).
+fn plans_in_force(layer: &RateLimitLayer) {
+    let keys = layer
+        .rules_now()
+        .config()
+        .plans
+        .as_ref()
+        .map_or(0, |plans| plans.len());
+    metrics::gauge!("ratemesh_plan_keys").set(keys as f64);
 }

@@ -216,6 +216,10 @@ fn describe() {
         "ratemesh_config_reloads_total",
         "Policy file reloads on SIGHUP, by result (applied, refused)"
     );
+    describe_gauge!(
+        "ratemesh_plan_keys",
+        "API keys listed in the plans file in force (`plans_file`)"
+    );
     describe_counter!(
         "ratemesh_requests_refused_total",
         "Requests refused before any decision, by reason (identity_too_long, body_too_large, body_timeout, body_invalid)"

@@ -185,13 +185,17 @@ impl Rules {
     fn tenant_tier(&self, facts: &RequestFacts<'_>) -> Option<&str> {
         let identity = facts.identity;
         if identity.source == IdentitySource::ApiKey {
-            if self.api_key_tenants.is_empty() {
+            let plans = self.config.plans.as_deref();
+            if self.api_key_tenants.is_empty() && plans.is_none() {
                 return None;
             }
             let digest = self
                 .hasher
                 .label_digest("api_key", identity.value.as_bytes());
-            return self.api_key_tenants.get(&digest).map(String::as_str);
+            return match self.api_key_tenants.get(&digest) {
+                Some(tier) => Some(tier.as_str()),
+                None => plans.and_then(|plans| plans.tier_of(digest)),
+            };
         }
         if self.tenants.is_empty() {
             return None;
