@@ -89,8 +89,8 @@ pub use named_policy::{
     Backend, FailMode, MAX_BLOCK_FOR, MAX_TOKEN_CACHE_TTL, NamedPolicy, TokenCacheConfig,
 };
 pub use outcome::StatusSet;
-use plans::load_plans;
 pub use plans::Plans;
+use plans::load_plans;
 use raw::{NoTier, RawConfig};
 use redis::build_redis;
 pub use redis::{RedisConfig, RedisEndpoints};

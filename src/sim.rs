@@ -323,10 +323,12 @@ pub struct SimReport {
     /// guarantee of `docs/overshoot.md`).
     pub false_denials_with_room: u64,
     /// Of `false_denials_with_room`, those refused before their wait reached `max_wait`, on
-    /// a live node, not answered at their window's end, for which there was room beyond what
+    /// a live node, not answered at their window's end, for which there was room for what was
+    /// offered until a round and two one-way delays after their answer, and beyond what
     /// the leases of nodes their owner could not hear held (crashed, or across a partition:
     /// counted spent there) as long as that weighs, with clocks close enough to tell once
-    /// ownership may have moved (within a twentieth of a window): 0 under
+    /// ownership may have moved (within a twentieth of a window), in a window that the key's
+    /// authority began within a round and five one-way delays of the oracle's: 0 under
     /// loss, partitions, crashes, restarts and drains alike (for a bucket: without loss or
     /// a reduced gossip budget), the guarantee of `docs/overshoot.md`: a fault delays
     /// answers, it never makes an owner refuse what it has room for.

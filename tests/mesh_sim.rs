@@ -84,9 +84,10 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
         );
     }
     // Without loss or faults, and with a `max_wait` that covers a round and two round trips
-    // (a want, a recall, their answers), the mesh never denies a request while there is
-    // room for it with a round's worth of arrivals to spare, by the oracle's history and by
-    // the mesh's own admissions.
+    // (a want, a recall, their answers; twice that with drains, whose keys are asked again
+    // of their new owners), the mesh never denies a request while there is room for it with
+    // a round's worth of arrivals to spare, by the oracle's history and by the mesh's own
+    // admissions.
     // The busiest key's share of the load: a Zipf law puts more than 1/keys on the first.
     let top_share = match config.traffic {
         Traffic::Zipf { exponent_milli } => {
@@ -102,7 +103,8 @@ fn check_invariants(config: &SimConfig, report: &SimReport) -> Result<(), TestCa
     // clock, and after a drain another's clock may run them, apart from the oracle's.)
     let trip = config.latency_ns + config.jitter_ns;
     if config.loss == 0.0
-        && config.max_wait_ns >= config.gossip_interval_ns + 4 * trip
+        && config.max_wait_ns
+            >= (config.gossip_interval_ns + 4 * trip) * if config.drains.is_empty() { 1 } else { 2 }
         && config.partition.is_none()
         && config.crashes.is_empty()
         && (config.drains.is_empty() || 20 * config.skew_ns < config.policy.window_ns())
@@ -251,11 +253,11 @@ proptest! {
         // node's driver does with larger slices (drawn from the seed, so the schedules are
         // the same as without).
         c.round_slice_keys = [0, 0, 1, 2][(seed >> 32) as usize % 4];
-        // Half the schedules wait long enough for a round and two round trips (a want, a
-        // recall and their answers), the condition of the no-denial check below on slow
-        // links (drawn from the seed too).
+        // Half the schedules wait long enough for two rounds and four round trips (a want,
+        // a recall and their answers, asked again of a new owner after a drain), the
+        // condition of the no-denial check below on slow links (drawn from the seed too).
         if (seed >> 40) % 2 == 1 {
-            let covers = c.gossip_interval_ns + 4 * (c.latency_ns + c.jitter_ns);
+            let covers = 2 * (c.gossip_interval_ns + 4 * (c.latency_ns + c.jitter_ns));
             c.max_wait_ns = c.max_wait_ns.max(covers);
         }
         if let Some(budget) = budget {

@@ -21,8 +21,9 @@ pub(crate) struct Cut {
 
 impl Cut {
     /// The network splits into the first `minority` nodes and the rest: measured for windows
-    /// where the partition is the only fault and each of the `keys` is checked (at most
-    /// `checked`); `None` otherwise, and the term is the declared most, a whole limit. (A
+    /// where the partition is the only fault (no crash, drain or loss: a lost report leaves
+    /// the backups short of what this measure reads) and each of the `keys` is checked (at
+    /// most `checked`); `None` otherwise, and the term is the declared most, a whole limit. (A
     /// bucket's states merge their levels at the heal, which this measure does not follow.)
     pub(crate) fn at_split(
         minority: usize,
@@ -33,6 +34,7 @@ impl Cut {
     ) -> Option<Cut> {
         if !config.crashes.is_empty()
             || !config.drains.is_empty()
+            || config.loss > 0.0
             || keys > checked
             || !config.policy.algorithm().counts_per_window()
         {

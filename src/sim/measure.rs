@@ -4,6 +4,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::clock::Nanos;
+use crate::mesh::authority::is_retired;
 use crate::mesh::message::HolderRecord;
 use crate::policy::Policy;
 use crate::sim::cut::{Cut, unbacked};
@@ -222,8 +223,12 @@ impl Recorder {
         }
         let Some(node) = &nodes[i].node else { return };
         let side = |n: u64| self.split.map(|minority| (n as usize) < minority);
+        // A crashed node's holding, one across the cut, or one that ended (a retired record:
+        // its node restarted or was declared dead) before its lease came back.
         let unheard = |h: &HolderRecord| {
-            self.crashed.contains(&(h.node, h.incarnation)) || side(h.node) != side(i as u64)
+            is_retired(h)
+                || self.crashed.contains(&(h.node, h.incarnation))
+                || side(h.node) != side(i as u64)
         };
         let keys = (self.mesh.len() as u64).min(CHECKED_KEYS);
         for key in 0..keys {
@@ -462,6 +467,19 @@ impl Recorder {
         for (key, span) in starts.windows(2).enumerate() {
             let requests = &self.requests[span[0]..span[1]];
             let mut own = OwnRoom::new(p, &self.mesh[key]);
+            // What was offered for the key before each request, in arrival order.
+            let offered: Vec<u64> = std::iter::once(0)
+                .chain(requests.iter().scan(0u64, |sum, q| {
+                    *sum += q.cost;
+                    Some(*sum)
+                }))
+                .collect();
+            // When the key's authorities began their windows (true time), in order.
+            let mut frames: Vec<Nanos> = self
+                .windows
+                .get(key)
+                .map_or_else(Vec::new, |w| w.iter().map(|&(start, _)| start).collect());
+            frames.sort_unstable();
             let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
             // Requests offered before the margin that the mesh admits only after this
             // arrival (they waited longer than the margin, across a window's end): the mesh's
@@ -531,11 +549,31 @@ impl Recorder {
                     let answered_at_edge = !bucket
                         && (answered_at / w != r.oracle_at / w || answered_at % w + edge >= w);
                     let close_clocks = !moved || 20 * config.skew_ns < w;
+                    // What was offered from the margin before it to the margin after its
+                    // answer: a request that waits (its want lost and sent again) may be
+                    // overtaken by those that arrive meanwhile and reach the owner first.
+                    let during_wait = || {
+                        let until = r.decided_at.max(r.at) + margin;
+                        let end = requests.partition_point(|q| q.at <= until);
+                        offered[end.max(lo)] - offered[lo]
+                    };
+                    // Its window as the key's authority framed it began within the margin of
+                    // the oracle's (an owner that took the key over without a backup follows
+                    // the dead owner's clock as far as it knows it: up to the failure
+                    // detection time late).
+                    let framed = bucket || {
+                        let i = frames.partition_point(|&start| start <= r.at);
+                        i == 0 || {
+                            let aligned = r.at - r.oracle_at % w;
+                            frames[i - 1].abs_diff(aligned) <= edge
+                        }
+                    };
                     if !r.failed
                         && close_clocks
+                        && framed
                         && waited < config.max_wait_ns
                         && !answered_at_edge
-                        && r.room.min(own_room) >= sum + round_tokens + lost
+                        && r.room.min(own_room) >= during_wait() + round_tokens + lost
                     {
                         refused += 1;
                     }
