@@ -328,8 +328,8 @@ pub struct SimReport {
     /// the leases of nodes their owner could not hear held (crashed, or across a partition:
     /// counted spent there) as long as that weighs, with clocks close enough to tell once
     /// ownership may have moved (within a twentieth of a window), in a window that the key's
-    /// authority began within a round and five one-way delays of the oracle's: 0 under
-    /// loss, partitions, crashes, restarts and drains alike (for a bucket: without loss or
+    /// authority began within a round and five one-way delays of the oracle's: 0 below the
+    /// limit under loss, partitions, crashes, restarts and drains alike (for a bucket: without loss or
     /// a reduced gossip budget), the guarantee of `docs/overshoot.md`: a fault delays
     /// answers, it never makes an owner refuse what it has room for.
     pub refused_with_room: u64,
