@@ -15,6 +15,7 @@ mod baseline;
 pub(crate) mod cut;
 pub(crate) mod measure;
 mod overshoot;
+mod own_room;
 pub(crate) mod traffic;
 mod world;
 
