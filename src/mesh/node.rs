@@ -603,8 +603,11 @@ impl Node {
         // next owners too, as authorities. (A live owner backs up to its new successor
         // itself; a stale copy merged into its authority would count again grants that it
         // has since forgotten, once all spent and refilled.)
+        // (One that would be idle by now holds nothing its next owner's fresh one lacks.)
         let orphaned = self.backups.keys_where(|key, b| {
-            !self.membership.is_responsive(b.from, now) && !self.authorities.contains_key(key)
+            !self.membership.is_responsive(b.from, now)
+                && !self.authorities.contains_key(key)
+                && !self.is_idle_backup(key, b, now)
         });
         for key in orphaned {
             let (Some(b), Some(policy)) = (self.backups.remove(&key), self.policy(key.policy))

@@ -482,8 +482,9 @@ impl Recorder {
             frames.sort_unstable();
             let (mut lo, mut hi, mut sum) = (0usize, 0usize, 0u64);
             // Requests offered before the margin that the mesh admits only after this
-            // arrival (they waited longer than the margin, across a window's end): the mesh's
-            // own room has that much less for this one. By admission time, earliest first.
+            // arrival (they waited longer than the margin, across a window's end), or that
+            // still wait when the run ends: the mesh's own room has that much less for this
+            // one. By admission time, earliest first.
             let mut pending: BinaryHeap<Reverse<(Nanos, u64)>> = BinaryHeap::new();
             let mut pending_cost = 0u64;
             let mut last_denial: Vec<(u64, u64)> = Vec::new();
@@ -496,8 +497,15 @@ impl Recorder {
                 while requests[lo].at + margin < r.at {
                     let left = requests[lo];
                     sum -= left.cost;
-                    if left.mesh == Some(true) {
-                        pending.push(Reverse((left.decided_at, left.cost)));
+                    // Still waiting when the run ended: it would be served before this one
+                    // (as one central limiter serves its queue), whatever its answer.
+                    let admitted_at = match left.mesh {
+                        Some(true) => Some(left.decided_at),
+                        None => Some(Nanos::MAX),
+                        Some(false) => None,
+                    };
+                    if let Some(at) = admitted_at {
+                        pending.push(Reverse((at, left.cost)));
                         pending_cost += left.cost;
                     }
                     lo += 1;

@@ -32,11 +32,28 @@ impl Node {
         self.flush(now);
     }
 
-    fn apply_frame(&mut self, now: Nanos, from: NodeId, frame: Frame) -> Result<(), FrameError> {
+    fn apply_frame(
+        &mut self,
+        now: Nanos,
+        from: NodeId,
+        mut frame: Frame,
+    ) -> Result<(), FrameError> {
         if from == self.config.id || self.membership.peer(from).is_none() {
             return Err(FrameError::UnknownPeer(from));
         }
         let changes = self.membership.heard(now, from, &frame.header);
+        // A leaving peer's frame hands its authorities over along with the news that it
+        // leaves: they are installed first, so that nothing the news sets off (a holding
+        // asking its key's new owner) finds the key without its authority and makes one
+        // of a backup, or afresh, that would grant again what the handed-over one granted.
+        for item in frame
+            .items
+            .extract_if(.., |i| matches!(i, Item::Handoff(_)))
+        {
+            if let Item::Handoff(state) = item {
+                self.on_handoff(now, from, state);
+            }
+        }
         self.apply_changes(now, &changes);
         self.heard_digest(from, frame.header.digest);
         self.check_deaths(now, from);
@@ -75,6 +92,12 @@ impl Node {
                 Item::Backup(state) => {
                     if self.authorities.contains_key(&state.key) {
                         continue;
+                    }
+                    // A kept backup that would be idle by now goes first, as the next sweep
+                    // would drop it: its owner may have dropped that run of the key's
+                    // authority and begun another, whose versions begin again below it.
+                    if self.backup_is_idle(&state.key, now) {
+                        self.backups.remove(&state.key);
                     }
                     self.backups.keep(from, state);
                 }

@@ -50,7 +50,13 @@ impl Node {
         let Some(policy) = self.policy(key.policy) else {
             return false;
         };
-        let authority = match self.backups.remove(&key) {
+        // A backup whose authority would be idle by now holds nothing a fresh one does not,
+        // and its records are of a run of the authority its owner may have dropped since:
+        // merged later with the state of the one that followed (a handoff on its way),
+        // they would count again what that one granted.
+        let idle = self.backup_is_idle(&key, now);
+        let backup = self.backups.remove(&key).filter(|_| !idle);
+        let authority = match backup {
             Some(Backup { from, state, .. }) => {
                 self.stats.promotions += 1;
                 let offset = self.offset_or_guess(from, now);

@@ -86,13 +86,12 @@ impl Node {
             if due <= now || weight(key.key, p) < mine {
                 return false;
             }
-            let idle_backup = self.backups.get(&key).is_some_and(|b| {
-                b.from == p
-                    && self.policy(key.policy).is_some_and(|policy| {
-                        let offset = self.offset_or_guess(p, now);
-                        Authority::state_is_idle(&b.state, &policy, offset, now)
-                    })
-            });
+            // Unless this node's own holding of the key is in use: then an authority of it
+            // is live (the backup is of an earlier run of it, whose later backups were lost).
+            let leased = self.holdings.get(&key).is_some_and(|h| !h.is_idle(now));
+            let idle_backup = !leased
+                && self.backups.get(&key).is_some_and(|b| b.from == p)
+                && self.backup_is_idle(&key, now);
             !idle_backup
         })
     }

@@ -14,6 +14,7 @@
 //! still fades, as their own rounds would have reported it. Looking at a key in any round
 //! is what every round once did, so skipping changes no decision.
 
+use super::backups::Backup;
 use super::{Event, Node};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
@@ -216,15 +217,27 @@ impl Node {
     /// taking over without a backup makes an equivalent one. Without this, every key a
     /// flood brought would keep its backup here for as long as its owner lives.
     fn drop_idle_backups(&mut self, now: Nanos) {
-        let idle = self.backups.keys_where(|key, b| {
-            self.policy(key.policy).is_some_and(|policy| {
-                let offset = self.offset_or_guess(b.from, now);
-                Authority::state_is_idle(&b.state, &policy, offset, now)
-            })
-        });
+        let idle = self
+            .backups
+            .keys_where(|key, b| self.is_idle_backup(key, b, now));
         for key in idle {
             self.backups.remove(&key);
         }
+    }
+
+    /// Tell whether the backup kept of `key` would be an idle authority if this node took
+    /// it over at `now`.
+    pub(super) fn backup_is_idle(&self, key: &KeyRef, now: Nanos) -> bool {
+        self.backups
+            .get(key)
+            .is_some_and(|b| self.is_idle_backup(key, b, now))
+    }
+
+    pub(super) fn is_idle_backup(&self, key: &KeyRef, b: &Backup, now: Nanos) -> bool {
+        self.policy(key.policy).is_some_and(|policy| {
+            let offset = self.offset_or_guess(b.from, now);
+            Authority::state_is_idle(&b.state, &policy, offset, now)
+        })
     }
 
     /// Give back the memory of maps a burst of keys grew and that are now mostly empty (a

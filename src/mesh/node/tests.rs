@@ -12,7 +12,8 @@ mod sparse_cost;
 
 use std::time::Duration;
 
-use crate::mesh::{Admit, Event, Node, NodeConfig};
+use crate::mesh::message::{Frame, Item};
+use crate::mesh::{Admit, Event, Node, NodeConfig, wire};
 use crate::{Policy, Verdict};
 
 const MS: u64 = 1_000_000;
@@ -32,6 +33,12 @@ pub(super) struct Cluster {
     now: u64,
     /// Links cut: frames between these node pairs are dropped.
     cut: Vec<(usize, usize)>,
+    /// Links (from, to) whose frames lose their backups on the way (lost datagrams).
+    strip: Vec<(usize, usize)>,
+    /// Links (from, to) whose frames with a handoff are held back, to be delivered when
+    /// the link is taken off this list (a stream's frame that datagrams overtake).
+    slow: Vec<(usize, usize)>,
+    held: Vec<(usize, usize, Vec<u8>)>,
     events: Vec<(usize, Event)>,
     /// Admissions per node (immediate and after waiting).
     admitted: Vec<u64>,
@@ -61,6 +68,9 @@ impl Cluster {
             n,
             now: START,
             cut: Vec::new(),
+            strip: Vec::new(),
+            slow: Vec::new(),
+            held: Vec::new(),
             events: Vec::new(),
             admitted: vec![0; n],
             denied: vec![0; n],
@@ -70,6 +80,13 @@ impl Cluster {
     }
 
     fn deliver(&mut self) {
+        for (from, to, bytes) in std::mem::take(&mut self.held) {
+            if self.slow.contains(&(from, to)) {
+                self.held.push((from, to, bytes));
+            } else if let Some(node) = self.nodes[to].as_mut() {
+                node.handle_frame(self.now, from as u64, &bytes).unwrap();
+            }
+        }
         loop {
             let mut moved = false;
             for i in 0..self.nodes.len() {
@@ -79,8 +96,21 @@ impl Cluster {
                     if self.cut.contains(&(i, to)) || self.cut.contains(&(to, i)) {
                         continue;
                     }
+                    let mut frame: Frame = wire::decode(&t.bytes).unwrap();
+                    if self.slow.contains(&(i, to))
+                        && frame.items.iter().any(|i| matches!(i, Item::Handoff(_)))
+                    {
+                        self.held.push((i, to, t.bytes));
+                        continue;
+                    }
+                    let bytes = if self.strip.contains(&(i, to)) {
+                        frame.items.retain(|item| !matches!(item, Item::Backup(_)));
+                        wire::encode(&frame).unwrap()
+                    } else {
+                        t.bytes
+                    };
                     if let Some(node) = self.nodes[to].as_mut() {
-                        node.handle_frame(self.now, i as u64, &t.bytes).unwrap();
+                        node.handle_frame(self.now, i as u64, &bytes).unwrap();
                     }
                 }
                 while let Some(e) = self.nodes[i].as_mut().and_then(Node::poll_event) {

@@ -1,6 +1,7 @@
 //! Grants and leases, the limit across the cluster, the key cap, shrinking clusters, forgotten keys, failure detection, and the owner's crash, restart and drain.
 
 use super::*;
+use crate::mesh::message::KeyRef;
 
 #[test]
 fn a_waiting_request_is_granted_and_later_ones_use_the_lease() {
@@ -309,4 +310,109 @@ fn a_draining_owner_hands_its_keys_over_before_it_leaves() {
     }
     c.run_ms(100);
     assert_eq!(c.total_admitted(), LIMIT, "{:?}", c.admitted);
+}
+
+/// A leaving owner's handoff reaches its successor after the news that it leaves (its
+/// datagrams overtake the stream's frame), and the successor still keeps its backup of an
+/// earlier run of the key, idle by now (the later run's backups lost, its next sweep not
+/// run yet): its own lease of the key shows a live authority, so it waits for the handoff
+/// rather than take over that backup or make an authority afresh, and the cluster grants
+/// nothing twice.
+#[test]
+fn a_successor_with_a_live_lease_awaits_a_late_handoff_rather_than_take_an_idle_backup() {
+    // 10 tokens a second, a burst of 100.
+    let policy = Policy::token_bucket(10, Duration::from_secs(1), 100).unwrap();
+    let mut c = Cluster::with(3, policy);
+    let key = c.key_owned_by(2);
+    let successor = c.node(2).membership().owner_and_successor(key).1.unwrap() as usize;
+    let at = KeyRef { policy: 0, key };
+    // A first run of the key, until the owner drops its idle authority: the successor's
+    // last backup of it.
+    c.send(successor, key, 20);
+    let mut earlier = None;
+    while c.node(2).authority_state(0, key).is_some() {
+        if let Some(b) = c.node(successor).backups.get(&at) {
+            earlier = Some(b.state.clone());
+        }
+        c.run_ms(1);
+        assert!(
+            c.now < START + 30_000 * MS,
+            "the owner keeps its idle authority"
+        );
+    }
+    c.node(successor).backups.keep(2, earlier.unwrap());
+    // A second run whose backups the successor does not hear: the bucket spent at all three
+    // nodes, and a request waiting at the successor when the owner leaves.
+    c.strip = vec![(2, successor)];
+    let t0 = c.now;
+    for _ in 0..60 {
+        for i in 0..3 {
+            c.decide(i, key);
+        }
+        c.run_ms(1);
+    }
+    c.decide(successor, key);
+    c.slow = vec![(2, successor)];
+    let now = c.now;
+    c.node(2).leave(now);
+    // Two rounds, within the time a leaving owner's handoffs are awaited.
+    c.run_ms(40);
+    assert!(c.events.contains(&(successor, Event::PeerLeft(2))));
+    assert!(c.node(successor).authority_state(0, key).is_none());
+    c.slow.clear();
+    c.run_ms(100);
+    c.crash(2);
+    for _ in 0..100 {
+        for i in 0..2 {
+            c.decide(i, key);
+        }
+        c.run_ms(1);
+    }
+    c.run_ms(200);
+    // The first run, what the bucket held and what it refilled since, and no more.
+    let refilled = (c.now - t0) / (100 * MS) + 1;
+    assert!(
+        c.total_admitted() <= 20 + 100 + refilled,
+        "admitted {:?} with {refilled} refilled",
+        c.admitted
+    );
+    assert!(c.total_admitted() >= 20 + 100, "{:?}", c.admitted);
+}
+
+/// An owner that dropped a key's idle authority and begins another run of it: its first
+/// backups replace the successor's backup of the earlier run, idle by now, although the
+/// versions of the new run begin again below it.
+#[test]
+fn the_backup_of_an_idle_run_gives_way_to_the_next_runs() {
+    let policy = Policy::token_bucket(10, Duration::from_secs(1), 100).unwrap();
+    let mut c = Cluster::with(3, policy);
+    let key = c.key_owned_by(2);
+    let successor = c.node(2).membership().owner_and_successor(key).1.unwrap() as usize;
+    let at = KeyRef { policy: 0, key };
+    c.send(successor, key, 20);
+    let mut earlier = None;
+    while c.node(2).authority_state(0, key).is_some() {
+        if let Some(b) = c.node(successor).backups.get(&at) {
+            earlier = Some(b.state.clone());
+        }
+        c.run_ms(1);
+        assert!(
+            c.now < START + 30_000 * MS,
+            "the owner keeps its idle authority"
+        );
+    }
+    // The earlier run, as if it had changed many more times, still kept (not swept yet).
+    let mut earlier = earlier.unwrap();
+    earlier.version += 100_000;
+    let stale = earlier.version;
+    c.node(successor).backups.keep(2, earlier);
+    c.send(2, key, 10);
+    c.run_ms(60);
+    let kept = c.node(successor).backups.get(&at).map(|b| b.state.version);
+    let owners = c.node(2).authority_state(0, key).map(|s| s.version);
+    assert!(
+        kept.is_some_and(|v| v < stale),
+        "kept {kept:?}, owner's {owners:?}"
+    );
+    assert_eq!(kept, owners);
 }
