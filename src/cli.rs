@@ -40,8 +40,13 @@ enum Command {
     /// Run one gateway node: the mesh over QUIC and the HTTP gateway (`/metrics`, `/health`).
     Node {
         /// The node file (see `cluster/node-1.toml`).
-        #[arg(long)]
-        config: std::path::PathBuf,
+        #[arg(long, required_unless_present = "check_config")]
+        config: Option<std::path::PathBuf>,
+        /// Check a node file, the policy file and plans file it names, and its certificates,
+        /// without starting: exit 0 if a node would start with them; else 1, with what is
+        /// wrong and where (file, line, field).
+        #[arg(long, value_name = "FILE", conflicts_with = "config")]
+        check_config: Option<std::path::PathBuf>,
     },
     /// Simulate a cluster and print the overshoot, utilization and gossip cost to expect.
     Simulate(Box<simulate::SimulateArgs>),
@@ -193,6 +198,23 @@ fn node(config: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     )
 }
 
+fn check_config(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    let file = ratemesh::node::NodeFile::from_file(path)?;
+    // A `[redis]` deployment's client is made (never connected) on a runtime.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async { ratemesh::node::check(&file) })?;
+    println!(
+        "{}: node {}, {} peers, policy file {}: a node would start with it",
+        path.display(),
+        file.id,
+        file.peers.len(),
+        file.policy_file.display()
+    );
+    Ok(())
+}
+
 /// Give the memory freed in the node back to the OS every second, on a thread of its own.
 /// mimalloc gives back freed pages after a delay, but only when a thread next frees a
 /// page: a node that a burst of keys has left, and that is idle, may not do so for minutes.
@@ -242,7 +264,15 @@ pub fn main() -> std::process::ExitCode {
             burst,
             steady,
         } => algorithms::run(rate, burst, steady),
-        Command::Node { config } => node(&config),
+        Command::Node {
+            check_config: Some(file),
+            ..
+        } => check_config(&file),
+        Command::Node {
+            config: Some(config),
+            ..
+        } => node(&config),
+        Command::Node { .. } => Err("give --config FILE (or --check-config FILE)".into()),
         Command::Simulate(args) => {
             quiet_on_closed_pipe();
             keep_freed_memory();

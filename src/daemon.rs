@@ -56,7 +56,7 @@ use crate::daemon::server::{ConnLimits, Server};
 use crate::daemon::signals::{Signal, Signals};
 use crate::http::RateLimitLayer;
 use crate::net::{MeshNet, NetConfig, NetError};
-use crate::rules::RulesError;
+use crate::rules::{Rules, RulesError};
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +122,19 @@ pub struct RunningNode {
     layer: RateLimitLayer,
     /// The `[envoy_rls]` port, bound, and its settings.
     envoy_rls: Option<(tokio::net::TcpListener, EnvoyRls)>,
+}
+
+/// Check what a node would start with, without starting it: the node file and the policy
+/// file (read by [`NodeFile::from_file`]), its certificates (each readable, naming the node,
+/// signed by the CA, the key matching), and the policies compiled as the start compiles
+/// them (JWT keys read). Nothing is bound or contacted. Needs a Tokio runtime when the policy
+/// file has a `[redis]` section.
+pub fn check(file: &NodeFile) -> Result<(), DaemonError> {
+    file.load_tls()?;
+    Rules::check(file.gateway.clone()).map_err(|source| DaemonError::Rules {
+        file: file.policy_file.display().to_string(),
+        source,
+    })
 }
 
 /// Start a node from its file: open the QUIC endpoint, dial the peers, install the

@@ -1,7 +1,8 @@
 //! A whole gateway node in your own process: what `ratemesh node` runs (feature `node`).
 //!
 //! [`NodeFile::from_file`] reads and checks a node file (the format is in
-//! `docs/operations.md`); [`start`] binds its HTTP and QUIC ports, joins the cluster and serves
+//! `docs/operations.md`); [`check`] checks its certificates and compiles its policies
+//! without starting (`ratemesh node --check-config`); [`start`] binds its HTTP and QUIC ports, joins the cluster and serves
 //! when [`RunningNode::serve`] is awaited, until the process gets SIGTERM (then it drains and
 //! hands its keys over).
 //!
@@ -18,4 +19,4 @@
 pub use crate::daemon::node_file::{
     EnvoyRls, ForwardAuth, Forwarded, HttpSettings, NodeFile, ProxyRoute, TlsFiles,
 };
-pub use crate::daemon::{DaemonError, RunningNode, start};
+pub use crate::daemon::{DaemonError, RunningNode, check, start};

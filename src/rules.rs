@@ -234,6 +234,15 @@ impl Rules {
         Self::build(config, None, None, None)
     }
 
+    /// Compile a validated file as a node's start does, without starting what decides its
+    /// remote policies: a `[redis]` deployment is not contacted (it connects on first use),
+    /// and `mesh` policies compile as they do in a node. Whatever the start would refuse in
+    /// the file (its JWT keys, a `[redis]` section without the `redis` feature) is refused.
+    /// Needs a Tokio runtime when the file has a `[redis]` section.
+    pub fn check(config: GatewayConfig) -> Result<(), RulesError> {
+        Self::build(config, None, Some(Arc::new(NotStarted)), None).map(drop)
+    }
+
     /// Compile a validated file whose `backend = "mesh"` policies are decided by `mesh` (a
     /// node built with [`GatewayConfig::mesh_policies`], in that order).
     pub fn with_mesh(
@@ -503,6 +512,16 @@ impl Rules {
 }
 
 /// The exact backend that the file's `[redis]` section names, if any.
+/// The mesh of a node that has not started, which a file is checked against: it decides
+/// nothing (the node's share would answer).
+struct NotStarted;
+
+impl GlobalLimits for NotStarted {
+    fn decide(&self, _policy: u32, _key: u64, _cost: u64) -> crate::backend::mesh::MeshDecision {
+        crate::backend::mesh::MeshDecision::Ready(None)
+    }
+}
+
 fn exact_from_file(config: &GatewayConfig) -> Result<Option<Arc<dyn ExactLimits>>, RulesError> {
     #[cfg(feature = "redis")]
     {

@@ -357,6 +357,105 @@ fn drain_grace_and_http_settings_are_checked_with_file_line_and_field() {
 }
 
 /// Read from `stream` until the node closes it (EOF or reset); panic after `limit`.
+/// `ratemesh node --check-config FILE`: exit 0 and one line for a file a node starts with;
+/// exit 1 and the file, line and field of what is wrong in the node file, the policy file,
+/// the plans file or the certificates, and of a JWT key file the policies need; nothing
+/// bound (the ports of the good file stay free).
+#[test]
+fn check_config_accepts_what_a_node_starts_with_and_names_the_file_line_and_field_of_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster(dir.path(), 2);
+    let run = |file: &std::path::Path| {
+        let out = std::process::Command::new(BIN)
+            .args(["node", "--check-config"])
+            .arg(file)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&files[0]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("node 1, 1 peers"), "{text}");
+    // Nothing was bound: the node starts on its ports at once.
+    drop(start(&files[0]));
+    let good = std::fs::read_to_string(&files[0]).unwrap();
+    let policies = std::fs::read_to_string(dir.path().join("policies.toml")).unwrap();
+    let line =
+        |text: &str, start: &str| text.lines().position(|l| l.starts_with(start)).unwrap() + 1;
+    let bad = |name: &str, node: String, policy: Option<String>| {
+        let node = match policy {
+            Some(text) => {
+                let file = format!("{name}-policies.toml");
+                std::fs::write(dir.path().join(&file), text).unwrap();
+                node.replace("policies.toml", &file)
+            }
+            None => node,
+        };
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, node).unwrap();
+        let (code, text) = run(&path);
+        assert_eq!(code, Some(1), "{name}: {text}");
+        text
+    };
+    // The node file: another node's certificate; a field of the wrong kind.
+    let text = bad("cert", good.replace("node-1.pem", "node-2.pem"), None);
+    assert!(
+        text.contains(&format!("cert.toml:{}: `tls.cert`", line(&good, "cert =")))
+            && text.contains("not the certificate of node 1"),
+        "{text}"
+    );
+    let text = bad(
+        "gossip",
+        good.replace("gossip_interval = \"20ms\"", "gossip_interval = 20"),
+        None,
+    );
+    assert!(
+        text.contains(&format!(
+            "gossip.toml:{}: `gossip_interval`",
+            line(&good, "gossip_interval")
+        )),
+        "{text}"
+    );
+    // The policy file.
+    let text = bad(
+        "burst",
+        good.clone(),
+        Some(policies.replace("burst = 300", "burst = \"x\"")),
+    );
+    assert!(
+        text.contains(&format!(
+            "burst-policies.toml:{}: `policies.global.burst`",
+            line(&policies, "burst")
+        )),
+        "{text}"
+    );
+    // Its plans file: a line that is not `api_key:HASH,TIER`.
+    std::fs::write(
+        dir.path().join("plans.csv"),
+        "api_key:0123456789abcdef,api\nnot a line\n",
+    )
+    .unwrap();
+    let text = bad(
+        "plans",
+        good.clone(),
+        Some(policies.replace("default_tier", "plans_file = \"plans.csv\"\ndefault_tier")),
+    );
+    assert!(text.contains("plans.csv:2: `api_key`"), "{text}");
+    // A JWT key file the policies need and that is missing: the start would refuse it.
+    let jwt = policies.replace(
+        "backend = \"mesh\"\n",
+        "backend = \"mesh\"\n\n[policies.per_user]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1s\"\nby = [\"jwt:sub\"]\n",
+    ).replace("policies = [\"global\"]", "policies = [\"global\", \"per_user\"]")
+        + "\n[jwt]\nalgorithms = [\"ES256\"]\npublic_key_file = \"missing.pem\"\n";
+    let text = bad("jwt", good.clone(), Some(jwt));
+    assert!(
+        text.contains("jwt-policies.toml") && text.contains("missing.pem"),
+        "{text}"
+    );
+}
+
 fn wait_closed(stream: &mut std::net::TcpStream, limit: Duration) {
     let deadline = Instant::now() + limit;
     stream
