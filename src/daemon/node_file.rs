@@ -2,7 +2,8 @@
 //! peers, its certificates, and the policy file it enforces.
 //!
 //! ```toml
-//! id = 1
+//! id = 1                           # or `id_from_env = "POD_NAME"`: a StatefulSet's pod
+//!                                  # `NAME-N` is node N + 1 (`{id}` in `[tls]` paths)
 //! listen = "127.0.0.1:7101"        # QUIC (UDP) between nodes
 //! http = "127.0.0.1:8101"          # the gateway, /metrics and /health (or `[http] addr`)
 //! gossip_interval = "20ms"
@@ -55,6 +56,7 @@
 
 mod envoy_rls;
 mod http;
+mod ordinal;
 mod upstreams;
 
 use std::collections::BTreeSet;
@@ -62,6 +64,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ordinal::ordinal_id;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -199,7 +202,8 @@ pub struct TlsFiles {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawNodeFile {
-    id: Spanned<u64>,
+    id: Option<Spanned<u64>>,
+    id_from_env: Option<Spanned<String>>,
     listen: Spanned<String>,
     /// `http = "ADDR"` or an `[http]` table.
     http: Spanned<toml::Value>,
@@ -256,14 +260,37 @@ impl NodeFile {
         let base = path.parent().unwrap_or(Path::new("."));
         let relative = |p: &str| base.join(p);
 
-        let id = *raw.id.get_ref();
-        if id == 0 || id > crate::ids::MAX_NODE_ID {
-            return Err(source.error(
-                at(raw.id.span()),
-                "id",
-                "node ids are 1 to 2^63 - 1 (9223372036854775807)",
-            ));
-        }
+        let id = match (&raw.id, &raw.id_from_env) {
+            (Some(id), None) => {
+                if *id.get_ref() == 0 || *id.get_ref() > crate::ids::MAX_NODE_ID {
+                    return Err(source.error(
+                        at(id.span()),
+                        "id",
+                        "node ids are 1 to 2^63 - 1 (9223372036854775807)",
+                    ));
+                }
+                *id.get_ref()
+            }
+            (None, Some(var)) => {
+                let value = std::env::var(var.get_ref()).ok();
+                ordinal_id(var.get_ref(), value.as_deref())
+                    .map_err(|reason| source.error(at(var.span()), "id_from_env", reason))?
+            }
+            (Some(id), Some(_)) => {
+                return Err(source.error(
+                    at(id.span()),
+                    "id",
+                    "give `id` or `id_from_env`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(source.error(
+                    1,
+                    "id",
+                    "missing: give `id = N`, or `id_from_env = \"POD_NAME\"` (a StatefulSet's pod)",
+                ));
+            }
+        };
         let address = |spanned: &Spanned<String>, field: &str| {
             spanned.get_ref().parse::<SocketAddr>().map_err(|e| {
                 source.error(
@@ -516,10 +543,12 @@ impl NodeFile {
 
         let tls_raw = raw.tls.get_ref();
         let tls_span = raw.tls.span();
+        // `{id}` in a path is the node's id: one file for every pod of a StatefulSet.
+        let own = |p: &str| relative(&p.replace("{id}", &id.to_string()));
         let tls = TlsFiles {
-            ca: relative(&tls_raw.ca),
-            cert: relative(&tls_raw.cert),
-            key: relative(&tls_raw.key),
+            ca: own(&tls_raw.ca),
+            cert: own(&tls_raw.cert),
+            key: own(&tls_raw.key),
             lines: ["ca", "cert", "key"].map(|key| source.line_of_key(tls_span.clone(), key)),
         };
         for (key, file) in [("ca", &tls.ca), ("cert", &tls.cert), ("key", &tls.key)] {
