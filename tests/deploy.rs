@@ -3,7 +3,9 @@
 //! accepts it for each (and refuses a pod without a certificate); the manifests agree with
 //! it: the grace period covers the drain, the headless Service publishes pods before they
 //! are ready on the node's peer port, the seeds name that Service, the disruption budget
-//! keeps a majority, and the kustomization holds every manifest and both files.
+//! keeps a majority, and the kustomization holds every manifest and both files. The
+//! Grafana dashboard and the Prometheus alert rules name only metrics a running node exports
+//! (`promtool check rules` checks the rules in `.ci/run`).
 
 mod support;
 
@@ -11,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use support::BIN;
+use support::*;
 
 fn kubernetes(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -148,4 +150,81 @@ fn the_manifests_agree_with_the_node_file() {
         assert!(kustomization.contains(&format!("  - {file}\n")), "{file}");
     }
     assert!(kustomization.contains("# With the Prometheus Operator: - servicemonitor.yaml"));
+}
+
+/// Every metric name (`ratemesh_…`, `process_…`) in `text`.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for prefix in ["ratemesh_", "process_"] {
+        let mut rest = text;
+        while let Some(at) = rest.find(prefix) {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            names.insert(name);
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn the_dashboard_and_the_alert_rules_name_only_metrics_a_node_exports() {
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    let dashboard =
+        std::fs::read_to_string(deploy.join("grafana/ratemesh-dashboard.json")).unwrap();
+    let rules = std::fs::read_to_string(deploy.join("prometheus/ratemesh-rules.yaml")).unwrap();
+    let named: std::collections::BTreeSet<String> = metric_names(&dashboard)
+        .into_iter()
+        .chain(metric_names(&rules))
+        .collect();
+    assert!(named.len() >= 15, "{named:?}");
+    // A node whose policies deny (2 per client), and whose Redis policy fails open (nothing
+    // listens at its address): what the rules and panels watch then shows.
+    let dir = tempfile::tempdir().unwrap();
+    let policy = policies("").replace("[tiers.api]\npolicies = [\"global\"]", "")
+        + "\n[policies.per_key]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1h\"\n\
+           \n[policies.exact]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1h\"\n\
+           backend = \"redis\"\nfail_mode = \"open\"\n\
+           \n[tiers.api]\npolicies = [\"global\", \"per_key\", \"exact\"]\n\
+           \n[redis]\nurl = \"redis://127.0.0.1:1\"\ntimeout = \"200ms\"\n";
+    let files = write_cluster_with(dir.path(), 1, &policy);
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let statuses: Vec<u16> = four_requests(&client, &node).await;
+    assert!(
+        statuses.contains(&200) && statuses.contains(&429),
+        "{statuses:?}"
+    );
+    // A policy file that does not parse: refused on SIGHUP.
+    std::fs::write(dir.path().join("policies.toml"), "not toml [").unwrap();
+    signal(&node, libc::SIGHUP);
+    let text = wait_metric_line(
+        &client,
+        &node,
+        "ratemesh_config_reloads_total{result=\"refused\"} 1",
+    )
+    .await;
+    let exported: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect();
+    let missing: Vec<&String> = named.iter().filter(|n| !exported.contains(*n)).collect();
+    assert!(
+        missing.is_empty(),
+        "named but not exported: {missing:?}\n{text}"
+    );
+}
+
+/// Four requests of one client: two admitted, then denied by `per_key`.
+async fn four_requests(client: &reqwest::Client, node: &NodeProcess) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(status_of(client, node, "client-a").await);
+    }
+    statuses
 }

@@ -33,24 +33,35 @@ impl Exporter {
         mesh: &MeshNet,
         policy_sha256: impl FnOnce() -> String,
     ) -> String {
-        let (members, suspected, node_stats, keys, authorities, running, joined, majority, lag) =
-            mesh.with_node(|n| {
-                let m = n.membership();
-                (
-                    m.alive_count(),
-                    m.peers()
-                        .values()
-                        .filter(|p| p.alive && p.suspect_since.is_some())
-                        .count(),
-                    n.stats(),
-                    n.key_count(),
-                    n.authority_count(),
-                    n.is_running(),
-                    n.is_joined(),
-                    m.has_majority(),
-                    n.lag_score(),
-                )
-            });
+        let (
+            members,
+            suspected,
+            deaths,
+            node_stats,
+            keys,
+            authorities,
+            running,
+            joined,
+            majority,
+            lag,
+        ) = mesh.with_node(|n| {
+            let m = n.membership();
+            (
+                m.alive_count(),
+                m.peers()
+                    .values()
+                    .filter(|p| p.alive && p.suspect_since.is_some())
+                    .count(),
+                m.peers().values().map(|p| u64::from(p.deaths)).sum::<u64>(),
+                n.stats(),
+                n.key_count(),
+                n.authority_count(),
+                n.is_running(),
+                n.is_joined(),
+                m.has_majority(),
+                n.lag_score(),
+            )
+        });
         let peers_up = mesh.peers_up().iter().filter(|&&peer| peer != id).count();
         let mismatch = mesh.config_mismatch().len();
         metrics::gauge!("ratemesh_config_mismatch").set(mismatch as f64);
@@ -61,6 +72,10 @@ impl Exporter {
         metrics::gauge!("ratemesh_members").set(members as f64);
         metrics::gauge!("ratemesh_mesh_members").set(members as f64);
         metrics::gauge!("ratemesh_mesh_suspected").set(suspected as f64);
+        metrics::counter!("ratemesh_peer_deaths_total").absolute(deaths);
+        if let Some(bytes) = resident_bytes() {
+            metrics::gauge!("process_resident_memory_bytes").set(bytes as f64);
+        }
         metrics::gauge!("ratemesh_mesh_lag_score").set(f64::from(lag));
         metrics::gauge!("ratemesh_mesh_joining").set(if joined { 0.0 } else { 1.0 });
         metrics::counter!("ratemesh_mesh_joining_decisions_total")
@@ -121,6 +136,15 @@ impl Exporter {
     }
 }
 
+/// The process's resident memory (Linux: `/proc/self/statm`, in pages).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf takes no pointer.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(page).ok().map(|page| pages * page)
+}
+
 fn describe() {
     use metrics::{describe_counter, describe_gauge};
     describe_counter!(
@@ -152,6 +176,14 @@ fn describe() {
     describe_gauge!(
         "ratemesh_mesh_suspected",
         "Members silent long enough to be suspected (still members until declared dead)"
+    );
+    describe_gauge!(
+        "process_resident_memory_bytes",
+        "The node process's resident memory (Linux)"
+    );
+    describe_counter!(
+        "ratemesh_peer_deaths_total",
+        "Times this node declared a peer dead (a peer that comes back and dies again counts again)"
     );
     describe_gauge!(
         "ratemesh_mesh_joining",
@@ -229,6 +261,8 @@ fn describe() {
         "ratemesh_http_connection_cap_reached_total",
         "Times the accept loop found http.max_connections reached and waited for a connection to close"
     );
+    // Shown from the start (alert rules name it): 0 until the cap is first reached.
+    metrics::counter!("ratemesh_http_connection_cap_reached_total").increment(0);
     describe_counter!(
         "ratemesh_http_connections_closed_total",
         "HTTP connections the node closed, by reason (header_timeout, idle_timeout, write_timeout)"
