@@ -73,6 +73,19 @@ fn every_pod_of_a_statefulset_of_3_or_7_has_a_node_file_that_check_config_accept
                 "{text}"
             );
         }
+        // A name that is not a StatefulSet pod's, or none: refused, naming the setting.
+        let line = kubernetes("node.toml")
+            .lines()
+            .position(|l| l.starts_with("id_from_env"))
+            .unwrap()
+            + 1;
+        let (code, text) = check("gateway");
+        assert_eq!(code, Some(1), "{text}");
+        assert!(
+            text.contains(&format!("node.toml:{line}: `id_from_env`"))
+                && text.contains("`gateway`"),
+            "{text}"
+        );
         // A pod beyond the certificates made: refused, naming the file it lacks.
         let (code, text) = check(&format!("ratemesh-{replicas}"));
         assert_eq!(code, Some(1), "{text}");

@@ -1,7 +1,7 @@
 //! Grants and leases, the limit across the cluster, the key cap, shrinking clusters, forgotten keys, failure detection, and the owner's crash, restart and drain.
 
 use super::*;
-use crate::mesh::message::KeyRef;
+use crate::mesh::message::{AuthorityState, KeyRef};
 
 #[test]
 fn a_waiting_request_is_granted_and_later_ones_use_the_lease() {
@@ -320,27 +320,8 @@ fn a_draining_owner_hands_its_keys_over_before_it_leaves() {
 /// nothing twice.
 #[test]
 fn a_successor_with_a_live_lease_awaits_a_late_handoff_rather_than_take_an_idle_backup() {
-    // 10 tokens a second, a burst of 100.
-    let policy = Policy::token_bucket(10, Duration::from_secs(1), 100).unwrap();
-    let mut c = Cluster::with(3, policy);
-    let key = c.key_owned_by(2);
-    let successor = c.node(2).membership().owner_and_successor(key).1.unwrap() as usize;
-    let at = KeyRef { policy: 0, key };
-    // A first run of the key, until the owner drops its idle authority: the successor's
-    // last backup of it.
-    c.send(successor, key, 20);
-    let mut earlier = None;
-    while c.node(2).authority_state(0, key).is_some() {
-        if let Some(b) = c.node(successor).backups.get(&at) {
-            earlier = Some(b.state.clone());
-        }
-        c.run_ms(1);
-        assert!(
-            c.now < START + 30_000 * MS,
-            "the owner keeps its idle authority"
-        );
-    }
-    c.node(successor).backups.keep(2, earlier.unwrap());
+    let (mut c, key, successor, earlier) = an_earlier_run_dropped();
+    c.node(successor).backups.keep(2, earlier);
     // A second run whose backups the successor does not hear: the bucket spent at all three
     // nodes, and a request waiting at the successor when the owner leaves.
     c.strip = vec![(2, successor)];
@@ -384,6 +365,28 @@ fn a_successor_with_a_live_lease_awaits_a_late_handoff_rather_than_take_an_idle_
 /// versions of the new run begin again below it.
 #[test]
 fn the_backup_of_an_idle_run_gives_way_to_the_next_runs() {
+    let (mut c, key, successor, mut earlier) = an_earlier_run_dropped();
+    let at = KeyRef { policy: 0, key };
+    // The earlier run, as if it had changed many more times, still kept (not swept yet).
+    earlier.version += 100_000;
+    let stale = earlier.version;
+    c.node(successor).backups.keep(2, earlier);
+    c.send(2, key, 10);
+    c.run_ms(60);
+    let kept = c.node(successor).backups.get(&at).map(|b| b.state.version);
+    let owners = c.node(2).authority_state(0, key).map(|s| s.version);
+    assert!(
+        kept.is_some_and(|v| v < stale),
+        "kept {kept:?}, owner's {owners:?}"
+    );
+    assert_eq!(kept, owners);
+}
+
+/// Three nodes and a bucket of 100 refilled at 10 a second; a key node 2 owns, used 20 times
+/// by its successor until the owner dropped the key's idle authority. Returns the cluster,
+/// the key, the successor, and the successor's last backup of that run (its sweep may have
+/// dropped it since).
+fn an_earlier_run_dropped() -> (Cluster, u64, usize, AuthorityState) {
     let policy = Policy::token_bucket(10, Duration::from_secs(1), 100).unwrap();
     let mut c = Cluster::with(3, policy);
     let key = c.key_owned_by(2);
@@ -401,18 +404,10 @@ fn the_backup_of_an_idle_run_gives_way_to_the_next_runs() {
             "the owner keeps its idle authority"
         );
     }
-    // The earlier run, as if it had changed many more times, still kept (not swept yet).
-    let mut earlier = earlier.unwrap();
-    earlier.version += 100_000;
-    let stale = earlier.version;
-    c.node(successor).backups.keep(2, earlier);
-    c.send(2, key, 10);
-    c.run_ms(60);
-    let kept = c.node(successor).backups.get(&at).map(|b| b.state.version);
-    let owners = c.node(2).authority_state(0, key).map(|s| s.version);
-    assert!(
-        kept.is_some_and(|v| v < stale),
-        "kept {kept:?}, owner's {owners:?}"
-    );
-    assert_eq!(kept, owners);
+    (
+        c,
+        key,
+        successor,
+        earlier.expect("a backup of the first run"),
+    )
 }
