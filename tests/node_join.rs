@@ -379,7 +379,7 @@ async fn a_node_whose_only_seed_is_itself_starts_its_cluster_at_once() {
 }
 
 fn policy() -> Policy {
-    Policy::global_fixed_window(1000, Duration::from_secs(3600)).unwrap()
+    Policy::global_fixed_window(1000, window::window_with_room(Duration::from_secs(3600))).unwrap()
 }
 
 /// A mesh node with certificate `cert`/`key` of `ca_pem`, knowing `members`; it joins a

@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use support::*;
 
-/// One mesh policy: `limit` per day for each client (a day, so no window ends mid-test).
+/// One mesh policy: `limit` per day for each client (about a day, with at least half of it
+/// left, so no window ends mid-test).
 fn file(limit: u64) -> String {
-    format!(
+    with_room(&format!(
         "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
          [policies.global]\nalgorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"1d\"\n\
          backend = \"mesh\"\n\n[tiers.api]\npolicies = [\"global\"]\n"
-    )
+    ))
 }
 
 /// Clients enough that each node owns some of their keys.

@@ -5,6 +5,32 @@
 #![allow(dead_code)]
 
 pub mod upstream;
+pub mod window;
+
+/// `text` (a policy file) with every `window = "…"` of a minute or more written as a length of
+/// about as much whose window has at least half its length left ([`window::window_with_room`]): the
+/// node's fixed windows are aligned to the UNIX epoch, so an hour-long window written as
+/// `"1h"` ends at the top of every hour, in the middle of a test run then.
+pub fn with_room(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("window = \"") {
+        let (head, tail) = rest.split_at(at + "window = \"".len());
+        out.push_str(head);
+        let end = tail.find('"').expect("a closed string");
+        let written = &tail[..end];
+        match humantime::parse_duration(written) {
+            Ok(length) if length >= Duration::from_secs(60) => {
+                let length = window::window_with_room(length);
+                out.push_str(&format!("{}s", length.as_secs()));
+            }
+            _ => out.push_str(written),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -45,11 +71,12 @@ pub fn write_cluster(dir: &Path, n: usize) -> Vec<std::path::PathBuf> {
 ///
 /// A request waits up to a second for its key's owner (`mesh_max_wait`, 100 ms by default):
 /// a test that counts every admission must not see a denial because the machine was too busy
-/// to answer within 100 ms. A test of the default removes the line.
+/// to answer within 100 ms. A test of the default removes the line. Windows of a minute or
+/// more are written with room ([`with_room`]).
 pub fn write_cluster_with(dir: &Path, n: usize, policy_text: &str) -> Vec<std::path::PathBuf> {
     let certs = ratemesh::net::certs::generate("test", n as u64).unwrap();
     ratemesh::net::certs::write(&dir.join("certs"), &certs).unwrap();
-    std::fs::write(dir.join("policies.toml"), policy_text).unwrap();
+    std::fs::write(dir.join("policies.toml"), with_room(policy_text)).unwrap();
     let (quic, http) = node_addrs(n);
     (0..n)
         .map(|i| {
