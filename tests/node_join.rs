@@ -372,7 +372,8 @@ async fn a_node_whose_only_seed_is_itself_starts_its_cluster_at_once() {
     let started = Instant::now();
     wait_healthy(&client, &node).await;
     eprintln!("the first node was ready in {:?}", started.elapsed());
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // Not after its hour-long `join_timeout`: at once, however busy the machine.
+    assert!(started.elapsed() < Duration::from_secs(60));
     let (_, body) = health(&client, &node).await;
     assert_eq!(body["state"], "running", "{body}");
     assert_eq!(admitted(&client, &[&node], "tenant", 50).await, 50);
