@@ -78,6 +78,12 @@ enum Command {
         /// The cluster's name (in the CA's common name).
         #[arg(long, default_value = "ratemesh")]
         cluster: String,
+        /// How many days each node's certificate is valid (never past its CA's end).
+        #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u64).range(1..=36_500))]
+        days: u64,
+        /// How many days a new CA is valid.
+        #[arg(long, default_value_t = 3650, value_parser = clap::value_parser!(u64).range(1..=36_500))]
+        ca_days: u64,
     },
 }
 
@@ -86,6 +92,7 @@ fn certs(
     nodes: u64,
     add: &[u64],
     cluster: &str,
+    validity: ratemesh::net::certs::Validity,
 ) -> Result<(), Box<dyn std::error::Error>> {
     if !add.is_empty() {
         if add
@@ -94,7 +101,7 @@ fn certs(
         {
             return Err("--add-node: node ids are 1 to 2^63 - 1".into());
         }
-        for path in ratemesh::net::certs::add_nodes(out, cluster, add)? {
+        for path in ratemesh::net::certs::add_nodes(out, cluster, add, validity.node)? {
             println!("wrote {}", path.display());
         }
         return Ok(());
@@ -102,7 +109,7 @@ fn certs(
     if nodes == 0 || nodes > 1024 {
         return Err("--nodes: between 1 and 1024".into());
     }
-    let certs = ratemesh::net::certs::generate(cluster, nodes)?;
+    let certs = ratemesh::net::certs::generate_with(cluster, nodes, validity)?;
     for path in ratemesh::net::certs::write(out, &certs)? {
         println!("wrote {}", path.display());
     }
@@ -283,7 +290,18 @@ pub fn main() -> std::process::ExitCode {
             nodes,
             add_node,
             cluster,
-        } => certs(&out, nodes, &add_node, &cluster),
+            days,
+            ca_days,
+        } => certs(
+            &out,
+            nodes,
+            &add_node,
+            &cluster,
+            ratemesh::net::certs::Validity {
+                ca: std::time::Duration::from_secs(ca_days * 86_400),
+                node: std::time::Duration::from_secs(days * 86_400),
+            },
+        ),
         Command::HashKey { config, plans } => hash_key(&config, plans),
     };
     match result {

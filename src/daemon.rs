@@ -22,6 +22,7 @@
 
 mod activity;
 mod app;
+mod certificates;
 mod envoy_rls;
 mod forward_auth;
 pub(crate) mod node_file;
@@ -47,6 +48,7 @@ use axum::routing::get;
 
 use crate::config::ConfigError;
 use crate::daemon::app::App;
+use crate::daemon::certificates::Certificates;
 use crate::daemon::envoy_rls::RlsServer;
 use crate::daemon::forward_auth::Checks;
 use crate::daemon::node_file::{EnvoyRls, NodeFile};
@@ -122,6 +124,7 @@ pub struct RunningNode {
     layer: RateLimitLayer,
     /// The `[envoy_rls]` port, bound, and its settings.
     envoy_rls: Option<(tokio::net::TcpListener, EnvoyRls)>,
+    certificates: Certificates,
 }
 
 /// Check what a node would start with, without starting it: the node file and the policy
@@ -145,6 +148,7 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
     let limits = ConnLimits::new(&file.http_settings, server::raise_open_file_limit());
     let tls = file.load_tls()?;
     let metrics = telemetry::Exporter::install()?;
+    let certificates = Certificates::new(file, tls.expiry);
     let mesh = Arc::new(
         MeshNet::start_on_thread(NetConfig {
             node: file.node_config(),
@@ -203,10 +207,11 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         signals,
         layer,
         envoy_rls,
+        certificates,
     })
 }
 
-/// How often a node looks whether `[jwt]`'s key file changed.
+/// How often a node looks whether `[jwt]`'s key file or its `[tls]` files changed.
 const KEY_FILE_CHECK: Duration = Duration::from_secs(2);
 
 impl RunningNode {
@@ -244,13 +249,15 @@ impl RunningNode {
             mut signals,
             layer,
             envoy_rls,
+            mut certificates,
         } = self;
         let server = Server::start(listener, app, limits);
         let rls =
             envoy_rls.map(|(listener, settings)| RlsServer::start(listener, &settings, layer));
 
         // Serving: reload on SIGHUP until told to stop; `[jwt]`'s key file is read again when
-        // it changes (an identity provider's rotated JWKS).
+        // it changes (an identity provider's rotated JWKS), and so are the `[tls]` files (a
+        // renewed certificate, a rotated CA).
         let mut keys = tokio::time::interval(KEY_FILE_CHECK);
         keys.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let first = loop {
@@ -258,10 +265,14 @@ impl RunningNode {
                 signal = signals.next() => match signal {
                     Signal::Hangup => {
                         state.policies.reload();
+                        certificates.refresh(&state.mesh);
                     }
                     stop => break stop,
                 },
-                _ = keys.tick() => state.policies.refresh_keys(),
+                _ = keys.tick() => {
+                    state.policies.refresh_keys();
+                    certificates.refresh(&state.mesh);
+                }
             }
         };
         state.draining.store(true, Ordering::Release);

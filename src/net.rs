@@ -56,7 +56,7 @@ use crate::mesh::{Behind, Cells, NodeId};
 pub use crate::net::accept::{Refusal, Refusals};
 use crate::net::dial::Failure;
 use crate::net::driver::Driver;
-pub use crate::net::tls::{NodeTls, TlsError, node_tls};
+pub use crate::net::tls::{NodeTls, TlsError, TlsExpiry, node_tls};
 
 /// A connected peer counts as up while a frame from it arrived within this time.
 pub(crate) const PEER_UP_WITHIN: Duration = Duration::from_secs(3);
@@ -198,6 +198,9 @@ pub(crate) struct NetShared {
     intros: mpsc::Sender<Intro>,
     /// The node's longest wait (fixed at start).
     max_wait_ns: u64,
+    /// What this node dials with (its certificate and the CAs it trusts), replaced by
+    /// [`MeshNet::set_tls`].
+    client_tls: Mutex<quinn::ClientConfig>,
 }
 
 impl NetShared {
@@ -312,14 +315,13 @@ impl MeshNet {
             source,
         };
         let socket = udp_socket(config.listen).map_err(bind_error)?;
-        let mut endpoint = quinn::Endpoint::new(
+        let endpoint = quinn::Endpoint::new(
             quinn::EndpointConfig::default(),
             Some(config.tls.server.clone()),
             socket,
             Arc::new(quinn::TokioRuntime),
         )
         .map_err(bind_error)?;
-        endpoint.set_default_client_config(config.tls.client.clone());
         let (intros, intro_receiver) = mpsc::channel(INTRO_QUEUE);
         let shared = Arc::new(NetShared {
             cells: node.cells(),
@@ -336,6 +338,7 @@ impl MeshNet {
             refusals: Refusals::default(),
             intros,
             max_wait_ns: config.node.max_wait_ns,
+            client_tls: Mutex::new(config.tls.client.clone()),
         });
         let (inputs, receiver) = mpsc::unbounded_channel();
         let driver = Driver::new(
@@ -410,6 +413,14 @@ impl MeshNet {
         })??;
         net.thread_keepalive = Some(keep);
         Ok(net)
+    }
+
+    /// Use `tls` from now on: for the handshakes this node accepts and the ones it dials (its
+    /// certificate and the CAs it trusts, as when a certificate is renewed or the cluster's
+    /// CA rotated). Connections already up keep going.
+    pub fn set_tls(&self, tls: &NodeTls) {
+        self.endpoint.set_server_config(Some(tls.server.clone()));
+        *self.shared.client_tls.lock() = tls.client.clone();
     }
 
     /// Return the UDP address the endpoint listens on.

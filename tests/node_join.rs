@@ -456,7 +456,13 @@ async fn certificates_of_another_ca_or_naming_no_node_are_refused_and_a_new_node
         vec![certs::node_name(7), certs::node_name(8)],
     ] {
         let before = refused(Refusal::UnknownMember);
-        let (cert, key) = certs::issue("test", &cluster.ca_key_pem, &names).unwrap();
+        let (cert, key) = certs::issue(
+            "test",
+            &cluster.ca_key_pem,
+            &names,
+            std::time::Duration::from_secs(86_400),
+        )
+        .unwrap();
         let nameless = mesh_node(ca, (&cert, &key), 9, &[9], true).await;
         nameless.add_peer(1, one.local_addr());
         wait_until("a certificate naming no one node to be refused", || {

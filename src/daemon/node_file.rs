@@ -658,73 +658,88 @@ impl NodeFile {
     /// for its own name and that the key is the certificate's, and build the node's TLS
     /// configurations; an error names the file and the field.
     pub fn load_tls(&self) -> Result<NodeTls, ConfigError> {
-        let [ca_line, cert_line, key_line] = self.tls.lines;
-        let read = |file: &Path, field: &str, line: usize| {
-            std::fs::read(file)
-                .map_err(|e| self.error(line, field, format!("{}: {e}", file.display())))
+        self.tls.load(&self.path, self.id)
+    }
+}
+
+impl TlsFiles {
+    /// Read the bytes of the `[tls]` files (`ca`, `cert`, `key`), to tell whether they
+    /// changed.
+    pub(crate) fn contents(&self) -> std::io::Result<[Vec<u8>; 3]> {
+        Ok([
+            std::fs::read(&self.ca)?,
+            std::fs::read(&self.cert)?,
+            std::fs::read(&self.key)?,
+        ])
+    }
+
+    /// Read the certificates, check that node `id`'s certificate chains to the cluster CA
+    /// for its own name and that the key is the certificate's, and build the node's TLS
+    /// configurations; an error names `node_file`, the line and the field.
+    pub(crate) fn load(&self, node_file: &Path, id: NodeId) -> Result<NodeTls, ConfigError> {
+        let [ca_line, cert_line, key_line] = self.lines;
+        let fail = |line: usize, field: &str, reason: String| ConfigError {
+            file: node_file.display().to_string(),
+            line,
+            field: field.to_string(),
+            reason,
         };
-        let ca = read(&self.tls.ca, "tls.ca", ca_line)?;
-        let cert = read(&self.tls.cert, "tls.cert", cert_line)?;
-        let key = read(&self.tls.key, "tls.key", key_line)?;
-        if !certificate_names_node(&cert, self.id) {
-            return Err(self.error(
+        let read = |file: &Path, field: &str, line: usize| {
+            std::fs::read(file).map_err(|e| fail(line, field, format!("{}: {e}", file.display())))
+        };
+        let ca = read(&self.ca, "tls.ca", ca_line)?;
+        let cert = read(&self.cert, "tls.cert", cert_line)?;
+        let key = read(&self.key, "tls.key", key_line)?;
+        if !certificate_names_node(&cert, id) {
+            return Err(fail(
                 cert_line,
                 "tls.cert",
                 format!(
                     "{} is not the certificate of node {} (it does not name {})",
-                    self.tls.cert.display(),
-                    self.id,
-                    crate::net::certs::node_name(self.id)
+                    self.cert.display(),
+                    id,
+                    crate::net::certs::node_name(id)
                 ),
             ));
         }
-        check_own_certificate(&ca, &cert, &key, self.id).map_err(|error| match error {
-            OwnCertError::NotFromCa { .. } => self.error(
+        check_own_certificate(&ca, &cert, &key, id).map_err(|error| match error {
+            OwnCertError::NotFromCa { .. } => fail(
                 cert_line,
                 "tls.cert",
                 format!(
                     "{} is not signed by the cluster CA {} ({error}); the peers would refuse \
                      this node. Use the certificate `ratemesh certs` made with that CA",
-                    self.tls.cert.display(),
-                    self.tls.ca.display()
+                    self.cert.display(),
+                    self.ca.display()
                 ),
             ),
-            OwnCertError::KeyMismatch(_) => self.error(
+            OwnCertError::KeyMismatch(_) => fail(
                 key_line,
                 "tls.key",
                 format!(
                     "{} is not the key of the certificate {} ({error})",
-                    self.tls.key.display(),
-                    self.tls.cert.display()
+                    self.key.display(),
+                    self.cert.display()
                 ),
             ),
-            OwnCertError::Pem(_) => self.error(
+            OwnCertError::Pem(_) => fail(
                 cert_line,
                 "tls",
                 format!(
                     "{error} (files {}, {}, {})",
-                    self.tls.ca.display(),
-                    self.tls.cert.display(),
-                    self.tls.key.display()
+                    self.ca.display(),
+                    self.cert.display(),
+                    self.key.display()
                 ),
             ),
         })?;
         node_tls(&ca, &cert, &key, transport_config()).map_err(|e| {
-            self.error(
+            fail(
                 cert_line,
                 "tls",
                 format!("the certificates do not make a TLS configuration: {e}"),
             )
         })
-    }
-
-    fn error(&self, line: usize, field: &str, reason: String) -> ConfigError {
-        ConfigError {
-            file: self.path.display().to_string(),
-            line,
-            field: field.to_string(),
-            reason,
-        }
     }
 }
 

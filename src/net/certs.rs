@@ -1,10 +1,13 @@
 //! The cluster's certificates: one CA, and one certificate per node naming the node
 //! (`node-<id>.ratemesh` as its DNS subject alternative name), signed by the CA.
 //! `ratemesh certs --out DIR --nodes N` writes them; `ratemesh certs --out DIR --add-node ID`
-//! signs one more with the CA already in `DIR` (a node that joins a running cluster); the
-//! QUIC driver reads them.
+//! signs one more with the CA already in `DIR` (a node that joins a running cluster, or a
+//! node's certificate renewed); the QUIC driver reads them. Each is valid from an hour before
+//! it was made to a stated end ([`Validity`]: a year for a node, ten for the CA by default),
+//! so a leaked key ages out.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
@@ -24,6 +27,12 @@ pub enum CertError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A validity that no certificate can carry (past the year 9999).
+    #[error("certificate validity: {reason}")]
+    Validity {
+        /// What is wrong.
+        reason: String,
+    },
     /// A PEM file holds no usable certificate or key.
     #[error("{path}: {reason}")]
     Pem {
@@ -35,6 +44,52 @@ pub enum CertError {
 }
 
 pub use crate::net::tls::node_name;
+
+/// How long the certificates made here are valid, from when they are made (each starts an
+/// hour earlier, for clocks that run behind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    /// The CA's (10 years by default).
+    pub ca: Duration,
+    /// Each node's (1 year by default; never past the end of the CA that signs it).
+    pub node: Duration,
+}
+
+/// A day.
+const DAY: Duration = Duration::from_secs(86_400);
+
+impl Default for Validity {
+    fn default() -> Self {
+        Validity {
+            ca: DAY * 3650,
+            node: DAY * 365,
+        }
+    }
+}
+
+/// Seconds since the UNIX epoch, now.
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Give `params` the validity from an hour ago to `until` (seconds since the epoch).
+fn valid_until(params: &mut CertificateParams, until: i64) -> Result<(), CertError> {
+    let at = |secs: i64| {
+        time::OffsetDateTime::from_unix_timestamp(secs).map_err(|e| CertError::Validity {
+            reason: e.to_string(),
+        })
+    };
+    params.not_before = at(unix_now() - 3600)?;
+    params.not_after = at(until)?;
+    Ok(())
+}
+
+/// The end of a validity of `length` from now, in seconds since the epoch.
+fn from_now(length: Duration) -> i64 {
+    unix_now().saturating_add(i64::try_from(length.as_secs()).unwrap_or(i64::MAX))
+}
 
 /// A CA and the certificates of nodes `1..=nodes`, PEM-encoded.
 #[derive(Debug, Clone)]
@@ -58,10 +113,16 @@ fn ca_params(cluster: &str) -> Result<CertificateParams, CertError> {
     Ok(ca_params)
 }
 
-/// A certificate with DNS `names` (the first also its common name) and its key, as PEM.
-fn leaf(names: &[String], issuer: &Issuer<'_, KeyPair>) -> Result<(String, String), CertError> {
+/// A certificate with DNS `names` (the first also its common name), valid until `until`
+/// (seconds since the epoch), and its key, as PEM.
+fn leaf(
+    names: &[String],
+    issuer: &Issuer<'_, KeyPair>,
+    until: i64,
+) -> Result<(String, String), CertError> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(names.to_vec())?;
+    valid_until(&mut params, until)?;
     if let Some(first) = names.first() {
         params
             .distinguished_name
@@ -72,30 +133,45 @@ fn leaf(names: &[String], issuer: &Issuer<'_, KeyPair>) -> Result<(String, Strin
 }
 
 /// Sign a certificate for DNS `names` with the CA of cluster `cluster` whose key is
-/// `ca_key_pem` (node `id`'s names are `[node_name(id)]`); return it and its key, as PEM.
+/// `ca_key_pem` (node `id`'s names are `[node_name(id)]`), valid for `validity` from now;
+/// return it and its key, as PEM.
 pub fn issue(
     cluster: &str,
     ca_key_pem: &str,
     names: &[String],
+    validity: Duration,
 ) -> Result<(String, String), CertError> {
     let ca_key = KeyPair::from_pem(ca_key_pem)?;
     let issuer = Issuer::new(ca_params(cluster)?, ca_key);
-    leaf(names, &issuer)
+    leaf(names, &issuer, from_now(validity))
 }
 
 /// Sign certificates for nodes `ids` with the CA of cluster `cluster` in `dir` (`ca.pem`,
-/// `ca.key`, as [`write()`] wrote them), check that each chains to `ca.pem` (a wrong cluster
-/// name does not), and write them next to it; return the files written.
-pub fn add_nodes(dir: &Path, cluster: &str, ids: &[NodeId]) -> Result<Vec<PathBuf>, CertError> {
+/// `ca.key`, as [`write()`] wrote them), valid for `validity` (or until the CA's end, if
+/// sooner), check that each chains to `ca.pem` (a wrong cluster name does not), and write
+/// them next to it, replacing a node's earlier pair; return the files written.
+pub fn add_nodes(
+    dir: &Path,
+    cluster: &str,
+    ids: &[NodeId],
+    validity: Duration,
+) -> Result<Vec<PathBuf>, CertError> {
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path).map_err(|source| CertError::Io { path, source })
     };
     let ca_pem = read("ca.pem")?;
     let ca_key = read("ca.key")?;
+    let ca_ends = crate::net::tls::expiry_of(ca_pem.as_bytes()).map_err(|e| CertError::Pem {
+        path: dir.join("ca.pem"),
+        reason: e.to_string(),
+    })?;
+    let until = from_now(validity).min(i64::try_from(ca_ends).unwrap_or(i64::MAX));
+    let ca_key = KeyPair::from_pem(&ca_key)?;
+    let issuer = Issuer::new(ca_params(cluster)?, ca_key);
     let mut written = Vec::new();
     for &id in ids {
-        let (cert, key) = issue(cluster, &ca_key, &[node_name(id)])?;
+        let (cert, key) = leaf(&[node_name(id)], &issuer, until)?;
         crate::net::tls::check_own_certificate(
             ca_pem.as_bytes(),
             cert.as_bytes(),
@@ -133,7 +209,8 @@ fn write_file(path: &Path, contents: &str, secret: bool) -> Result<(), CertError
     Ok(())
 }
 
-/// Generate a CA named `cluster` and one certificate per node `1..=nodes`.
+/// Generate a CA named `cluster` and one certificate per node `1..=nodes`, valid for the
+/// default [`Validity`].
 ///
 /// ```
 /// let certs = ratemesh::net::certs::generate("prod-eu", 3)?;
@@ -143,14 +220,26 @@ fn write_file(path: &Path, contents: &str, secret: bool) -> Result<(), CertError
 /// # Ok::<(), ratemesh::net::certs::CertError>(())
 /// ```
 pub fn generate(cluster: &str, nodes: u64) -> Result<ClusterCerts, CertError> {
+    generate_with(cluster, nodes, Validity::default())
+}
+
+/// [`generate`] with the validity given (a node's never past the CA's end).
+pub fn generate_with(
+    cluster: &str,
+    nodes: u64,
+    validity: Validity,
+) -> Result<ClusterCerts, CertError> {
     let ca_key = KeyPair::generate()?;
-    let ca_params = ca_params(cluster)?;
+    let mut ca_params = ca_params(cluster)?;
+    let ca_until = from_now(validity.ca);
+    valid_until(&mut ca_params, ca_until)?;
     let ca_cert = ca_params.self_signed(&ca_key)?;
     let ca_key_pem = ca_key.serialize_pem();
     let issuer = Issuer::new(ca_params, ca_key);
+    let node_until = from_now(validity.node).min(ca_until);
     let mut out = Vec::new();
     for id in 1..=nodes {
-        let (cert, key) = leaf(&[node_name(id)], &issuer)?;
+        let (cert, key) = leaf(&[node_name(id)], &issuer, node_until)?;
         out.push((id, cert, key));
     }
     Ok(ClusterCerts {

@@ -316,7 +316,8 @@ impl Driver {
             if shared.closed.load(Ordering::Acquire) {
                 return;
             }
-            let result = match endpoint.connect(addr, SEED_NAME) {
+            let tls = shared.client_tls.lock().clone();
+            let result = match endpoint.connect_with(tls, addr, SEED_NAME) {
                 Err(error) => Err((Failure::Other, error.to_string())),
                 Ok(connecting) => match connecting.await {
                     Err(error) => Err(dial::describe(&error)),
@@ -416,7 +417,8 @@ impl Driver {
             if shared.closed.load(Ordering::Acquire) {
                 return;
             }
-            let result = match endpoint.connect(addr, &certs::node_name(id)) {
+            let tls = shared.client_tls.lock().clone();
+            let result = match endpoint.connect_with(tls, addr, &certs::node_name(id)) {
                 Err(error) => Err((Failure::Other, error.to_string())),
                 Ok(connecting) => {
                     match tokio::time::timeout(dial::ATTEMPT_TIMEOUT, connecting).await {

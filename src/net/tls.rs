@@ -246,6 +246,38 @@ pub struct NodeTls {
     pub server: quinn::ServerConfig,
     /// For the dialing side (presents this node's certificate).
     pub client: quinn::ClientConfig,
+    /// When the certificates they were built from end.
+    pub expiry: TlsExpiry,
+}
+
+/// When a node's certificates end, in seconds since the UNIX epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsExpiry {
+    /// The node's certificate chain (its earliest end).
+    pub node: u64,
+    /// The CA file (its earliest-ending certificate: past it, peers signed by that CA are
+    /// refused).
+    pub ca: u64,
+}
+
+/// Return the earliest end of validity (seconds since the UNIX epoch) of the certificates in
+/// `pem`: when a chain stops working, or the first CA of a bundle runs out.
+pub(crate) fn expiry_of(pem: &[u8]) -> Result<u64, TlsError> {
+    let mut earliest: Option<u64> = None;
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(pem_error("certificate"))?;
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| TlsError::Pem {
+                what: "certificate",
+                reason: format!("does not parse as X.509: {e}"),
+            })?;
+        let end = u64::try_from(parsed.validity().not_after.timestamp()).unwrap_or(0);
+        earliest = Some(earliest.map_or(end, |e| e.min(end)));
+    }
+    earliest.ok_or(TlsError::Pem {
+        what: "certificate",
+        reason: "no certificate in the file".into(),
+    })
 }
 
 fn pem_error(what: &'static str) -> impl Fn(rustls::pki_types::pem::Error) -> TlsError {
@@ -311,7 +343,15 @@ pub fn node_tls(
         .with_client_auth_cert(chain, key)?;
     let mut client = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(client_crypto)?));
     client.transport_config(transport);
-    Ok(NodeTls { server, client })
+    let expiry = TlsExpiry {
+        node: expiry_of(cert_pem)?,
+        ca: expiry_of(ca_pem)?,
+    };
+    Ok(NodeTls {
+        server,
+        client,
+        expiry,
+    })
 }
 
 /// Tell whether the first certificate of `cert_pem` names node `id` (`node-<id>.ratemesh`):
