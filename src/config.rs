@@ -93,7 +93,7 @@ pub use plans::Plans;
 use plans::load_plans;
 use raw::{NoTier, RawConfig};
 use redis::build_redis;
-pub use redis::{RedisConfig, RedisEndpoints};
+pub use redis::{RedisConfig, RedisEndpoints, RedisTls};
 pub use routes::RouteRule;
 use routes::build_routes;
 pub use source::ConfigError;

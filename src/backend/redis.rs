@@ -10,16 +10,18 @@
 //! policy file's `redis` policies on one deployment are
 //! [`RedisLimits`](crate::backend::redis_limits::RedisLimits).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 
 use crate::backend::exact::fail_over;
 use crate::clock::Nanos;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy};
+
+mod connection;
+
+pub use connection::{LazyCluster, RedisConnection, SentinelPrimary};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
@@ -97,71 +99,6 @@ impl std::fmt::Debug for RedisLimiter {
             .field("policy", &self.policy)
             .field("script_sha", &self.script.get_hash())
             .finish_non_exhaustive()
-    }
-}
-
-/// A multiplexed connection that reconnects by itself.
-#[derive(Clone)]
-pub enum RedisConnection {
-    /// One Redis server (`redis://…` or `redis+unix://…`).
-    Single(ConnectionManager),
-    /// A Redis Cluster, connected on first use.
-    Cluster(Arc<LazyCluster>),
-}
-
-/// A cluster client whose connection is made by the first call (and retried by later calls
-/// while the cluster is unreachable).
-pub struct LazyCluster {
-    client: ::redis::cluster::ClusterClient,
-    connection: tokio::sync::OnceCell<::redis::cluster_async::ClusterConnection>,
-}
-
-impl LazyCluster {
-    async fn connection(&self) -> Result<::redis::cluster_async::ClusterConnection, RedisError> {
-        self.connection
-            .get_or_try_init(|| self.client.get_async_connection())
-            .await
-            .cloned()
-    }
-}
-
-impl RedisConnection {
-    /// Connect lazily to one server: the first call connects, so a gateway starts even while
-    /// Redis is down (its policies then follow their fail mode). Call it inside a tokio
-    /// runtime (the connection's driver is spawned there).
-    pub fn single(url: &str, timeout: Duration) -> Result<Self, BackendError> {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(BackendError::NoRuntime);
-        }
-        let client = Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(timeout))
-            .set_number_of_retries(1);
-
-        Ok(RedisConnection::Single(
-            ConnectionManager::new_lazy_with_config(client, config)?,
-        ))
-    }
-
-    /// Prepare a Redis Cluster client over any of its nodes; it connects on first use.
-    pub fn cluster(urls: &[String], timeout: Duration) -> Result<Self, BackendError> {
-        let client = ::redis::cluster::ClusterClientBuilder::new(urls.to_vec())
-            .response_timeout(timeout)
-            .connection_timeout(timeout)
-            .build()?;
-        Ok(RedisConnection::Cluster(Arc::new(LazyCluster {
-            client,
-            connection: tokio::sync::OnceCell::new(),
-        })))
-    }
-
-    /// Connect to the deployment a policy file names.
-    pub fn from_config(config: &crate::config::RedisConfig) -> Result<Self, BackendError> {
-        match &config.endpoints {
-            crate::config::RedisEndpoints::Single(url) => Self::single(url, config.timeout),
-            crate::config::RedisEndpoints::Cluster(urls) => Self::cluster(urls, config.timeout),
-        }
     }
 }
 
@@ -260,26 +197,11 @@ impl RedisLimiter {
     }
 
     async fn query(&self, command: Cmd) -> Result<Value, RedisError> {
-        match &self.connection {
-            RedisConnection::Single(manager) => command.query_async(&mut manager.clone()).await,
-            RedisConnection::Cluster(cluster) => {
-                command.query_async(&mut cluster.connection().await?).await
-            }
-        }
+        self.connection.query(command).await
     }
 
     async fn load_script(&self) -> Result<(), RedisError> {
-        match &self.connection {
-            RedisConnection::Single(manager) => {
-                self.script.load_async(&mut manager.clone()).await?;
-            }
-            RedisConnection::Cluster(cluster) => {
-                self.script
-                    .load_async(&mut cluster.connection().await?)
-                    .await?;
-            }
-        }
-        Ok(())
+        self.connection.load_script(&self.script).await
     }
 }
 
