@@ -125,6 +125,9 @@ pub struct RunningNode {
     /// The `[envoy_rls]` port, bound, and its settings.
     envoy_rls: Option<(tokio::net::TcpListener, EnvoyRls)>,
     certificates: Certificates,
+    /// Where request spans go, flushed when the node stops.
+    #[cfg(feature = "otel")]
+    traces: Option<Arc<app::traces::Traces>>,
 }
 
 /// Check what a node would start with, without starting it: the node file and the policy
@@ -197,6 +200,21 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         file.forward_auth.clone().map(Checks::new),
         Arc::new(Proxy::new(&file.proxies)),
     );
+    #[cfg(feature = "otel")]
+    let (app, traces) = match &file.traces {
+        Some(settings) => {
+            let traces = Arc::new(app::traces::Traces::start(settings).map_err(|reason| {
+                DaemonError::Config(ConfigError {
+                    file: file.path.display().to_string(),
+                    line: settings.line,
+                    field: "traces".into(),
+                    reason: format!("cannot export traces: {reason}"),
+                })
+            })?);
+            (app.with_traces(Arc::clone(&traces)), Some(traces))
+        }
+        None => (app, None),
+    };
     Ok(RunningNode {
         state,
         listener,
@@ -208,6 +226,8 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         layer,
         envoy_rls,
         certificates,
+        #[cfg(feature = "otel")]
+        traces,
     })
 }
 
@@ -250,6 +270,8 @@ impl RunningNode {
             layer,
             envoy_rls,
             mut certificates,
+            #[cfg(feature = "otel")]
+            traces,
         } = self;
         let server = Server::start(listener, app, limits);
         let rls =
@@ -313,6 +335,11 @@ impl RunningNode {
         // Give the leases back and hand this node's keys to their next owners, so the
         // others carry on at once instead of waiting to declare this node dead.
         state.mesh.leave().await;
+        #[cfg(feature = "otel")]
+        if let Some(traces) = traces {
+            // The exporter's last batch blocks while it is sent.
+            let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+        }
         tracing::info!("stopped");
     }
 }

@@ -43,6 +43,8 @@ use jwt::JwtVerifier;
 pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub(crate) use key::address_text;
+#[cfg(feature = "otel")]
+pub(crate) use plan::PlanSummary;
 pub(crate) use plan::Planned;
 #[cfg(all(test, feature = "node"))]
 pub(crate) use plan::plans_made;

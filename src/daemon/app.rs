@@ -19,6 +19,9 @@ use crate::daemon::forward_auth::{self, CheckError, Checks};
 use crate::daemon::proxy::{Gateway, Hop, Proxy};
 use crate::http::{Gate, Matched, RateLimitLayer, Responding};
 
+#[cfg(feature = "otel")]
+pub(crate) mod traces;
+
 /// What [`App::answer`] returns.
 pub(crate) type AppFuture = Responding<Infallible>;
 
@@ -31,6 +34,9 @@ pub(crate) struct App {
     gate: Arc<Gate>,
     checks: Option<Checks>,
     gateway: Gateway,
+    /// Where request spans go (`[traces]`).
+    #[cfg(feature = "otel")]
+    traces: Option<Arc<traces::Traces>>,
 }
 
 /// One request as [`App::route`] routed it: who answers it, and where it goes.
@@ -90,6 +96,17 @@ impl App {
             gate: Arc::clone(layer.gate()),
             checks,
             gateway: Gateway::new(proxy),
+            #[cfg(feature = "otel")]
+            traces: None,
+        }
+    }
+
+    /// The same app, tracing its requests into `traces`.
+    #[cfg(feature = "otel")]
+    pub(crate) fn with_traces(self, traces: Arc<traces::Traces>) -> App {
+        App {
+            traces: Some(traces),
+            ..self
         }
     }
 
@@ -149,6 +166,15 @@ impl App {
 
     /// Answer `request` as `route` says.
     pub(crate) fn answer(&self, route: Route, request: Request<Body>) -> AppFuture {
+        #[cfg(feature = "otel")]
+        if let Some(traces) = &self.traces {
+            return self.answer_traced(traces, route, request);
+        }
+        self.answer_plain(route, request)
+    }
+
+    /// [`App::answer`] without spans.
+    fn answer_plain(&self, route: Route, request: Request<Body>) -> AppFuture {
         match route.to {
             Target::Own => {
                 let mut own = self.own.clone();

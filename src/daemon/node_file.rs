@@ -42,6 +42,8 @@
 //! # path = "/v1/check"
 //! # [envoy_rls]                    # Envoy's rate limit service API over gRPC (see [`envoy_rls`])
 //! # listen = "127.0.0.1:8081"
+//! # [traces]                       # OpenTelemetry spans over OTLP (feature `otel`; [`traces`])
+//! # otlp_endpoint = "http://127.0.0.1:4317"
 //!
 //! # Or, instead of (or besides) a list of peers: where to find the cluster. Its members'
 //! # ids come from their certificates.
@@ -57,6 +59,7 @@
 mod envoy_rls;
 mod http;
 mod ordinal;
+mod traces;
 mod upstreams;
 
 use std::collections::BTreeSet;
@@ -80,6 +83,7 @@ pub use envoy_rls::EnvoyRls;
 pub use http::HttpSettings;
 pub(crate) use http::RESERVED_FDS;
 use http::{RawHttp, http_settings};
+pub use traces::Traces;
 pub use upstreams::{ForwardAuth, Forwarded, ProxyRoute};
 
 /// The shortest gossip interval a node accepts.
@@ -168,6 +172,8 @@ pub struct NodeFile {
     pub forward_auth: Option<ForwardAuth>,
     /// The `[envoy_rls]` gRPC port, if any.
     pub envoy_rls: Option<EnvoyRls>,
+    /// Where the node's request spans go (`[traces]`), if anywhere.
+    pub traces: Option<Traces>,
 }
 
 /// Read and validate a policy file; return it with the SHA-256 of its bytes (hex).
@@ -227,6 +233,7 @@ struct RawNodeFile {
     proxy: Vec<Spanned<upstreams::RawProxy>>,
     forward_auth: Option<Spanned<upstreams::RawForwardAuth>>,
     envoy_rls: Option<Spanned<envoy_rls::RawEnvoyRls>>,
+    traces: Option<Spanned<traces::RawTraces>>,
 }
 
 #[derive(Deserialize)]
@@ -583,6 +590,11 @@ impl NodeFile {
             .as_ref()
             .map(|table| envoy_rls::envoy_rls(&source, table, http))
             .transpose()?;
+        let traces = raw
+            .traces
+            .as_ref()
+            .map(|table| traces::traces(&source, table))
+            .transpose()?;
         let (gateway, policy_sha256) = read_policy_file(&policy_file)?;
         if let Some(rls) = &envoy_rls
             && gateway.envoy.domains.is_empty()
@@ -624,6 +636,7 @@ impl NodeFile {
             proxies,
             forward_auth,
             envoy_rls,
+            traces,
         })
     }
 

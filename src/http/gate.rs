@@ -56,6 +56,15 @@ impl Matched {
             .is_ok_and(|(_, planned)| planned.needs_io())
     }
 
+    /// Say what this request is charged, by name (for a trace).
+    #[cfg(feature = "otel")]
+    pub(crate) fn summary(&self) -> crate::rules::PlanSummary {
+        self.matched
+            .as_ref()
+            .map(|(_, planned)| self.rules.summary(planned))
+            .unwrap_or_default()
+    }
+
     /// The same match for a request whose answer the protected service never gives (a
     /// forward-auth check): its `count_when` charges are kept.
     #[cfg(feature = "node")]

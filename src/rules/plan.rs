@@ -43,6 +43,43 @@ impl Planned {
     }
 }
 
+/// What a trace says of a request's match: its route and the policies it passes.
+#[cfg(feature = "otel")]
+#[derive(Debug, Default)]
+pub(crate) struct PlanSummary {
+    /// The matched route's name.
+    pub(crate) route: Option<&'static str>,
+    /// The policies charged (tier's, route's, then the `mesh` and the `redis` one).
+    pub(crate) policies: Vec<&'static str>,
+    /// It passes a `mesh` policy (whose key's owner it may wait for).
+    pub(crate) mesh: bool,
+    /// It passes a `redis` policy.
+    pub(crate) redis: bool,
+}
+
+#[cfg(feature = "otel")]
+impl Rules {
+    /// Say what `planned` charges, by name (for a trace; allocates).
+    pub(crate) fn summary(&self, planned: &Planned) -> PlanSummary {
+        let Planned::Charge(plan) = planned else {
+            return PlanSummary::default();
+        };
+        let named = |&(index, _): &(usize, u64)| self.policies[index].name;
+        PlanSummary {
+            route: plan.route.map(|r| self.routes[r].name),
+            policies: plan
+                .enforced
+                .iter()
+                .chain(&plan.global)
+                .chain(&plan.exact)
+                .map(named)
+                .collect(),
+            mesh: plan.global.is_some(),
+            redis: plan.exact.is_some(),
+        }
+    }
+}
+
 /// Which policies a request passes, under which keys, at what cost.
 #[derive(Debug)]
 pub(crate) struct Plan {
