@@ -287,13 +287,13 @@ impl RunningNode {
                 signal = signals.next() => match signal {
                     Signal::Hangup => {
                         state.policies.reload();
-                        certificates.refresh(&state.mesh);
+                        certificates.refresh(&state.mesh, true);
                     }
                     stop => break stop,
                 },
                 _ = keys.tick() => {
                     state.policies.refresh_keys();
-                    certificates.refresh(&state.mesh);
+                    certificates.refresh(&state.mesh, false);
                 }
             }
         };

@@ -287,3 +287,28 @@ async fn a_sample_ratio_of_zero_traces_only_requests_with_a_sampled_parent() {
         .collect();
     assert_eq!(traces.len(), 1, "spans of unsampled requests were sent");
 }
+
+#[test]
+fn a_traces_table_is_checked_with_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster_with(dir.path(), 1, &policies(""));
+    for (table, field) in [
+        (
+            "otlp_endpoint = \"https://collector:4317\"\n",
+            "traces.otlp_endpoint",
+        ),
+        (
+            "otlp_endpoint = \"collector:4317\"\n",
+            "traces.otlp_endpoint",
+        ),
+        (
+            "otlp_endpoint = \"http://127.0.0.1:4317\"\nsample_ratio = 1.5\n",
+            "traces.sample_ratio",
+        ),
+    ] {
+        let text = std::fs::read_to_string(&files[0]).unwrap() + "\n[traces]\n" + table;
+        let error = ratemesh::node::NodeFile::from_toml_str(&text, &files[0]).unwrap_err();
+        assert_eq!(error.field, field, "{error}");
+        assert!(error.line > 0, "{error}");
+    }
+}

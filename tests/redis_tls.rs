@@ -230,6 +230,10 @@ async fn a_rediss_server_decides_with_the_ca_and_client_certificate_of_redis_tls
             "[redis]\nsentinels = [\"redis://127.0.0.1:1\"]\n",
             "redis.master",
         ),
+        (
+            "[redis]\nsentinels = [\"redis://user:secret@127.0.0.1:1\"]\nmaster = \"m\"\n",
+            "redis.sentinels",
+        ),
     ] {
         let error = config(dir.path(), redis).unwrap_err();
         assert!(

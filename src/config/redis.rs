@@ -118,6 +118,20 @@ pub(super) fn build_redis(
                 "`sentinels` needs `master`: the name they monitor the primary under",
             )
         })?;
+        if let Some(url) = raw.sentinels.iter().find(|u| {
+            let rest = u.split_once("://").map_or(u.as_str(), |(_, rest)| rest);
+            rest.contains('@') || rest.trim_end_matches('/').contains('/')
+        }) {
+            return Err(source.error(
+                line_of("sentinels"),
+                "redis.sentinels",
+                format!(
+                    "`{}`: give a Sentinel as scheme, host and port only; a user, a password or a \
+                     database there would not reach the primary",
+                    url.split_once('@').map_or(url.as_str(), |(_, host)| host)
+                ),
+            ));
+        }
         RedisEndpoints::Sentinel {
             sentinels: raw.sentinels.clone(),
             master,

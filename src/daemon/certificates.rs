@@ -3,7 +3,9 @@
 //! or a CA added to or removed from the bundle during a rotation). Files that change but do
 //! not load (not PEM, a key that is not the certificate's, not signed by a CA of the bundle)
 //! are looked at once more at the next check (a certificate and its key replaced one after
-//! the other), then refused, logged once, and the configuration in force stays.
+//! the other), then refused, logged once, and the configuration in force stays; refused
+//! files are tried again every minute and on SIGHUP (a certificate not yet valid by this
+//! node's clock becomes valid without changing).
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,6 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::daemon::node_file::{NodeFile, TlsFiles};
 use crate::mesh::NodeId;
 use crate::net::{MeshNet, TlsExpiry};
+
+/// How often files refused earlier are tried again though they did not change.
+const RETRY_REFUSED: Duration = Duration::from_secs(60);
 
 /// A certificate closer than this to its end is logged as a warning at each load.
 const WARN_BEFORE: Duration = Duration::from_secs(30 * 86_400);
@@ -25,6 +30,9 @@ pub(crate) struct Certificates {
     seen: [Vec<u8>; 3],
     /// Bytes read once that did not load: refused if the next check reads them again.
     torn: Option<[Vec<u8>; 3]>,
+    /// `seen` was refused: tried again now and then (a certificate not valid yet by this
+    /// node's clock becomes valid without its files changing).
+    refused_at: Option<std::time::Instant>,
 }
 
 impl Certificates {
@@ -40,19 +48,24 @@ impl Certificates {
             node_file: file.path.clone(),
             id: file.id,
             torn: None,
+            refused_at: None,
         }
     }
 
     /// Read the files again; if they changed and load, the node accepts and dials with them
-    /// from now on (connections already up keep going).
-    pub(crate) fn refresh(&mut self, mesh: &MeshNet) {
+    /// from now on (connections already up keep going). Files refused earlier are tried
+    /// again every [`RETRY_REFUSED`], and at once when `now_asked` (SIGHUP).
+    pub(crate) fn refresh(&mut self, mesh: &MeshNet, now_asked: bool) {
         let now = match self.files.contents() {
             Ok(now) => now,
             // A file replaced at this very moment (not there, or not readable yet): the next
             // look sees it.
             Err(_) => return,
         };
-        if now == self.seen {
+        let retry = self
+            .refused_at
+            .is_some_and(|at| now_asked || at.elapsed() >= RETRY_REFUSED);
+        if now == self.seen && !retry {
             self.torn = None;
             return;
         }
@@ -60,16 +73,20 @@ impl Certificates {
             Ok(tls) => {
                 self.seen = now;
                 self.torn = None;
+                self.refused_at = None;
                 mesh.set_tls(&tls);
                 metrics::counter!("ratemesh_tls_reloads_total", "result" => "applied").increment(1);
                 tracing::info!("[tls] files changed: the new certificates are in force");
                 in_force(tls.expiry);
             }
             // Perhaps half written: once more at the next check.
-            Err(_) if self.torn.as_ref() != Some(&now) => self.torn = Some(now),
+            Err(_) if now != self.seen && self.torn.as_ref() != Some(&now) => self.torn = Some(now),
+            // Refused before and still: said once.
+            Err(_) if now == self.seen => self.refused_at = Some(std::time::Instant::now()),
             Err(error) => {
                 self.seen = now;
                 self.torn = None;
+                self.refused_at = Some(std::time::Instant::now());
                 metrics::counter!("ratemesh_tls_reloads_total", "result" => "refused").increment(1);
                 tracing::error!(%error, "[tls] files changed but do not load: the certificates in force stay");
             }

@@ -46,14 +46,30 @@ pub struct SentinelPrimary {
     sentinels: tokio::sync::Mutex<SentinelClient>,
     primary: arc_swap::ArcSwapOption<ConnectionManager>,
     config: ConnectionManagerConfig,
+    /// A call's timeout: finding the primary counts within it.
+    timeout: Duration,
 }
 
 impl SentinelPrimary {
-    /// The connection to the primary, asking the Sentinels for it if there is none.
+    /// The connection to the primary, asking the Sentinels for it if there is none (within
+    /// the call's timeout, waiting for another call's asking included: past it the call
+    /// fails and its fail mode answers).
     async fn connection(&self) -> Result<ConnectionManager, RedisError> {
         if let Some(primary) = self.primary.load_full() {
             return Ok((*primary).clone());
         }
+        tokio::time::timeout(self.timeout, self.discover())
+            .await
+            .map_err(|_| {
+                RedisError::from((
+                    ::redis::ErrorKind::Io,
+                    "the Sentinels named no primary within the timeout",
+                ))
+            })?
+    }
+
+    /// Ask the Sentinels for the primary, one call at a time.
+    async fn discover(&self) -> Result<ConnectionManager, RedisError> {
         let mut sentinels = self.sentinels.lock().await;
         // Another call may have found it while this one waited.
         if let Some(primary) = self.primary.load_full() {
@@ -202,6 +218,7 @@ impl RedisConnection {
             sentinels: tokio::sync::Mutex::new(builder.build()?),
             primary: arc_swap::ArcSwapOption::empty(),
             config: manager_config(timeout),
+            timeout,
         })))
     }
 

@@ -52,13 +52,15 @@ pub(super) fn traces(
         ));
     }
     let endpoint = raw.otlp_endpoint.trim();
-    let scheme_ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+    // Plain gRPC: a collector beside the node, or a local agent that forwards over TLS.
+    let scheme_ok = endpoint.starts_with("http://");
     if !scheme_ok || endpoint.parse::<::http::Uri>().is_err() {
         return Err(source.error(
             at("otlp_endpoint"),
             "traces.otlp_endpoint",
             format!(
-                "`{endpoint}` is not an OTLP/gRPC address; write e.g. \"http://127.0.0.1:4317\""
+                "`{endpoint}` is not a plain OTLP/gRPC address; write e.g. \"http://127.0.0.1:4317\" \
+                 (TLS to a collector goes through a local agent)"
             ),
         ));
     }
