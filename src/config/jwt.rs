@@ -89,18 +89,7 @@ impl JwtConfig {
     /// Read and check the key file.
     pub fn load_keys(&self) -> Result<KeySet, String> {
         let path = self.keys.path();
-        let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut bytes = Vec::new();
-        use std::io::Read;
-        file.take(MAX_KEY_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if bytes.len() as u64 > MAX_KEY_FILE_BYTES {
-            return Err(format!(
-                "{}: longer than {MAX_KEY_FILE_BYTES} bytes",
-                path.display()
-            ));
-        }
+        let bytes = super::source::read_capped(path, MAX_KEY_FILE_BYTES)?;
         match &self.keys {
             JwtKeySource::Secret(_) => {
                 let secret = bytes.strip_suffix(b"\n").unwrap_or(&bytes);

@@ -226,18 +226,7 @@ fn build_tls(source: &Source<'_>, raw: &RawTls, line: usize) -> Result<RedisTls,
 
 /// Read a PEM file of at most [`MAX_PEM_BYTES`] holding a `marker` block.
 fn read_pem(path: &Path, marker: &str) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_PEM_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_PEM_BYTES {
-        return Err(format!(
-            "{} is larger than {MAX_PEM_BYTES} bytes",
-            path.display()
-        ));
-    }
+    let bytes = super::source::read_capped(path, MAX_PEM_BYTES)?;
     let text = String::from_utf8_lossy(&bytes);
     if !text
         .lines()

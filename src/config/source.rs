@@ -113,6 +113,21 @@ impl Source<'_> {
     }
 }
 
+/// Read a file the config names (a key, a certificate) of at most `max` bytes, or say which
+/// file and why not.
+pub(crate) fn read_capped(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > max {
+        return Err(format!("{}: longer than {max} bytes", path.display()));
+    }
+    Ok(bytes)
+}
+
 /// Read a config file, or say which file could not be read and why.
 pub(crate) fn read_config_file(path: &Path) -> Result<String, ConfigError> {
     let file = path.display().to_string();
