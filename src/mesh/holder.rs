@@ -187,6 +187,7 @@ impl Holding {
             && (used == reported_used || self.spent_out_at(0))
             && self.previous_used.is_none()
             && !(self.asking.report_due() && self.granted > 0)
+            && !self.asking.withdraw_due()
             && self
                 .demand
                 .fades_unreported(round, reported_round.saturating_add(self.report_every()))
@@ -508,10 +509,17 @@ impl Holding {
             {
                 // A lease for a newer window: the old one is over (closed as if expired).
                 self.expire(now.max(self.expiry));
-                self.previous_used = (self.algorithm.weighs_previous()
-                    && self.window > 0
-                    && grant.window == self.window + 1)
-                    .then_some(self.closed_used);
+                // Its final count of the window before: its lease's, or 0 if it had none
+                // though it asked before this window began (a grant of it that never came
+                // counts there until told).
+                let asked_before = decided_at < expiry.saturating_sub(self.window_ns);
+                self.previous_used = match self.algorithm.weighs_previous() {
+                    true if self.window > 0 && grant.window == self.window + 1 => {
+                        Some(self.closed_used)
+                    }
+                    true if asked_before => Some(0),
+                    _ => None,
+                };
                 // What the old lease admitted since the last round still counts toward the
                 // demand; the new lease's count starts at 0.
                 self.demand
@@ -555,8 +563,8 @@ impl Holding {
         self.serve(policy, now, decided);
         if grant.retry_after > 0 && !self.waiting.is_empty() {
             // The denial is about the requests the answered want counted (later ones wait
-            // for their own answer). Of those, the ones that fit in what the authority
-            // recalls for this node keep waiting; the others are denied now.
+            // for their own answer). Of those, each that fits in what is held back and what
+            // the authority recalls for it keeps waiting, behind a denied one too.
             let answers = grant.answers;
             let counted = |w: &Waiting| w.asked != 0 && (answers.wrapping_sub(w.asked) as i32) >= 0;
             let mut coming = grant.more_coming + self.reserve;
@@ -565,7 +573,7 @@ impl Holding {
             for w in self.waiting.drain(..) {
                 if !counted(&w) {
                     kept.push_back(w);
-                } else if w.cost <= coming && denied.is_empty() {
+                } else if w.cost <= coming {
                     coming -= w.cost;
                     kept.push_back(w);
                 } else {
@@ -637,6 +645,9 @@ impl Holding {
             self.waiting.pop_front();
             if !w.prepaid {
                 decided.push((w.id, self.denied(policy, now, retry_after)));
+            }
+            if self.waiting.is_empty() {
+                self.asking.withdraw();
             }
         }
         // What the denied held back may serve those behind them.
@@ -727,7 +738,10 @@ impl Holding {
         if self.previous_used.is_some() && round >= reported_round + REPORT_ROUNDS {
             tell = true;
         }
-        if self.asking.report_due() && (self.granted > 0 || !self.waiting.is_empty()) {
+        let waits = !self.waiting.is_empty();
+        if self.asking.report_due() && (self.granted > 0 || waits)
+            || self.asking.withdraw_due() && !waits
+        {
             tell = true;
         }
         // Counts at rest that the authority has not confirmed: told again until it does (or
@@ -772,6 +786,7 @@ impl Holding {
             && now >= self.keep_until
             && (self.closed || self.cell.remaining() == 0)
             && self.previous_used.is_none()
+            && !self.asking.withdraw_due()
             && !self.unconfirmed()
     }
 

@@ -191,13 +191,18 @@ impl Authority {
     }
 
     /// Tokens a wait may free at `now`: what other holders sit on, as far as their reports
-    /// tell (a recall brings it back), and, for a sliding window, the weight of what the
-    /// previous window leased but may not have used (the final counts are on their way).
+    /// tell (a recall brings it back; not from a holder that waits itself, which is never
+    /// recalled), and, for a sliding window, the weight of what the previous window leased
+    /// but may not have used (the final counts are on their way).
     fn recoverable(&self, policy: &Policy, now: Nanos, except: NodeId) -> u64 {
         let unspent_leases: u64 = self
             .holders
             .iter()
-            .filter(|h| h.node != except && h.incarnation != 0)
+            .filter(|h| {
+                h.node != except
+                    && h.incarnation != 0
+                    && !self.waiting.iter().any(|w| w.node == h.node)
+            })
             .map(|h| h.tally.unspent())
             .sum();
         let pending_finals = if policy.algorithm().weighs_previous() {

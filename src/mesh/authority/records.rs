@@ -333,12 +333,19 @@ impl Authority {
         } else if !alive {
             return false;
         }
-        {
+        let newest = {
             let asked = self.asked_mut(node);
             if want.smallest > 0 {
                 asked.smallest = want.smallest;
             }
+            let newest = want.seq >= asked.seq;
             asked.seq = asked.seq.max(want.seq);
+            newest
+        };
+        if newest && want.need == 0 {
+            // Its requests no longer wait (served, or denied at their deadline there): what
+            // it holds may be recalled for others.
+            self.waiting.retain(|w| w.node != node);
         }
         let known = self
             .live_index(node)

@@ -461,3 +461,61 @@ fn a_backup_is_idle_exactly_when_its_takeover_would_be() {
     // Windows end in time, and a bucket refills once nothing is out.
     assert!(idle_seen > 10, "{idle_seen}");
 }
+
+#[test]
+fn a_holder_that_stops_waiting_leaves_the_queue_and_its_lease_may_be_recalled() {
+    let policy = Policy::fixed_window(23, Duration::from_secs(3600)).unwrap();
+    let mut a = Authority::fresh(KEY, &policy, 10 * S);
+    // Node 2 took 16 and spent 10 of them; node 1 holds 7 and waits for 9 more: the 6
+    // node 2 holds may come back for it.
+    a.report(&policy, 10 * S, 2, 1, &want(0, 0, 0, 0), true);
+    granted(a.request(&policy, 10 * S, 2, 1, 16, 0));
+    let window = a.frame().0;
+    a.report(&policy, 10 * S, 2, 1, &want(window, 16, 10, 0), true);
+    let mut w = want(0, 0, 0, 0);
+    w.seq = 1;
+    w.need = 16;
+    a.report(&policy, 10 * S, 1, 1, &w, true);
+    granted(a.request(&policy, 10 * S, 1, 1, 7, 11 * S));
+    let coming = |answer| match answer {
+        Answer::Grant {
+            granted,
+            more_coming,
+            retry_after,
+            ..
+        } => (granted, more_coming, retry_after > 0),
+        Answer::Wait => panic!("waits"),
+    };
+    assert_eq!(
+        coming(a.request(&policy, 10 * S, 1, 1, 9, 11 * S)),
+        (7, 6, true)
+    );
+    // Node 3 needs 10: what node 1 holds serves its own wait, never a recall; only node
+    // 2's 6 may come: the rest is denied now.
+    let mut w = want(0, 0, 0, 0);
+    w.seq = 1;
+    w.need = 10;
+    a.report(&policy, 10 * S + 1, 3, 1, &w, true);
+    assert_eq!(
+        coming(a.request(&policy, 10 * S + 1, 3, 1, 10, 11 * S)),
+        (0, 6, true)
+    );
+    // Node 1's requests timed out: its newest want needs nothing, it leaves the queue, and
+    // its 7 may come back for node 3.
+    let mut w = want(window, 7, 0, 0);
+    w.seq = 2;
+    a.report(&policy, 10 * S + 2, 1, 1, &w, true);
+    assert_eq!(
+        a.request(&policy, 10 * S + 2, 3, 1, 10, 11 * S),
+        Answer::Wait
+    );
+    let mut targets = a.recall_targets(&policy, 10 * S + 2, 0);
+    targets.sort_unstable();
+    assert_eq!(targets, vec![(1, 0), (2, 0)]);
+    // An older want of node 3 that needed nothing, delivered late, does not take its
+    // place in the queue.
+    let mut old = want(0, 0, 0, 0);
+    old.seq = 0;
+    a.report(&policy, 10 * S + 3, 3, 1, &old, true);
+    assert!(a.has_waiters());
+}

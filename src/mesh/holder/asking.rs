@@ -37,6 +37,10 @@ pub(super) struct Asking {
     /// Tell the authority at the next round: the key's owner changed (a new one learns
     /// this lease), or a lease closed as it arrived (its final count is due).
     report_due: bool,
+    /// Tell the authority at the next round that nothing waits any more: the requests it
+    /// asked for were denied at their deadline here, and the authority may still queue
+    /// them (and keep this holding's lease from being recalled for others).
+    withdraw_due: bool,
 }
 
 impl Asking {
@@ -72,6 +76,7 @@ impl Asking {
         self.reported_used = used;
         self.reported_round = round;
         self.report_due = false;
+        self.withdraw_due = false;
         self.reported_demand = demand;
         self.sent = (self.seq, counts);
         self.seq
@@ -134,6 +139,20 @@ impl Asking {
             self.confirm_tries += u8::from(owner_answers);
             true
         }
+    }
+
+    /// The requests the last wants asked for stopped waiting unanswered: say so at the
+    /// next round, if a want asked for tokens.
+    pub(super) fn withdraw(&mut self) {
+        if self.resend_at.take().is_some() {
+            self.asked_for = 0;
+            self.withdraw_due = true;
+        }
+    }
+
+    /// Whether the authority should hear at the next round that nothing waits.
+    pub(super) fn withdraw_due(&self) -> bool {
+        self.withdraw_due
     }
 
     /// Report at the next round.

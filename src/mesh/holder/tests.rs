@@ -374,3 +374,53 @@ fn a_lone_requests_fading_demand_rests_and_catches_up_as_round_by_round() {
     assert!(big.demand.level() > 0);
     assert!(!big.at_rest(501));
 }
+
+#[test]
+fn a_cheap_request_behind_a_denied_dear_one_is_served_when_it_fits() {
+    let policy = Policy::sliding_window(23, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, &policy, 1);
+    assert_eq!(h.slow(&policy, 10 * S, 1, 10, 11 * S), Slow::Waits);
+    assert_eq!(h.slow(&policy, 10 * S, 2, 3, 11 * S), Slow::Waits);
+    assert_eq!(h.want(10 * S, 500, false, 1).need, 13);
+    // 6 tokens are free, and no more will be: the 10 is denied, the 3 fits in the 6.
+    let decided = apply(&mut h, &policy, 10 * S + 1, &grant(10, 6, S / 4), 11 * S);
+    assert_eq!(decided.len(), 2);
+    let by_id = |id| decided.iter().find(|(i, _)| *i == id).unwrap().1;
+    assert!(!by_id(1).is_allowed());
+    assert!(by_id(2).is_allowed());
+    // The 3 left are the cell's.
+    assert_eq!(h.cell().remaining(), 3);
+}
+
+#[test]
+fn a_first_lease_for_a_window_after_the_ask_reports_nothing_spent_in_the_window_before() {
+    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    // Asked in window 10, answered with a lease of window 11 (the lease of window 10 the
+    // authority may have granted never came): it used none of window 10.
+    let mut h = Holding::new(KEY, &policy, 1);
+    assert_eq!(h.slow(&policy, 10 * S + S / 2, 1, 3, 12 * S), Slow::Waits);
+    h.want(10 * S + S / 2, 500, false, 1);
+    apply(&mut h, &policy, 11 * S + 1, &grant(11, 3, 0), 12 * S);
+    assert_eq!(h.want(11 * S + 2, 551, false, 1).previous_used, Some(0));
+    // Asked and answered in the same window: nothing to say of the one before.
+    let mut h = Holding::new(KEY, &policy, 1);
+    assert_eq!(h.slow(&policy, 11 * S + 1, 1, 3, 12 * S), Slow::Waits);
+    h.want(11 * S + 1, 551, false, 1);
+    apply(&mut h, &policy, 11 * S + 2, &grant(11, 3, 0), 12 * S);
+    assert_eq!(h.want(11 * S + 3, 552, false, 1).previous_used, None);
+}
+
+#[test]
+fn requests_denied_at_their_deadline_withdraw_the_want_at_the_next_round() {
+    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let mut h = Holding::new(KEY, &policy, 1);
+    assert_eq!(h.slow(&policy, 10 * S, 1, 5, 10 * S + 100), Slow::Waits);
+    assert_eq!(h.want(10 * S, 500, false, 1).need, 5);
+    assert_eq!(timeouts(&mut h, &policy, 10 * S + 100, 1).len(), 1);
+    // The authority still queues the want: the next round tells it nothing waits.
+    assert!(!h.at_rest(501));
+    assert!(h.tick(10 * S + 200, 501, true).0);
+    let want = h.want(10 * S + 200, 501, false, 1);
+    assert_eq!(want.need, 0);
+    assert!(!h.asking.withdraw_due());
+}
