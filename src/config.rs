@@ -94,6 +94,7 @@ use plans::load_plans;
 use raw::{NoTier, RawConfig};
 use redis::build_redis;
 pub use redis::{RedisConfig, RedisEndpoints, RedisTls};
+pub(crate) use routes::DEFAULT_MAX_BODY_BYTES;
 pub use routes::RouteRule;
 use routes::build_routes;
 pub use source::ConfigError;

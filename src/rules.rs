@@ -175,6 +175,9 @@ pub struct Rules {
     reads_request: bool,
     /// Some policy counts by the client's address, or `[access]` lists addresses.
     reads_address: bool,
+    /// Some policy counts by a field of the request's body (`json:`, `form:`); of JSON.
+    reads_body: bool,
+    reads_json: bool,
     /// `[jwt]`, when some policy counts by a claim.
     jwt: Option<JwtVerifier>,
     tiers: BTreeMap<String, Layers>,
@@ -374,6 +377,8 @@ impl Rules {
         let reads_request = models.iter().any(Option::is_some);
         let reads_address =
             !config.access.is_empty() || models.iter().flatten().any(KeyModel::uses_address);
+        let reads_body = models.iter().flatten().any(KeyModel::uses_body);
+        let reads_json = models.iter().flatten().any(KeyModel::uses_json);
         let tier_from_claims = config
             .tier_from
             .iter()
@@ -406,6 +411,8 @@ impl Rules {
             models,
             reads_request,
             reads_address,
+            reads_body,
+            reads_json,
             jwt,
             tiers: compiled.tiers,
             routes: compiled.routes,
@@ -477,6 +484,20 @@ impl Rules {
     /// counts `by` them): the caller then fills [`RequestFacts::request`].
     pub fn reads_request(&self) -> bool {
         self.reads_request
+    }
+
+    /// Tell whether a decision may read the request's body (some policy counts by a field
+    /// of it, `json:` or `form:`): the caller then fills [`RequestParts::body`] for requests
+    /// whose plan asks for it (the tower layer and the node read it, up to the route's
+    /// `max_body_bytes`, only then).
+    pub fn reads_body(&self) -> bool {
+        self.reads_body
+    }
+
+    /// Tell whether some policy counts by a field of a JSON body (the layer parses a body it
+    /// read once, for all of them).
+    pub(crate) fn reads_json(&self) -> bool {
+        self.reads_json
     }
 
     /// Tell whether a decision needs the client's address beyond the identity chain (a

@@ -251,6 +251,81 @@ async fn a_proxying_node_counts_failed_logins_by_the_upstreams_status() {
     server.abort();
 }
 
+/// Login protection by the account a JSON body names, in the node's proxy mode: failed
+/// attempts on one account count from any address, the upstream gets the body unchanged,
+/// and a body past the route's `max_body_bytes` is 413 and costs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxying_node_counts_failed_logins_by_the_account_in_the_body() {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream.local_addr().unwrap();
+    let app = axum::Router::new().route(
+        "/login",
+        axum::routing::post(|body: String| async move {
+            let login: serde_json::Value = match serde_json::from_str(&body) {
+                Ok(login) => login,
+                Err(_) => return http::StatusCode::BAD_REQUEST,
+            };
+            if login["password"] == "right" {
+                http::StatusCode::OK
+            } else {
+                http::StatusCode::UNAUTHORIZED
+            }
+        }),
+    );
+    let server = tokio::spawn(async move { axum::serve(upstream, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let text = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+        [identity]\norder = [\"ip\"]\n\n\
+        [policies.per_client]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1h\"\n\n\
+        [policies.failed_logins_per_account]\nalgorithm = \"fixed-window\"\nlimit = 3\n\
+        window = \"15m\"\nby = [\"json:/username\"]\ncount_when = { status = [401] }\n\n\
+        [tiers.api]\npolicies = [\"per_client\"]\n\n\
+        [[routes]]\nname = \"login\"\nmethod = \"POST\"\npath = \"/login\"\n\
+        max_body_bytes = 512\npolicies = [\"failed_logins_per_account\"]\n";
+    let files = write_cluster_with(dir.path(), 1, text);
+    edit_file(&files[0], |t| {
+        format!("{t}\n[[proxy]]\npath_prefix = \"/\"\nupstream = \"http://{upstream_addr}\"\n")
+    });
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let attempt = |body: String| {
+        let request = client
+            .post(format!("http://{}/login", node.http))
+            .header("content-type", "application/json")
+            .body(body);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    let login =
+        |user: &str, password: &str| format!(r#"{{"username":"{user}","password":"{password}"}}"#);
+    // The upstream reads the password from the body the node passed on.
+    assert_eq!(attempt(login("alice", "right")).await, 200);
+    for _ in 0..3 {
+        assert_eq!(attempt(login("alice", "wrong")).await, 401);
+    }
+    assert_eq!(
+        attempt(login("alice", "right")).await,
+        429,
+        "three failures lock alice's account"
+    );
+    assert_eq!(
+        attempt(login("bob", "right")).await,
+        200,
+        "bob's is his own"
+    );
+    let long = format!(r#"{{"username":"bob","pad":"{}"}}"#, "x".repeat(600));
+    assert_eq!(attempt(long).await, 413);
+    let text = metrics_of(&client, &node).await;
+    assert_eq!(
+        metric(
+            &text,
+            "ratemesh_requests_refused_total{reason=\"body_too_large\"}"
+        ),
+        1.0
+    );
+    server.abort();
+}
+
 /// A plans file of a million API keys beside the policy file: a `ratemesh node` gives each
 /// key its tier, and an unknown key the default; SIGHUP reads a changed plans file and keeps
 /// every counter of the policies that did not change.

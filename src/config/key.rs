@@ -22,6 +22,12 @@
 //! window = "1m"
 //! by = ["header:x-account", "route"]
 //! on_missing = "skip"               # a request without the header is not counted here
+//!
+//! [policies.failed_logins_per_account]
+//! algorithm = "fixed-window"
+//! limit = 5
+//! window = "15m"
+//! by = ["json:/username"]           # the account the login body names (read first)
 //! ```
 
 use std::net::IpAddr;
@@ -66,6 +72,14 @@ pub enum KeyPart {
     Method,
     /// The host the request is for (`Host`, or the URI's authority).
     Host,
+    /// A field of the request's JSON body, by JSON pointer (`json:/user/name`): a string,
+    /// number or boolean; missing when the body is not JSON or the field is absent or
+    /// another kind of value. The body is read first, up to the route's `max_body_bytes`.
+    Json(Box<str>),
+    /// A field of the request's form body (`form:username`,
+    /// `application/x-www-form-urlencoded`), decoded; the first, if repeated. The body is
+    /// read first, up to the route's `max_body_bytes`.
+    Form(Box<str>),
 }
 
 impl KeyPart {
@@ -105,11 +119,26 @@ impl KeyPart {
                 Some(("cookie", name)) => KeyPart::Cookie(named("cookie", name)?),
                 Some(("query", name)) => KeyPart::Query(named("query", name)?),
                 Some(("jwt", name)) => KeyPart::Jwt(named("jwt", name)?),
+                Some(("form", name)) => KeyPart::Form(named("form", name)?),
+                Some(("json", pointer)) => {
+                    if pointer.len() > MAX_PART_NAME_BYTES
+                        || !pointer.starts_with('/')
+                        || pointer.chars().any(char::is_control)
+                    {
+                        return Err(format!(
+                            "`json:{pointer}`: a JSON pointer of at most \
+                             {MAX_PART_NAME_BYTES} bytes starting with `/`, such as \
+                             `json:/user/name`"
+                        ));
+                    }
+                    KeyPart::Json(pointer.into())
+                }
                 _ => {
                     return Err(format!(
                         "`{text}` is not a part of a request a key can be made of: one of \
                          `client`, `ip`, `api_key`, `user`, `device`, `route`, `method`, \
-                         `host`, `header:NAME`, `cookie:NAME`, `query:NAME`, `jwt:CLAIM`"
+                         `host`, `header:NAME`, `cookie:NAME`, `query:NAME`, `jwt:CLAIM`, \
+                         `json:/POINTER`, `form:NAME`"
                     ));
                 }
             },
@@ -131,7 +160,14 @@ impl KeyPart {
             KeyPart::Route => "route".into(),
             KeyPart::Method => "method".into(),
             KeyPart::Host => "host".into(),
+            KeyPart::Json(pointer) => format!("json:{pointer}"),
+            KeyPart::Form(name) => format!("form:{name}"),
         }
+    }
+
+    /// Tell whether the part is read from the request's body.
+    pub fn reads_body(&self) -> bool {
+        matches!(self, KeyPart::Json(_) | KeyPart::Form(_))
     }
 }
 
@@ -241,6 +277,18 @@ mod tests {
         assert!(KeyPart::parse("header:bad header").is_err());
         assert!(KeyPart::parse("cookie:").is_err());
         assert!(KeyPart::parse("query:a=b").is_err());
+        assert_eq!(
+            KeyPart::parse("json:/user/name").unwrap(),
+            KeyPart::Json("/user/name".into())
+        );
+        assert_eq!(
+            KeyPart::parse("form:username").unwrap(),
+            KeyPart::Form("username".into())
+        );
+        assert!(KeyPart::parse("json:user").is_err());
+        assert!(KeyPart::parse("json:/a\u{7}").is_err());
+        assert!(KeyPart::parse(&format!("json:/{}", "a".repeat(200))).is_err());
+        assert!(KeyPart::parse("form:").is_err());
         let many: Vec<String> = (0..10_000).map(|i| format!("header:x-{i}")).collect();
         assert!(CountBy::parse(&many).unwrap_err().contains("at most 8"));
     }

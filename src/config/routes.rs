@@ -24,7 +24,17 @@ pub struct RouteRule {
     pub cost: u64,
     /// Policies that apply to this route in addition to the tier's.
     pub policies: Vec<String>,
+    /// The longest request body read for a policy that counts by a field of it (`json:`,
+    /// `form:`); a longer one is answered `413`. Bodies of requests whose policies read no
+    /// field are never read.
+    pub max_body_bytes: u64,
 }
+
+/// A route's `max_body_bytes` when the file gives none, and the one for requests that match
+/// no route.
+pub(crate) const DEFAULT_MAX_BODY_BYTES: u64 = 16 * 1024;
+/// The largest `max_body_bytes` a route may give.
+pub(crate) const MAX_MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
 
 /// Validate every route, refuse ambiguous or duplicate ones, and order them for matching:
 /// most specific first (longer prefixes, then a named method before "any").
@@ -175,6 +185,17 @@ fn build_route(
             )
         })?;
     }
+    let max_body_bytes = match raw.max_body_bytes {
+        None => DEFAULT_MAX_BODY_BYTES,
+        Some(n) if (1..=MAX_MAX_BODY_BYTES as i64).contains(&n) => n as u64,
+        Some(n) => {
+            return Err(source.error(
+                at("max_body_bytes"),
+                field("max_body_bytes"),
+                format!("{n}: give 1 to {MAX_MAX_BODY_BYTES} bytes"),
+            ));
+        }
+    };
     Ok(RouteRule {
         name: raw.name.clone(),
         matching: RouteMatch {
@@ -185,6 +206,7 @@ fn build_route(
         },
         cost: raw.cost,
         policies: raw.policies.clone(),
+        max_body_bytes,
     })
 }
 
@@ -209,6 +231,7 @@ pub(super) struct RawRoute {
     cost: u64,
     #[serde(default)]
     policies: Vec<String>,
+    max_body_bytes: Option<i64>,
 }
 
 /// A route's cost when the file gives none.

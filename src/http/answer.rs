@@ -57,7 +57,8 @@ pub(super) fn denial(outcome: &Outcome, hook: Option<&DenialHook>, legacy: bool)
 }
 
 /// The answer to a request refused before any counting: 400 for a missing part of a
-/// policy's key, 403 for an address in `[access] deny`; a JSON body that says which.
+/// policy's key, 403 for an address in `[access] deny`, 413 for a body too long to read a
+/// field of; a JSON body that says which.
 fn refused(refusal: Refusal) -> Response<Body> {
     let (status, body) = match refusal {
         Refusal::Missing(missing) => (
@@ -77,6 +78,16 @@ fn refused(refusal: Refusal) -> Response<Body> {
             serde_json::json!({
                 "error": "forbidden",
                 "message": "requests from this address are refused",
+            }),
+        ),
+        Refusal::BodyTooLarge { limit } => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            serde_json::json!({
+                "error": "body_too_large",
+                "message": format!(
+                    "a policy counts by a field of the body, which is read up to {limit} bytes"
+                ),
+                "max_bytes": limit,
             }),
         ),
     };

@@ -44,6 +44,8 @@ pub(crate) struct Matched {
     /// The answer is the protected service's: `count_when` charges are settled by its
     /// status (not for a forward-auth check, whose answer goes to another gateway).
     settle: bool,
+    /// The connection's address, to match the request again once its body is read.
+    peer: Option<IpAddr>,
 }
 
 impl Matched {
@@ -106,6 +108,17 @@ impl Gate {
         request: &Request<B>,
         peer: Option<IpAddr>,
     ) -> Matched {
+        self.plan_with(rules, request, peer, None)
+    }
+
+    /// [`Gate::plan`], with the request's body as read (`None`: not read yet).
+    fn plan_with<B>(
+        &self,
+        rules: Guard<Arc<Rules>>,
+        request: &Request<B>,
+        peer: Option<IpAddr>,
+        body: Option<(&[u8], Option<&serde_json::Value>)>,
+    ) -> Matched {
         let identified = identify(
             request.headers(),
             request.extensions(),
@@ -115,7 +128,7 @@ impl Gate {
         );
         let matched = identified.map(|identity| {
             let claims = rules.jwt_claims(request.headers());
-            let facts = RequestFacts {
+            let mut facts = RequestFacts {
                 identity: &identity,
                 tier: request
                     .extensions()
@@ -125,6 +138,10 @@ impl Gate {
                 path: request.uri().path(),
                 request: request_parts(request, &rules, claims.as_ref(), peer),
             };
+            if let Some((body, json)) = body {
+                facts.request.body = Some(body);
+                facts.request.json = json;
+            }
             let planned = rules.plan(&facts);
             (identity, planned)
         });
@@ -132,6 +149,7 @@ impl Gate {
             rules,
             matched,
             settle: true,
+            peer,
         }
     }
 
@@ -155,11 +173,43 @@ impl Gate {
             rules,
             matched,
             settle,
+            peer,
         } = matched;
         let (identity, planned) = match matched {
             Ok(matched) => matched,
             Err(too_long) => return Box::pin(std::future::ready(Ok(identity_too_long(&too_long)))),
         };
+        if let Planned::ReadBody(limit) = planned {
+            // A policy counts by a field of the body: read it (up to the route's limit), match
+            // the request again with it, and pass it on with the same bytes.
+            let gate = Arc::clone(self);
+            let rules = Guard::into_inner(rules);
+            return Box::pin(async move {
+                let (request, body) = match read_body(request, limit).await {
+                    Ok(read) => read,
+                    Err(request) => {
+                        drop(request);
+                        let outcome = rules.charge(Planned::ReadBody(limit), gate.clock.now_ns());
+                        record(&outcome, &rules, &identity);
+                        let legacy = rules.config().legacy_headers;
+                        return Ok(denial(&outcome, gate.on_denied.as_ref(), legacy));
+                    }
+                };
+                let json = if rules.reads_json() {
+                    serde_json::from_slice::<serde_json::Value>(&body).ok()
+                } else {
+                    None
+                };
+                let again = gate.plan_with(
+                    Guard::from_inner(rules),
+                    &request,
+                    peer,
+                    Some((&body, json.as_ref())),
+                );
+                let again = Matched { settle, ..again };
+                gate.pass(again, request, inner).await
+            });
+        }
         let now = self.clock.now_ns();
         if !planned.needs_io() {
             // Decided now, and handed on at once unless a shaping policy delays it: the
@@ -224,6 +274,45 @@ where
     Ok(with_fields(response, &outcome, legacy))
 }
 
+/// Read `request`'s body, up to `limit` bytes, and put the same bytes back in its place: the
+/// request and the bytes, or the request (with no body) when the body is longer. A body of
+/// a kind the layer cannot put back (not [`axum::body::Body`]) is left unread and reads as
+/// empty; one that fails to arrive reads as empty too (its fields are then missing).
+async fn read_body<B: Send + 'static>(
+    request: Request<B>,
+    limit: u64,
+) -> Result<(Request<B>, Bytes), Request<()>> {
+    use std::any::Any;
+    let (parts, body) = request.into_parts();
+    let mut slot = Some(body);
+    let Some(taken) = (&mut slot as &mut dyn Any)
+        .downcast_mut::<Option<Body>>()
+        .and_then(Option::take)
+    else {
+        let body = match slot {
+            Some(body) => body,
+            None => return Err(Request::from_parts(parts, ())),
+        };
+        return Ok((Request::from_parts(parts, body), Bytes::new()));
+    };
+    let limited = http_body_util::Limited::new(taken, usize::try_from(limit).unwrap_or(usize::MAX));
+    let bytes = match http_body_util::BodyExt::collect(limited).await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            return Err(Request::from_parts(parts, ()));
+        }
+        Err(_) => Bytes::new(),
+    };
+    let mut slot: Option<B> = None;
+    if let Some(put) = (&mut slot as &mut dyn Any).downcast_mut::<Option<Body>>() {
+        *put = Some(Body::from(bytes.clone()));
+    }
+    match slot {
+        Some(body) => Ok((Request::from_parts(parts, body), bytes)),
+        None => Err(Request::from_parts(parts, ())),
+    }
+}
+
 /// The parts of `request` that `rules` read beyond its identity (none, for rules that count
 /// only by the identity chain and list no addresses), with the claims of its verified JWT.
 fn request_parts<'a, B>(
@@ -284,6 +373,10 @@ fn record(outcome: &Outcome, rules: &Rules, identity: &Identity) {
         }
         Some(Refusal::Denied) => {
             metrics::counter!("ratemesh_requests_refused_total", "reason" => "access_denied")
+                .increment(1);
+        }
+        Some(Refusal::BodyTooLarge { .. }) => {
+            metrics::counter!("ratemesh_requests_refused_total", "reason" => "body_too_large")
                 .increment(1);
         }
         None => {}

@@ -163,6 +163,8 @@ pub(super) struct CompiledRoute {
     matching: crate::config::RouteMatch,
     pub(super) cost: u64,
     pub(super) layers: Layers,
+    /// The longest body read for a policy that counts by a field of it.
+    pub(super) max_body_bytes: u64,
 }
 
 impl CompiledRoute {
@@ -256,6 +258,7 @@ pub(super) fn compile(
             matching: route.matching.clone(),
             cost: route.cost,
             layers: layers(&route.policies),
+            max_body_bytes: route.max_body_bytes,
         })
         .collect();
     check_counts(&tiers, &routes)?;

@@ -297,8 +297,24 @@ impl Rules {
     /// the node's clock) without waiting: when the lease is short, the request is denied
     /// for a millisecond. A `redis` policy is answered here by its local store, as when it
     /// fails open. Use [`Rules::decide_exact`] to wait for the mesh and to ask Redis.
+    ///
+    /// A policy that counts by a field of the body (`json:`, `form:`) reads it from
+    /// [`RequestParts::body`](super::RequestParts::body): without one, the field is
+    /// missing.
     pub fn decide(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
-        self.charge(self.plan(facts), now)
+        self.charge(self.plan_given(facts), now)
+    }
+
+    /// Plan a request as its caller gave it: a body it did not give is an empty one.
+    fn plan_given(&self, facts: &RequestFacts<'_>) -> Planned {
+        match self.plan(facts) {
+            Planned::ReadBody(_) => {
+                let mut given = *facts;
+                given.request.body = Some(b"");
+                self.plan(&given)
+            }
+            planned => planned,
+        }
     }
 
     /// Decide one request with the IO it may need: a `mesh` policy waits for the key's owner
@@ -307,7 +323,7 @@ impl Rules {
     /// failure under `fail_mode = "closed"`, gives the local charges back, while a mesh
     /// charge stays counted: the cluster then admits less, never more).
     pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
-        self.charge_io(self.plan(facts), now).await
+        self.charge_io(self.plan_given(facts), now).await
     }
 
     /// Charge a request these rules planned, at `now`, without IO (as [`Rules::decide`]
@@ -316,6 +332,11 @@ impl Rules {
     pub(crate) fn charge(&self, planned: Planned, now: Nanos) -> Outcome {
         let plan = match planned {
             Planned::Before(refused) => return self.before_counting(refused),
+            // The layer reads the body and plans again, `decide` plans with the body given:
+            // a body left unread counts as one too long to read.
+            Planned::ReadBody(limit) => {
+                return self.before_counting(Some(Refusal::BodyTooLarge { limit }));
+            }
             Planned::Charge(plan) if plan.refused => return self.refused(&plan),
             Planned::Charge(plan) => plan,
         };
@@ -332,6 +353,9 @@ impl Rules {
     pub(crate) async fn charge_io(&self, planned: Planned, now: Nanos) -> Outcome {
         let plan = match planned {
             Planned::Before(refused) => return self.before_counting(refused),
+            Planned::ReadBody(limit) => {
+                return self.before_counting(Some(Refusal::BodyTooLarge { limit }));
+            }
             Planned::Charge(plan) if plan.refused => return self.refused(&plan),
             Planned::Charge(plan) => plan,
         };

@@ -39,6 +39,16 @@ impl KeyModel {
         self.parts.contains(&KeyPart::Ip)
     }
 
+    /// Tell whether some part is a field of the request's body.
+    pub(super) fn uses_body(&self) -> bool {
+        self.parts.iter().any(KeyPart::reads_body)
+    }
+
+    /// Tell whether some part is a field of a JSON body.
+    pub(super) fn uses_json(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, KeyPart::Json(_)))
+    }
+
     /// The key of the request `facts` (whose route, if it matched one, is `route`), or the
     /// name of the first part it lacks.
     pub(super) fn key(
@@ -72,6 +82,29 @@ impl KeyModel {
             })
             .collect();
         let mut claims = claims.iter();
+        // The body's fields, in the order of the `json:` and `form:` parts (a body not parsed
+        // yet is parsed here, once).
+        let parsed;
+        let json = match (facts.request.json, facts.request.body) {
+            (Some(json), _) => Some(json),
+            (None, Some(body)) if self.uses_json() => {
+                parsed = serde_json::from_slice::<serde_json::Value>(body).ok();
+                parsed.as_ref()
+            }
+            _ => None,
+        };
+        let fields: smallvec::SmallVec<[Option<std::borrow::Cow<'_, [u8]>>; 2]> = self
+            .parts
+            .iter()
+            .filter_map(|part| match part {
+                KeyPart::Json(pointer) => {
+                    Some(json.and_then(|json| json_value(json.pointer(pointer)?)))
+                }
+                KeyPart::Form(name) => Some(facts.request.body.and_then(|body| form(body, name))),
+                _ => None,
+            })
+            .collect();
+        let mut fields = fields.iter();
         let mut values: smallvec::SmallVec<[&[u8]; 16]> = smallvec::SmallVec::new();
         for (part, name) in self.parts.iter().zip(&self.names) {
             let missing = || *name;
@@ -131,6 +164,22 @@ impl KeyModel {
                     values.push(b"host");
                     facts.request.host.ok_or_else(missing)?.as_bytes()
                 }
+                KeyPart::Json(pointer) => {
+                    values.push(b"json");
+                    values.push(pointer.as_bytes());
+                    fields
+                        .next()
+                        .and_then(|f| f.as_deref())
+                        .ok_or_else(missing)?
+                }
+                KeyPart::Form(field) => {
+                    values.push(b"form");
+                    values.push(field.as_bytes());
+                    fields
+                        .next()
+                        .and_then(|f| f.as_deref())
+                        .ok_or_else(missing)?
+                }
             };
             values.push(value);
         }
@@ -189,6 +238,28 @@ fn cookie<'a>(facts: &RequestFacts<'a>, name: &str) -> Option<&'a [u8]> {
         .filter(|value| !value.is_empty())
 }
 
+/// A JSON value's bytes in a key: a string's text, a number's or a boolean's JSON; `None`
+/// for anything else (and for an empty string).
+fn json_value(value: &serde_json::Value) -> Option<std::borrow::Cow<'_, [u8]>> {
+    match value {
+        serde_json::Value::String(text) if !text.is_empty() => Some(text.as_bytes().into()),
+        value @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => {
+            Some(value.to_string().into_bytes().into())
+        }
+        _ => None,
+    }
+}
+
+/// A form field's value, decoded (the first of that name); an empty one is missing.
+fn form<'a>(body: &'a [u8], name: &str) -> Option<std::borrow::Cow<'a, [u8]>> {
+    let value =
+        form_urlencoded::parse(body).find_map(|(key, value)| (key == name).then_some(value))?;
+    (!value.is_empty()).then(|| match value {
+        std::borrow::Cow::Borrowed(text) => std::borrow::Cow::Borrowed(text.as_bytes()),
+        std::borrow::Cow::Owned(text) => std::borrow::Cow::Owned(text.into_bytes()),
+    })
+}
+
 /// A query parameter's value as sent (not decoded; the first of that name).
 fn query<'a>(query: Option<&'a str>, name: &str) -> Option<&'a [u8]> {
     query?
@@ -212,6 +283,44 @@ mod tests {
     }
 
     #[test]
+    fn body_fields_key_by_value_whatever_the_body_s_spelling() {
+        let identity = Identity::new(IdentitySource::Ip, "192.0.2.1");
+        let config = IdentityConfig::default();
+        let key = |model: &KeyModel, body: &'static [u8], parsed: bool| {
+            let json: Option<&'static serde_json::Value> = parsed
+                .then(|| serde_json::from_slice(body).ok())
+                .flatten()
+                .map(|v| &*Box::leak(Box::new(v)));
+            model.key(
+                &RequestFacts {
+                    identity: &identity,
+                    tier: None,
+                    method: &http::Method::POST,
+                    path: "/login",
+                    request: RequestParts {
+                        body: Some(body),
+                        json,
+                        ..RequestParts::default()
+                    },
+                },
+                None,
+                &config,
+            )
+        };
+        let json = model(&["json:/user"]);
+        let a = key(&json, br#"{"user":"alice","x":1}"#, false);
+        assert!(a.is_ok());
+        assert_eq!(a, key(&json, br#"{ "x" : 2, "user" : "alice" }"#, true));
+        assert_ne!(a, key(&json, br#"{"user":"bob"}"#, false));
+        assert_eq!(key(&json, b"user=alice", false), Err("json:/user"));
+        let form = model(&["form:user"]);
+        let f = key(&form, b"user=alice", false);
+        assert_eq!(f, key(&form, b"x=1&user=%61lice", false));
+        assert_ne!(f, a, "a form's field and a JSON one make two keys");
+        assert_eq!(key(&form, b"user=", false), Err("form:user"));
+    }
+
+    #[test]
     fn keys_follow_the_parts_and_name_the_one_missing() {
         let identity = Identity::new(IdentitySource::ApiKey, "k1");
         let mut headers = http::HeaderMap::new();
@@ -232,6 +341,8 @@ mod tests {
                     host: Some("api.example.com"),
                     claims: None,
                     from_trusted_proxy: false,
+                    body: None,
+                    json: None,
                 },
             };
         let headers: &'static http::HeaderMap = Box::leak(Box::new(headers));

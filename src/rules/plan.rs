@@ -28,6 +28,10 @@ pub(crate) enum Planned {
     Before(Option<Refusal>),
     /// The policies to charge.
     Charge(Plan),
+    /// A policy it passes counts by a field of its body, not read yet: read the body, up to
+    /// this many bytes (longer: refused, [`Refusal::BodyTooLarge`]), and plan it again with
+    /// the body.
+    ReadBody(u64),
 }
 
 impl Planned {
@@ -35,7 +39,7 @@ impl Planned {
     /// key's owner the node may have to ask) or a `redis` one.
     pub(crate) fn needs_io(&self) -> bool {
         match self {
-            Planned::Before(_) => false,
+            Planned::Before(_) | Planned::ReadBody(_) => false,
             Planned::Charge(plan) => {
                 !plan.refused && (plan.global.is_some() || plan.exact.is_some())
             }
@@ -123,6 +127,24 @@ impl Rules {
         let route_index = self.routes.iter().position(|r| r.matches(facts));
         let route = route_index.map(|i| &self.routes[i]);
         let tier = self.tier_of(facts);
+        if self.reads_body && facts.request.body.is_none() {
+            let reads_body = |layers: &Layers| {
+                [
+                    &layers.enforced,
+                    &layers.shadow,
+                    &layers.global,
+                    &layers.exact,
+                ]
+                .into_iter()
+                .flatten()
+                .any(|&i| self.models[i].as_ref().is_some_and(|m| m.uses_body()))
+            };
+            if tier.is_some_and(reads_body) || route.is_some_and(|r| reads_body(&r.layers)) {
+                return Planned::ReadBody(
+                    route.map_or(crate::config::DEFAULT_MAX_BODY_BYTES, |r| r.max_body_bytes),
+                );
+            }
+        }
         // The key of (environment, source, identity[, route]), its first two parts hashed
         // when the rules were made.
         let prefix = &self.client_keys[super::client_keys_slot(facts.identity.source)];

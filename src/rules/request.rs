@@ -79,6 +79,11 @@ pub struct RequestParts<'a> {
     /// The request came from one of `[identity] trusted_proxies` (a `tier_from` header is
     /// believed only then).
     pub from_trusted_proxy: bool,
+    /// The request's body as read (`json:` and `form:` parts); `None`: not read.
+    pub body: Option<&'a [u8]>,
+    /// The body parsed as JSON, when it was (else `json:` parts parse `body` themselves);
+    /// a body that is not JSON leaves every `json:` part missing.
+    pub json: Option<&'a serde_json::Value>,
 }
 
 /// A request lacks a part its policy counts by.
@@ -98,6 +103,12 @@ pub enum Refusal {
     Missing(MissingPart),
     /// Its address is in `[access] deny` (answered `403 Forbidden`).
     Denied,
+    /// A policy counts by a field of its body, which is longer than the route's
+    /// `max_body_bytes` (answered `413 Content Too Large`).
+    BodyTooLarge {
+        /// The route's `max_body_bytes`.
+        limit: u64,
+    },
 }
 
 /// One policy's part in a decision, for the response headers.
