@@ -200,7 +200,7 @@ async fn a_body_longer_than_the_routes_limit_is_413_and_costs_nothing() {
     assert_eq!(post_json(&layer, "192.0.2.1", alice).await.0, 429);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn only_requests_whose_policies_read_a_field_have_their_body_read() {
     let layer = login("json:/user/name", "refuse");
     // A body that sends one chunk and then never ends: a layer that read it would wait
@@ -223,17 +223,57 @@ async fn only_requests_whose_policies_read_a_field_have_their_body_read() {
     .await
     .expect("a route without body policies never reads the body");
     assert_eq!(answered.unwrap().status(), 200);
-    // On the login route the body is read: it waits for the rest.
+    // On the login route the body is read: it waits for the rest, 30 s, then refuses the
+    // request uncounted.
+    let started = tokio::time::Instant::now();
     let mut request = http::Request::post("/login").body(endless()).unwrap();
     request
         .extensions_mut()
         .insert(ClientAddr("192.0.2.1:4000".parse().unwrap()));
-    let waited = tokio::time::timeout(
-        Duration::from_millis(300),
-        service.ready().await.unwrap().call(request),
+    let response = service.ready().await.unwrap().call(request).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(30));
+    assert_eq!(response.status(), 400);
+    let answer = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&answer).contains("body_incomplete"));
+}
+
+#[tokio::test]
+async fn a_body_that_breaks_off_is_refused_uncounted() {
+    let layer = login("json:/user/name", "skip");
+    let (status, answer, received) = post(
+        &layer,
+        "192.0.2.1",
+        "/login",
+        "application/json",
+        Body::new(Broken { sent: false }),
     )
     .await;
-    assert!(waited.is_err(), "the login route reads its body first");
+    assert_eq!(status, 400);
+    assert!(answer.contains("body_incomplete"), "{answer}");
+    assert!(received.is_none());
+}
+
+/// A body that sends one chunk and then fails.
+struct Broken {
+    sent: bool,
+}
+
+impl axum::body::HttpBody for Broken {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        if self.sent {
+            return std::task::Poll::Ready(Some(Err(std::io::Error::other("reset"))));
+        }
+        self.sent = true;
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(b"{")))))
+    }
 }
 
 /// A body that sends one chunk and then never ends.

@@ -57,8 +57,8 @@ pub(super) fn denial(outcome: &Outcome, hook: Option<&DenialHook>, legacy: bool)
 }
 
 /// The answer to a request refused before any counting: 400 for a missing part of a
-/// policy's key, 403 for an address in `[access] deny`, 413 for a body too long to read a
-/// field of; a JSON body that says which.
+/// policy's key or a body that did not arrive whole, 403 for an address in `[access] deny`,
+/// 413 for a body too long to read a field of; a JSON body that says which.
 fn refused(refusal: Refusal) -> Response<Body> {
     let (status, body) = match refusal {
         Refusal::Missing(missing) => (
@@ -78,6 +78,13 @@ fn refused(refusal: Refusal) -> Response<Body> {
             serde_json::json!({
                 "error": "forbidden",
                 "message": "requests from this address are refused",
+            }),
+        ),
+        Refusal::BodyIncomplete => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({
+                "error": "body_incomplete",
+                "message": "a policy counts by a field of the body, which did not arrive whole",
             }),
         ),
         Refusal::BodyTooLarge { limit } => (

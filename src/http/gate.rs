@@ -187,9 +187,9 @@ impl Gate {
             return Box::pin(async move {
                 let (request, body) = match read_body(request, limit).await {
                     Ok(read) => read,
-                    Err(request) => {
-                        drop(request);
-                        let outcome = rules.charge(Planned::ReadBody(limit), gate.clock.now_ns());
+                    Err(refusal) => {
+                        let outcome =
+                            rules.charge(Planned::Before(Some(refusal)), gate.clock.now_ns());
                         record(&outcome, &rules, &identity);
                         let legacy = rules.config().legacy_headers;
                         return Ok(denial(&outcome, gate.on_denied.as_ref(), legacy));
@@ -274,14 +274,17 @@ where
     Ok(with_fields(response, &outcome, legacy))
 }
 
+/// How long a body read for its fields may take to arrive.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Read `request`'s body, up to `limit` bytes, and put the same bytes back in its place: the
-/// request and the bytes, or the request (with no body) when the body is longer. A body of
-/// a kind the layer cannot put back (not [`axum::body::Body`]) is left unread and reads as
-/// empty; one that fails to arrive reads as empty too (its fields are then missing).
+/// request and the bytes, or why not (longer than `limit`; broken off, or slower than
+/// [`BODY_READ_TIMEOUT`]). A body of a kind the layer cannot put back (not
+/// [`axum::body::Body`]) is left unread and reads as empty (its fields are missing).
 async fn read_body<B: Send + 'static>(
     request: Request<B>,
     limit: u64,
-) -> Result<(Request<B>, Bytes), Request<()>> {
+) -> Result<(Request<B>, Bytes), Refusal> {
     use std::any::Any;
     let (parts, body) = request.into_parts();
     let mut slot = Some(body);
@@ -291,17 +294,18 @@ async fn read_body<B: Send + 'static>(
     else {
         let body = match slot {
             Some(body) => body,
-            None => return Err(Request::from_parts(parts, ())),
+            None => return Err(Refusal::BodyIncomplete),
         };
         return Ok((Request::from_parts(parts, body), Bytes::new()));
     };
     let limited = http_body_util::Limited::new(taken, usize::try_from(limit).unwrap_or(usize::MAX));
-    let bytes = match http_body_util::BodyExt::collect(limited).await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            return Err(Request::from_parts(parts, ()));
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, http_body_util::BodyExt::collect(limited));
+    let bytes = match read.await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+            return Err(Refusal::BodyTooLarge { limit });
         }
-        Err(_) => Bytes::new(),
+        Ok(Err(_)) | Err(_) => return Err(Refusal::BodyIncomplete),
     };
     let mut slot: Option<B> = None;
     if let Some(put) = (&mut slot as &mut dyn Any).downcast_mut::<Option<Body>>() {
@@ -309,7 +313,7 @@ async fn read_body<B: Send + 'static>(
     }
     match slot {
         Some(body) => Ok((Request::from_parts(parts, body), bytes)),
-        None => Err(Request::from_parts(parts, ())),
+        None => Err(Refusal::BodyIncomplete),
     }
 }
 
@@ -377,6 +381,10 @@ fn record(outcome: &Outcome, rules: &Rules, identity: &Identity) {
         }
         Some(Refusal::BodyTooLarge { .. }) => {
             metrics::counter!("ratemesh_requests_refused_total", "reason" => "body_too_large")
+                .increment(1);
+        }
+        Some(Refusal::BodyIncomplete) => {
+            metrics::counter!("ratemesh_requests_refused_total", "reason" => "body_incomplete")
                 .increment(1);
         }
         None => {}

@@ -109,6 +109,9 @@ pub enum Refusal {
         /// The route's `max_body_bytes`.
         limit: u64,
     },
+    /// A policy counts by a field of its body, which broke off or took longer than 30 s to
+    /// arrive (answered `400 Bad Request`).
+    BodyIncomplete,
 }
 
 /// One policy's part in a decision, for the response headers.
