@@ -52,6 +52,7 @@
 //! ```
 
 mod access;
+mod cost;
 mod envoy;
 mod identity;
 mod jwt;
@@ -73,6 +74,7 @@ use std::sync::Arc;
 
 use access::build_access;
 pub use access::{Access, AccessLists, MAX_ACCESS_RANGES};
+pub use cost::{CostFrom, CostMap, CostSource};
 use envoy::build_envoy;
 pub use envoy::{
     DescriptorLimit, EnvoyConfig, EnvoyDescriptor, EnvoyDomain, MAX_DESCRIPTOR_DEPTH, RateLimitUnit,

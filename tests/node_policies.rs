@@ -326,6 +326,31 @@ async fn a_proxying_node_counts_failed_logins_by_the_account_in_the_body() {
     server.abort();
 }
 
+/// `cost_from` on a node: a query parameter's page size sets what a search costs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_takes_a_searchs_cost_from_its_page_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+        [identity]\norder = [\"ip\"]\n\n\
+        [policies.per_client]\nalgorithm = \"fixed-window\"\nlimit = 20\nwindow = \"1h\"\n\n\
+        [tiers.api]\npolicies = [\"per_client\"]\n\n\
+        [[routes]]\nname = \"search\"\npath = \"/search\"\ncost_from = \"query:page_size\"\n\
+        cost_per_unit = 0.1\nmax_cost = 10\n";
+    let files = write_cluster_with(dir.path(), 1, text);
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let search = |page_size: u32| {
+        let request = client.get(format!("http://{}/search?page_size={page_size}", node.http));
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    // 95 costs 10 (rounded up): two fit in 20, a third does not, nor does one of 1.
+    assert_eq!(search(95).await, 200);
+    assert_eq!(search(100).await, 200);
+    assert_eq!(search(95).await, 429);
+    assert_eq!(search(1).await, 429);
+}
+
 /// A plans file of a million API keys beside the policy file: a `ratemesh node` gives each
 /// key its tier, and an unknown key the default; SIGHUP reads a changed plans file and keeps
 /// every counter of the policies that did not change.

@@ -8,6 +8,7 @@ use http::{HeaderName, Method};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::cost::{CostFrom, CostMap, CostSource};
 use super::matching::{HostPattern, PathPattern, RouteMatch};
 use super::named_policy::NamedPolicy;
 use super::source::{ConfigError, Source};
@@ -20,8 +21,11 @@ pub struct RouteRule {
     pub name: String,
     /// What it matches.
     pub matching: RouteMatch,
-    /// The cost of one request, in tokens of every policy that applies.
+    /// The cost of one request, in tokens of every policy that applies (when `cost_from`
+    /// gives none).
     pub cost: u64,
+    /// The cost taken from the request (`cost_from`), if the route says so.
+    pub cost_from: Option<CostFrom>,
     /// Policies that apply to this route in addition to the tier's.
     pub policies: Vec<String>,
     /// The longest request body read for a policy that counts by a field of it (`json:`,
@@ -170,20 +174,26 @@ fn build_route(
             ));
         }
     }
-    // The cost must fit every policy this route can meet: its own and every tier's.
+    let cost_from = cost_from(source, raw, &at, &field)?;
+    // The cost must fit every policy this route can meet: its own and every tier's (the
+    // most `cost_from` may give, too).
     let applicable = raw
         .policies
         .iter()
         .chain(tiers.values().flatten())
         .filter_map(|name| policies.iter().find(|p| &p.name == name));
     for named in applicable {
-        named.policy.validate_cost(raw.cost).map_err(|error| {
-            source.error(
-                at("cost"),
-                field("cost"),
-                format!("{error} (policy `{}`)", named.name),
-            )
-        })?;
+        let costs = std::iter::once(("cost", raw.cost))
+            .chain(cost_from.as_ref().map(|c| ("max_cost", c.max_cost)));
+        for (key, cost) in costs {
+            named.policy.validate_cost(cost).map_err(|error| {
+                source.error(
+                    at(key),
+                    field(key),
+                    format!("{error} (policy `{}`)", named.name),
+                )
+            })?;
+        }
     }
     let max_body_bytes = match raw.max_body_bytes {
         None => DEFAULT_MAX_BODY_BYTES,
@@ -205,10 +215,103 @@ fn build_route(
             headers,
         },
         cost: raw.cost,
+        cost_from,
         policies: raw.policies.clone(),
         max_body_bytes,
     })
 }
+
+/// A route's `cost_from` with its map (`cost_per_unit` or `cost_table`) and `max_cost`.
+fn cost_from(
+    source: &Source<'_>,
+    raw: &RawRoute,
+    at: &dyn Fn(&str) -> usize,
+    field: &dyn Fn(&str) -> String,
+) -> Result<Option<CostFrom>, ConfigError> {
+    let error = |key: &str, message: String| source.error(at(key), field(key), message);
+    let Some(text) = &raw.cost_from else {
+        for key in ["cost_per_unit", "cost_table", "max_cost"] {
+            let given = match key {
+                "cost_per_unit" => raw.cost_per_unit.is_some(),
+                "cost_table" => raw.cost_table.is_some(),
+                _ => raw.max_cost.is_some(),
+            };
+            if given {
+                return Err(error(key, "needs `cost_from`".into()));
+            }
+        }
+        return Ok(None);
+    };
+    let from = CostSource::parse(text).map_err(|reason| error("cost_from", reason))?;
+    let max_cost = match raw.max_cost {
+        Some(max) if max >= 1 && (max as u64) >= raw.cost => max as u64,
+        Some(max) => {
+            return Err(error(
+                "max_cost",
+                format!("{max}: at least 1 and at least `cost` ({})", raw.cost),
+            ));
+        }
+        None => {
+            return Err(error(
+                "cost_from",
+                "needs `max_cost`: the most one request may cost".into(),
+            ));
+        }
+    };
+    let map = match (raw.cost_per_unit, &raw.cost_table) {
+        (Some(_), Some(_)) => {
+            return Err(error(
+                "cost_table",
+                "give one of `cost_per_unit` and `cost_table`".into(),
+            ));
+        }
+        (Some(factor), None) if factor.is_finite() && (1e-6..=1e12).contains(&factor) => {
+            CostMap::Linear((factor * 1e6).round() as u64)
+        }
+        (Some(factor), None) => {
+            return Err(error(
+                "cost_per_unit",
+                format!("{factor}: a number from 0.000001 to 10^12"),
+            ));
+        }
+        (None, Some(rows)) => {
+            let mut table = Vec::with_capacity(rows.len());
+            for &[up_to, cost] in rows {
+                let valid = up_to >= 0
+                    && (1..=max_cost as i64).contains(&cost)
+                    && table
+                        .last()
+                        .is_none_or(|&(last, _): &(u64, u64)| up_to as u64 > last);
+                if !valid {
+                    return Err(error(
+                        "cost_table",
+                        format!(
+                            "[{up_to}, {cost}]: rows are [up to, cost] with up to increasing \
+                             and cost from 1 to `max_cost` ({max_cost})"
+                        ),
+                    ));
+                }
+                table.push((up_to as u64, cost as u64));
+            }
+            if table.is_empty() || table.len() > MAX_COST_TABLE_ROWS {
+                return Err(error(
+                    "cost_table",
+                    format!("1 to {MAX_COST_TABLE_ROWS} rows"),
+                ));
+            }
+            CostMap::Table(table)
+        }
+        (None, None) => CostMap::Value,
+    };
+    Ok(Some(CostFrom {
+        source: from,
+        map,
+        max_cost,
+    }))
+}
+
+/// The most rows a `cost_table` may have.
+const MAX_COST_TABLE_ROWS: usize = 64;
 
 /// A `[[routes]]` table as the file spells it.
 #[derive(Deserialize)]
@@ -232,6 +335,10 @@ pub(super) struct RawRoute {
     #[serde(default)]
     policies: Vec<String>,
     max_body_bytes: Option<i64>,
+    cost_from: Option<String>,
+    cost_per_unit: Option<f64>,
+    cost_table: Option<Vec<[i64; 2]>>,
+    max_cost: Option<i64>,
 }
 
 /// A route's cost when the file gives none.

@@ -165,6 +165,8 @@ pub(super) struct CompiledRoute {
     pub(super) layers: Layers,
     /// The longest body read for a policy that counts by a field of it.
     pub(super) max_body_bytes: u64,
+    /// The cost taken from the request, if the route says so.
+    cost_from: Option<crate::config::CostFrom>,
 }
 
 impl CompiledRoute {
@@ -179,7 +181,26 @@ impl CompiledRoute {
 
     /// Tell whether matching reads the host or headers.
     pub(super) fn reads_request(&self) -> bool {
-        self.matching.reads_request()
+        self.matching.reads_request() || self.cost_from.is_some()
+    }
+
+    /// The cost of the request `facts`: from `cost_from` when the request gives a number
+    /// there (a header only from a trusted proxy), else the route's constant.
+    pub(super) fn cost_of(&self, facts: &super::request::RequestFacts<'_>) -> u64 {
+        use crate::config::CostSource;
+        let Some(from) = &self.cost_from else {
+            return self.cost;
+        };
+        let value = match &from.source {
+            CostSource::Header(name) if facts.request.from_trusted_proxy => facts
+                .request
+                .headers
+                .and_then(|h| h.get(name))
+                .map(http::HeaderValue::as_bytes),
+            CostSource::Header(_) => None,
+            CostSource::Query(param) => super::key::query(facts.request.query, param),
+        };
+        value.and_then(|v| from.cost(v)).unwrap_or(self.cost)
     }
 }
 
@@ -259,6 +280,7 @@ pub(super) fn compile(
             cost: route.cost,
             layers: layers(&route.policies),
             max_body_bytes: route.max_body_bytes,
+            cost_from: route.cost_from.clone(),
         })
         .collect();
     check_counts(&tiers, &routes)?;

@@ -261,7 +261,7 @@ fn form<'a>(body: &'a [u8], name: &str) -> Option<std::borrow::Cow<'a, [u8]>> {
 }
 
 /// A query parameter's value as sent (not decoded; the first of that name).
-fn query<'a>(query: Option<&'a str>, name: &str) -> Option<&'a [u8]> {
+pub(super) fn query<'a>(query: Option<&'a str>, name: &str) -> Option<&'a [u8]> {
     query?
         .split('&')
         .find_map(|pair| {

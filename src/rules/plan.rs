@@ -199,7 +199,7 @@ impl Rules {
         Planned::Charge(Plan {
             refused: tier.is_none() && self.config.refuse_without_tier,
             route: route_index,
-            cost: route.map_or(1, |r| r.cost),
+            cost: route.map_or(1, |r| r.cost_of(facts)),
             enforced,
             shadow,
             global,
