@@ -2,9 +2,11 @@
 # One `ratemesh node` against nginx `limit_req` on the same machine, with the same load tool
 # (wrk), in alternating runs. See docs/benchmarks.md, "One node against nginx".
 #
-#   benches/vs_nginx.sh              # both modes: decide, then proxy
+#   benches/vs_nginx.sh              # every mode: decide, proxy, then deny-heavy
 #   benches/vs_nginx.sh decide       # the node answers itself / nginx serves a small file
 #   benches/vs_nginx.sh proxy        # both in front of the same upstream (an nginx `return 200`)
+#   benches/vs_nginx.sh deny-heavy   # decide under a bucket of 100/s, burst 20: nearly every
+#                                    # answer a 429, as under an attack
 #
 # Environment: ROUNDS (5), DURATION (10s), THREADS (wrk threads, 2), CONNS (64),
 # WORKERS (nginx worker processes and the node's runtime threads, 2), WARMUP (3s),
@@ -280,9 +282,52 @@ run_mode() {
   stop "$NGINX_PID"
 }
 
+# Deny-heavy: a bucket of 100/s with a burst of 20 under the same load, so that nearly every
+# answer is a 429; both must admit about rate × duration + burst each round. Answers per
+# second (429s included) compared, in alternating rounds.
+run_deny_heavy() {
+  local rate=100 burst=20
+  read -r NODE_PORT NGINX_PORT UPSTREAM_PORT <<<"$(ports 3)"
+  start_node "$rate" "$burst" decide
+  start_nginx "$rate" "$burst" decide
+  local node_url="http://127.0.0.1:$NODE_PORT/ok" nginx_url="http://127.0.0.1:$NGINX_PORT/ok"
+  load "$node_url" "$WARMUP" >/dev/null
+  load "$nginx_url" "$WARMUP" >/dev/null
+  local expect
+  expect=$(awk -v d="${DURATION%s}" -v r="$rate" -v b="$burst" 'BEGIN {print b + r * d}')
+  local ours=() theirs=() ratios=()
+  for i in $(seq 1 "$ROUNDS"); do
+    local a b ra rb
+    if [ $((i % 2)) = 1 ]; then
+      read -r a total non2xx <<<"$(load "$node_url" "$DURATION")"; ra=$((total - non2xx))
+      read -r b total non2xx <<<"$(load "$nginx_url" "$DURATION")"; rb=$((total - non2xx))
+    else
+      read -r b total non2xx <<<"$(load "$nginx_url" "$DURATION")"; rb=$((total - non2xx))
+      read -r a total non2xx <<<"$(load "$node_url" "$DURATION")"; ra=$((total - non2xx))
+    fi
+    for admitted in "$ra" "$rb"; do
+      if [ "$admitted" -lt $((expect * 8 / 10)) ] || [ "$admitted" -gt $((expect * 12 / 10)) ]; then
+        echo "vs_nginx: deny-heavy admitted $admitted, expected about $expect" >&2
+        exit 1
+      fi
+    done
+    ours+=("$a")
+    theirs+=("$b")
+    ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN {printf "%.3f", a / b}')")
+    printf 'deny-heavy round %d: ratemesh %.0f answers/s (%d admitted), nginx %.0f answers/s (%d admitted), ratio %s\n' \
+      "$i" "$a" "$ra" "$b" "$rb" "${ratios[-1]}"
+  done
+  printf 'deny-heavy: median ratemesh %.0f answers/s, nginx %.0f answers/s; median of the ratios %s (%s rounds of %s, wrk -t%s -c%s, %s/s burst %s)\n' \
+    "$(echo "${ours[*]}" | median)" "$(echo "${theirs[*]}" | median)" \
+    "$(echo "${ratios[*]}" | median)" "$ROUNDS" "$DURATION" "$THREADS" "$CONNS" "$rate" "$burst"
+  stop "$NODE_PID"
+  stop "$NGINX_PID"
+}
+
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(nginx -v 2>&1); $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
 case "$MODES" in
-  all) run_mode decide; run_mode proxy ;;
+  all) run_mode decide; run_mode proxy; run_deny_heavy ;;
   decide | proxy) run_mode "$MODES" ;;
-  *) echo "usage: benches/vs_nginx.sh [all|decide|proxy]" >&2; exit 2 ;;
+  deny-heavy) run_deny_heavy ;;
+  *) echo "usage: benches/vs_nginx.sh [all|decide|proxy|deny-heavy]" >&2; exit 2 ;;
 esac
