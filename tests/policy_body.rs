@@ -205,7 +205,12 @@ async fn only_requests_whose_policies_read_a_field_have_their_body_read() {
     let layer = login("json:/user/name", "refuse");
     // A body that sends one chunk and then never ends: a layer that read it would wait
     // forever. Outside the login route, the service answers without reading it.
-    let endless = || Body::new(Endless { sent: false });
+    let endless = || {
+        Body::new(OneChunk {
+            sent: false,
+            fails: false,
+        })
+    };
     let layer_only = layer.clone();
     let mut service = tower::ServiceBuilder::new()
         .layer(layer_only)
@@ -247,7 +252,10 @@ async fn a_body_that_breaks_off_is_refused_uncounted() {
         "192.0.2.1",
         "/login",
         "application/json",
-        Body::new(Broken { sent: false }),
+        Body::new(OneChunk {
+            sent: false,
+            fails: true,
+        }),
     )
     .await;
     assert_eq!(status, 400);
@@ -255,12 +263,13 @@ async fn a_body_that_breaks_off_is_refused_uncounted() {
     assert!(received.is_none());
 }
 
-/// A body that sends one chunk and then fails.
-struct Broken {
+/// A body that sends one chunk and then never ends (`fails`: then fails instead).
+struct OneChunk {
     sent: bool,
+    fails: bool,
 }
 
-impl axum::body::HttpBody for Broken {
+impl axum::body::HttpBody for OneChunk {
     type Data = Bytes;
     type Error = std::io::Error;
 
@@ -268,32 +277,15 @@ impl axum::body::HttpBody for Broken {
         mut self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
-        if self.sent {
-            return std::task::Poll::Ready(Some(Err(std::io::Error::other("reset"))));
+        use std::task::Poll;
+        match (self.sent, self.fails) {
+            (false, _) => {
+                self.sent = true;
+                Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(b"{")))))
+            }
+            (true, false) => Poll::Pending,
+            (true, true) => Poll::Ready(Some(Err(std::io::Error::other("reset")))),
         }
-        self.sent = true;
-        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(b"{")))))
-    }
-}
-
-/// A body that sends one chunk and then never ends.
-struct Endless {
-    sent: bool,
-}
-
-impl axum::body::HttpBody for Endless {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
-        if self.sent {
-            return std::task::Poll::Pending;
-        }
-        self.sent = true;
-        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(b"{")))))
     }
 }
 
