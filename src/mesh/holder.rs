@@ -29,12 +29,11 @@ use crate::mesh::tally::Tally;
 use crate::policy::{Algorithm, Policy};
 use asking::Asking;
 use demand::Demand;
+use denial::{DENIED_RESEND_NS, Denial};
 
 mod asking;
 mod demand;
-
-/// How soon a holder asks again after a denial while requests still wait.
-const DENIED_RESEND_NS: Nanos = 2_000_000;
+mod denial;
 
 /// Rounds without demand after which a holder gives its unspent lease back.
 pub(crate) const IDLE_ROUNDS: u32 = 10;
@@ -95,10 +94,8 @@ pub(crate) struct Holding {
     /// Tokens set aside for waiting requests.
     reserve: u64,
     waiting: VecDeque<Waiting>,
-    /// The authority said no to `denied_cost` tokens until `denied_until`: requests that
-    /// cost as much are denied here until then, without asking again.
-    denied_until: Nanos,
-    denied_cost: u64,
+    /// The authority's last denial, in force here until its retry time.
+    denial: Denial,
     /// What the key asks for, round by round.
     demand: Demand,
     used_at_tick: u64,
@@ -140,8 +137,7 @@ impl Holding {
             previous_used: None,
             reserve: 0,
             waiting: VecDeque::new(),
-            denied_until: 0,
-            denied_cost: 0,
+            denial: Denial::default(),
             demand: Demand::default(),
             used_at_tick: 0,
             used_seen: (0, 0),
@@ -160,13 +156,13 @@ impl Holding {
     /// limit or rate); the lease keeps the tokens it was granted. A denial the authority
     /// gave under the old limits no longer holds: the next request asks again.
     pub(crate) fn limits_changed(&mut self) {
-        self.denied_until = 0;
+        self.denial.forget();
     }
 
     /// Forget the authority's last denial: the room it was about changed (a member that
     /// left gave its lease back); the next request asks again.
     pub(crate) fn forget_denial(&mut self) {
-        self.denied_until = 0;
+        self.denial.forget();
     }
 
     /// Tell whether the rounds after round `round` would change nothing here but the count
@@ -204,7 +200,8 @@ impl Holding {
     pub(crate) fn wake_round(&self, round: u64, interval: Nanos) -> u64 {
         let idle = round + self.demand.idle_rounds_left().max(1);
         let at = self
-            .denied_until
+            .denial
+            .until()
             .max(self.keep_until)
             .max(self.counted_until());
         // A round that begins at `now` has the number `now / interval`: none before
@@ -384,9 +381,9 @@ impl Holding {
                 Ok(remaining) => return Slow::Decided(self.allowed(policy, now, remaining)),
                 Err(Miss::Short { .. } | Miss::Expired) => {}
             }
-            if now < self.denied_until && cost >= self.denied_cost {
+            if let Some(retry) = self.denial.refuses(now, cost) {
                 self.demand.offer(cost);
-                return Slow::Decided(self.denied(policy, now, self.denied_until - now));
+                return Slow::Decided(self.denied(policy, now, retry));
             }
         }
         self.demand.offer(cost);
@@ -582,14 +579,14 @@ impl Holding {
             }
             self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
-                self.denied_until = decided_at.saturating_add(grant.retry_after);
+                let mut until = decided_at.saturating_add(grant.retry_after);
                 if self.algorithm.counts_per_window() {
                     // A denial is about the owner's window: the next one is asked afresh,
                     // however late the answer came (a repeated answer's decision time is
                     // not known here).
-                    self.denied_until = self.denied_until.min(expiry);
+                    until = until.min(expiry);
                 }
-                self.denied_cost = min;
+                self.denial.set(until, min);
             }
             for w in denied.iter().filter(|w| !w.prepaid) {
                 decided.push((w.id, self.denied(policy, now, grant.retry_after)));
@@ -727,7 +724,7 @@ impl Holding {
             && (several || self.demand.busy())
             && self.demand.idle_rounds() < IDLE_ROUNDS
             && self.waiting.is_empty()
-            && now >= self.denied_until
+            && now >= self.denial.until()
             && unspent * 2 < per_round * SHORT_LEASE_ROUNDS;
         let (reported_used, reported_round, reported_demand) = self.asking.last_report();
         let changed = (used != reported_used && !self.spent_out())
@@ -782,7 +779,7 @@ impl Holding {
             && self.waiting.is_empty()
             && self.demand.level() == 0
             && self.demand.idle_rounds() >= IDLE_ROUNDS
-            && now >= self.denied_until
+            && now >= self.denial.until()
             && now >= self.keep_until
             && (self.closed || self.cell.remaining() == 0)
             && self.previous_used.is_none()
