@@ -5,7 +5,9 @@
 //! decisions, and the `RateLimit-Policy` / `RateLimit` fields; then again with the Prometheus
 //! recorder installed (feature `node`), where each decision is counted. `one_policy` and
 //! `four_policies_four_keys` compare one policy with four that each count by other parts of
-//! the request (the client, its address, the route, everybody: `by`).
+//! the request (the client, its address, the route, everybody: `by`). `denied` is the path of
+//! a request the policy denies (a 429 with its JSON body and `Retry-After`), as under an
+//! attack.
 
 use std::hint::black_box;
 
@@ -41,6 +43,19 @@ algorithm = "token-bucket"
 rate = 1000000000
 period = "1s"
 burst = 1000000
+[tiers.all]
+policies = ["a"]
+"#;
+
+/// A bucket that one request empties for a day: every later request is denied.
+const DENY: &str = r#"
+default_tier = "all"
+key_secret = "bench"
+[policies.a]
+algorithm = "token-bucket"
+rate = 1
+period = "1d"
+burst = 1
 [tiers.all]
 policies = ["a"]
 "#;
@@ -132,6 +147,16 @@ fn layer_overhead(c: &mut Criterion) {
             })
         });
     }
+    let config = GatewayConfig::from_toml_str(DENY, "bench").unwrap();
+    let denying: Router = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(config).unwrap());
+    group.bench_function("denied", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let response = denying.clone().oneshot(request()).await.unwrap();
+            black_box(response.status())
+        })
+    });
     // Last: with the Prometheus recorder a node installs, every decision is also counted
     // (`ratemesh_decisions_total`), as in `ratemesh node`.
     #[cfg(feature = "node")]

@@ -378,7 +378,9 @@ async fn serve_connection(
             })
         }
     });
-    let connection = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+    let connection = hyper::server::conn::http1::Builder::new()
+        .writev(false)
+        .serve_connection(io, service);
     let mut connection = std::pin::pin!(connection);
     let mut draining = *stopped.borrow();
     if draining {

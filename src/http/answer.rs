@@ -37,6 +37,8 @@ pub(super) fn denial(outcome: &Outcome, hook: Option<&DenialHook>, legacy: bool)
         None => {
             let mut response = Response::new(Body::from(denial_body(outcome)));
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            // Its type, `RateLimit-Policy`, `RateLimit` and `Retry-After`: one allocation.
+            response.headers_mut().reserve(4);
             response.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
@@ -44,6 +46,12 @@ pub(super) fn denial(outcome: &Outcome, hook: Option<&DenialHook>, legacy: bool)
             response
         }
     };
+    if hook.is_none() {
+        // The default answer has none of these fields yet.
+        insert_rate_limit_headers(response.headers_mut(), outcome, legacy);
+        return response;
+    }
+    // A hook's own fields win.
     let mut fields = http::HeaderMap::new();
     insert_rate_limit_headers(&mut fields, outcome, legacy);
     for (name, value) in fields {

@@ -33,6 +33,25 @@ fn list<'a>(
     crate::http::sf::item_list(reports.map(move |r| (r.sf_name, params(r))))
 }
 
+/// The most seconds [`seconds_value`] keeps formatted.
+const FORMATTED_SECONDS: usize = 128;
+
+/// `seconds` as a field value; the small values usual in `Retry-After` are formatted once
+/// and shared (a clone of a shared value allocates nothing).
+fn seconds_value(seconds: u64) -> HeaderValue {
+    static SMALL: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
+    let small = SMALL.get_or_init(|| {
+        (0..FORMATTED_SECONDS as u64)
+            .map(HeaderValue::from)
+            .collect()
+    });
+    usize::try_from(seconds)
+        .ok()
+        .and_then(|s| small.get(s))
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from(seconds))
+}
+
 /// The policy that speaks for the response: the one that denied, else the one with the
 /// fewest tokens left.
 pub(crate) fn deciding_report(outcome: &Outcome) -> Option<&PolicyReport> {
@@ -72,7 +91,7 @@ pub(crate) fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outco
         && denial.decision.verdict == crate::Verdict::Denied
     {
         let seconds = ceil_seconds(denial.decision.retry_after_ns).max(1);
-        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(seconds));
+        headers.insert(http::header::RETRY_AFTER, seconds_value(seconds));
     }
     if legacy && let Some(report) = deciding {
         headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(report.decision.limit));
@@ -89,9 +108,10 @@ pub(crate) fn insert_rate_limit_headers(headers: &mut HeaderMap, outcome: &Outco
 
 /// The JSON body of a 429: `{"error":"rate_limited","policy":"burst","retry_after_seconds":12}`
 /// (`"error":"cost_exceeds_limit"` without a retry time when the request can never fit).
-pub(crate) fn denial_body(outcome: &Outcome) -> String {
+/// Written straight into one buffer: a denial is the answer an attack gets most.
+pub(crate) fn denial_body(outcome: &Outcome) -> Vec<u8> {
     let Some(denial) = outcome.denied_by() else {
-        return serde_json::json!({"error": "rate_limited"}).to_string();
+        return br#"{"error":"rate_limited"}"#.to_vec();
     };
     if denial.decision.verdict == crate::Verdict::CannotFit {
         return serde_json::json!({
@@ -100,14 +120,23 @@ pub(crate) fn denial_body(outcome: &Outcome) -> String {
             "cost": outcome.cost,
             "limit": denial.decision.limit,
         })
-        .to_string();
+        .to_string()
+        .into_bytes();
     }
-    serde_json::json!({
-        "error": "rate_limited",
-        "policy": denial.name,
-        "retry_after_seconds": ceil_seconds(denial.decision.retry_after_ns).max(1),
-    })
-    .to_string()
+    let seconds = ceil_seconds(denial.decision.retry_after_ns).max(1);
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(seconds);
+    const HEAD: &[u8] = br#"{"error":"rate_limited","policy":"#;
+    const TAIL: &[u8] = br#","retry_after_seconds":"#;
+    let mut out =
+        Vec::with_capacity(HEAD.len() + denial.name.len() + 2 + TAIL.len() + digits.len() + 1);
+    out.extend_from_slice(HEAD);
+    // A string's JSON text: writing into a vector cannot fail.
+    let _ = serde_json::to_writer(&mut out, denial.name);
+    out.extend_from_slice(TAIL);
+    out.extend_from_slice(digits.as_bytes());
+    out.push(b'}');
+    out
 }
 
 /// The JSON body of a 503 when a fail-closed backend is down: the limit could not be checked,
