@@ -66,8 +66,7 @@ pub enum RulesError {
     /// The file has a `[redis]` section but ratemesh was built without its `redis` feature.
     #[error("the file has a `[redis]` section: build ratemesh with its `redis` feature")]
     RedisFeatureOff,
-    /// A tier and a route together apply two `redis` (or two `mesh`) policies; a request
-    /// passes at most one of each.
+    /// A tier and a route together apply two `mesh` policies; a request passes at most one.
     #[error(
         "tier `{tier}` with route `{route}` applies two `{backend}` policies; at most one per request"
     )]

@@ -463,9 +463,11 @@ async fn failed_logins_are_counted_by_their_status_and_successes_are_given_back(
     assert_eq!(attempt("right").await, 429);
     assert_eq!(attempt("wrong").await, 429);
 
-    // Counting by the response needs a local, non-shaping policy.
-    let bad = text.replace("by = [\"ip\"]\n", "by = [\"ip\"]\nbackend = \"redis\"\n");
-    assert!(GatewayConfig::from_toml_str(&bad, "bad.toml").is_err());
+    // Counting by the response needs a local or `redis` policy that does not shape.
+    let bad = text.replace("by = [\"ip\"]\n", "by = [\"ip\"]\nbackend = \"mesh\"\n");
+    assert_ne!(bad, text);
+    let error = GatewayConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
+    assert_eq!(error.field, "policies.failed_logins.count_when", "{error}");
     for (when, reason) in [
         ("{ status = [99] }", "not an HTTP status"),
         ("{ status = [\"500-400\"] }", "empty"),
@@ -527,15 +529,27 @@ async fn a_lockout_holds_a_key_denied_for_its_time_with_a_retry_after_that_says_
     );
     clock.advance(std::time::Duration::from_secs(781));
     assert_eq!(retry_after(layer.clone(), "192.0.2.1").await.0, 200);
-    // A lockout needs a local policy that can deny.
+    // A lockout needs a local or `redis` policy that can deny, without a token cache.
     for (extra, reason) in [
-        ("backend = \"mesh\"\n", "needs a local policy"),
+        ("backend = \"mesh\"\n", "cannot lock a key out yet"),
         ("shadow = true\n", "never denies"),
     ] {
         let bad = text.replace("block_for", &format!("{extra}block_for"));
         let error = GatewayConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
         assert!(error.reason.contains(reason), "{error}");
     }
+    let cached = format!(
+        "{HEAD}[redis]\nurl = \"redis://127.0.0.1:1\"\n\n[policies.failed_logins]\n\
+         algorithm = \"token-bucket\"\nrate = 2\nperiod = \"1m\"\nburst = 20\n\
+         backend = \"redis\"\ntoken_cache = {{ batch = 5, ttl = \"1s\" }}\n\
+         block_for = \"15m\"\n\n[tiers.api]\npolicies = [\"failed_logins\"]\n"
+    );
+    let error = GatewayConfig::from_toml_str(&cached, "bad.toml").unwrap_err();
+    assert_eq!(error.field, "policies.failed_logins.block_for", "{error}");
+    assert!(error.reason.contains("token cache"), "{error}");
+    let in_redis = cached.replace("token_cache = { batch = 5, ttl = \"1s\" }\n", "");
+    assert_ne!(in_redis, cached);
+    GatewayConfig::from_toml_str(&in_redis, "ok.toml").unwrap();
     let bad = text.replace("\"15m\"", "\"30d\"");
     let error = GatewayConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
     assert_eq!(error.field, "policies.failed_logins.block_for");

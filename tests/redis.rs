@@ -2,7 +2,6 @@
 //! stops. Without redis-server on PATH the tests say so and pass, unless
 //! `RATEMESH_REQUIRE_REDIS=1` (as in `.ci/run`), where they fail.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,106 +13,9 @@ use ratemesh::backend::redis::{
 };
 use ratemesh::{Limiter, Policy, Verdict};
 
-/// A redis-server of this test's own, on a unix socket; killed on drop.
-struct RedisServer {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl RedisServer {
-    fn socket(&self) -> PathBuf {
-        self.dir.join("redis.sock")
-    }
-
-    fn url(&self) -> String {
-        format!("redis+unix://{}", self.socket().display())
-    }
-
-    /// Start one, or `None` (with a message) when redis-server is not installed.
-    fn start(name: &str) -> Option<RedisServer> {
-        let dir =
-            std::env::temp_dir().join(format!("ratemesh-redis-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        match Self::spawn(&dir) {
-            Some(child) => Some(RedisServer { child, dir }),
-            None => {
-                if std::env::var("RATEMESH_REQUIRE_REDIS").as_deref() == Ok("1") {
-                    panic!("redis-server is required (RATEMESH_REQUIRE_REDIS=1) but not on PATH");
-                }
-                eprintln!(
-                    "SKIPPED: redis-server is not on PATH; install redis-server to run {name}"
-                );
-                None
-            }
-        }
-    }
-
-    fn spawn(dir: &std::path::Path) -> Option<Child> {
-        let socket = dir.join("redis.sock");
-        let child = Command::new("redis-server")
-            .args(["--port", "0", "--unixsocket"])
-            .arg(&socket)
-            .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not open its socket"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Some(child)
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(self.socket());
-    }
-
-    fn restart(&mut self) {
-        self.stop();
-        self.child = Self::spawn(&self.dir).expect("redis-server restarts");
-    }
-
-    /// Return how many times Redis ran `EVALSHA` since it started.
-    fn evalsha_calls(&self) -> u64 {
-        let output = Command::new("redis-cli")
-            .arg("-s")
-            .arg(self.socket())
-            .args(["INFO", "commandstats"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8(output.stdout).unwrap();
-        text.lines()
-            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-    }
-
-    fn cli(&self, args: &[&str]) {
-        let status = Command::new("redis-cli")
-            .arg("-s")
-            .arg(self.socket())
-            .args(args)
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::RedisServer;
 
 fn connection(server: &RedisServer) -> RedisConnection {
     RedisConnection::single(&server.url(), Duration::from_millis(500)).unwrap()
@@ -763,4 +665,78 @@ async fn a_fail_open_policy_decides_locally_while_redis_is_down() {
         "the local fallback enforces the same policy"
     );
     task.abort();
+}
+
+#[tokio::test]
+async fn a_lockout_kept_in_redis_holds_the_key_for_every_gateway_until_it_ends() {
+    let Some(server) = RedisServer::start("lockout") else {
+        return;
+    };
+    let block = Duration::from_secs(900);
+    let s = Duration::from_secs(1);
+    let minute = Duration::from_secs(60);
+    for policy in [
+        Policy::token_bucket(2, minute, 2).unwrap(),
+        Policy::gcra(2, minute, 2).unwrap(),
+        Policy::fixed_window(2, minute).unwrap(),
+        Policy::sliding_window(2, minute).unwrap(),
+        Policy::sliding_log(2, minute).unwrap(),
+    ] {
+        let name = policy.algorithm().name();
+        // Two gateways with the same policy on one Redis.
+        let one = RedisLimiter::new(connection(&server), policy)
+            .unwrap()
+            .with_block_for(block);
+        let two = RedisLimiter::new(connection(&server), policy)
+            .unwrap()
+            .with_block_for(block);
+        let key = redis_key("test", name, "locked", None);
+        let t0 = 1_700_000_040_000_000u64;
+        for i in 0..2 {
+            assert!(
+                one.check_at(&key, 1, Some(t0 + i))
+                    .await
+                    .unwrap()
+                    .is_allowed(),
+                "{name}"
+            );
+        }
+        // The third is denied and locks the key for 900 s.
+        let denied = one.check_at(&key, 1, Some(t0 + 2)).await.unwrap();
+        assert_eq!(denied.verdict, Verdict::Denied, "{name}");
+        assert_eq!(denied.retry_after_ns, block.as_nanos() as u64, "{name}");
+        // Two minutes on, the policy alone would admit again: the lockout holds, on the
+        // other gateway too, with the time left.
+        let later = t0 + 2 + 120 * 1_000_000;
+        let held = two.check_at(&key, 1, Some(later)).await.unwrap();
+        assert_eq!(held.verdict, Verdict::Denied, "{name}");
+        assert_eq!(held.retry_after_ns, 780 * s.as_nanos() as u64, "{name}");
+        assert_eq!(held.remaining, 0, "{name}");
+        // A peek while locked reports it and changes nothing.
+        let peek = two.check_at(&key, 0, Some(later)).await.unwrap();
+        assert_eq!(peek.verdict, Verdict::Denied, "{name}");
+        // Once it ends, the key is admitted again.
+        let after = t0 + 2 + 900 * 1_000_000;
+        assert!(
+            two.check_at(&key, 1, Some(after))
+                .await
+                .unwrap()
+                .is_allowed(),
+            "{name}"
+        );
+        // Without `block_for`, the same policy holds no lockout.
+        let plain = RedisLimiter::new(connection(&server), policy).unwrap();
+        let other = redis_key("test", name, "unlocked", None);
+        for i in 0..3 {
+            plain.check_at(&other, 1, Some(t0 + i)).await.unwrap();
+        }
+        assert!(
+            plain
+                .check_at(&other, 1, Some(later))
+                .await
+                .unwrap()
+                .is_allowed(),
+            "{name}"
+        );
+    }
 }

@@ -1,16 +1,18 @@
 //! `backend = "redis"` policies as the rules decide them, through the `ExactLimits` seam with
 //! a stand-in backend (no Redis needed): asked after the local layers, a denial or a closed
-//! failure gives their charges back, an open failure decides on the local store, and the
-//! backend hears the policy's number, the client's key and the route.
+//! failure gives their charges back (the local ones and the earlier `redis` ones), an open
+//! failure decides on the local store, `count_when` gives a charge back through the
+//! backend, and the backend hears the policy's number, the client's key and the route.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::Instant;
 
 use http::Method;
-use ratemesh::backend::exact::{ExactError, ExactFuture, ExactLimits};
+use ratemesh::backend::exact::{ExactAnswer, ExactError, ExactFuture, ExactLimits, RefundFuture};
 use ratemesh::config::{GatewayConfig, IdentitySource};
 use ratemesh::rules::{Identity, Outcome, RequestFacts, Rules};
-use ratemesh::{Limiter, Policy, Verdict};
+use ratemesh::{Decision, Verdict};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Answer {
@@ -23,21 +25,54 @@ enum Answer {
 /// What the backend was asked: policy number, key, route, cost.
 type Call = (u32, u64, Option<String>, u64);
 
-/// A stand-in exact backend: one local limiter per (policy, key, route), and a log of calls.
+/// A counter's place: policy number, key, route.
+type Counter = (u32, u64, Option<String>);
+
+/// A stand-in exact backend: `limit` tokens per (policy, key, route) that never refill, and
+/// a log of calls and refunds.
 struct FakeExact {
-    limiter: Limiter<(u32, u64, Option<String>)>,
+    limit: u64,
+    used: Mutex<HashMap<Counter, u64>>,
     answer: Mutex<Answer>,
     calls: Mutex<Vec<Call>>,
+    refunds: Mutex<Vec<Call>>,
 }
 
 impl FakeExact {
-    fn new(burst: u64) -> Arc<Self> {
-        let policy = Policy::token_bucket(1, Duration::from_secs(3600), burst).unwrap();
+    fn new(limit: u64) -> Arc<Self> {
         Arc::new(FakeExact {
-            limiter: Limiter::builder().policy(policy).build().unwrap(),
+            limit,
+            used: Mutex::new(HashMap::new()),
             answer: Mutex::new(Answer::Decide),
             calls: Mutex::new(Vec::new()),
+            refunds: Mutex::new(Vec::new()),
         })
+    }
+
+    fn check(&self, counter: Counter, cost: u64) -> Decision {
+        let mut used = self.used.lock().unwrap();
+        let used = used.entry(counter).or_default();
+        let denied = *used + cost > self.limit;
+        if !denied {
+            *used += cost;
+        }
+        Decision {
+            limit: self.limit,
+            remaining: self.limit - *used,
+            reset_after_ns: 1,
+            retry_after_ns: u64::from(denied),
+            delay_ns: 0,
+            policy_index: 0,
+            verdict: if denied {
+                Verdict::Denied
+            } else {
+                Verdict::Allowed
+            },
+        }
+    }
+
+    fn refunds(&self) -> Vec<Call> {
+        self.refunds.lock().unwrap().clone()
     }
 
     fn answer(&self, answer: Answer) {
@@ -65,10 +100,34 @@ impl ExactLimits for FakeExact {
         let answer = *self.answer.lock().unwrap();
         Box::pin(async move {
             match answer {
-                Answer::Decide => Ok(self.limiter.check(&(policy, key, route), cost)),
+                Answer::Decide => Ok(ExactAnswer::new(
+                    self.check((policy, key, route), cost),
+                    Instant::now(),
+                )),
                 Answer::Fail => Err(ExactError::new(std::io::Error::other("connection refused"))),
             }
         })
+    }
+
+    fn refund<'a>(
+        &'a self,
+        policy: u32,
+        key: u64,
+        route: Option<&'a str>,
+        cost: u64,
+        sent: Instant,
+    ) -> RefundFuture<'a> {
+        assert!(sent <= Instant::now());
+        let route = route.map(str::to_string);
+        self.refunds
+            .lock()
+            .unwrap()
+            .push((policy, key, route.clone(), cost));
+        let mut used = self.used.lock().unwrap();
+        let counter = used.entry((policy, key, route)).or_default();
+        let back = *counter >= cost;
+        *counter -= cost.min(*counter);
+        Box::pin(std::future::ready(Ok(back)))
     }
 }
 
@@ -276,4 +335,132 @@ async fn deciding_without_io_answers_exact_policies_locally_and_a_reload_keeps_t
         1,
         "the reloaded rules asked the same backend"
     );
+}
+
+/// Two `redis` policies on one request (per client, and one for everybody on the route):
+/// a denial by the second gives back the first's charge, in Redis.
+const TWO: &str = r#"
+env = "test"
+key_secret = "s"
+default_tier = "api"
+
+[redis]
+url = "redis://127.0.0.1:1"
+
+[policies.per_client]
+algorithm = "fixed-window"
+limit = 3
+window = "1h"
+backend = "redis"
+
+[policies.everybody]
+algorithm = "fixed-window"
+limit = 3
+window = "1h"
+backend = "redis"
+by = []
+
+[tiers.api]
+policies = ["per_client", "everybody"]
+"#;
+
+/// The number the backend knows a `redis` policy by.
+fn number_of(rules: &Rules, name: &str) -> u32 {
+    let names = rules.config().redis_policies();
+    names.iter().position(|p| p.name == name).unwrap() as u32
+}
+
+async fn decide_as(rules: &Rules, client: &str) -> Outcome {
+    let identity = Identity::new(IdentitySource::ApiKey, client);
+    let facts = RequestFacts {
+        identity: &identity,
+        tier: Some("api"),
+        method: &Method::GET,
+        path: "/",
+        request: Default::default(),
+    };
+    rules.decide_exact(&facts, 1_000_000_000_000).await
+}
+
+#[tokio::test]
+async fn a_denial_by_a_later_redis_policy_gives_back_the_earlier_ones_charge() {
+    // Both limits are 3 per client and 3 for everybody (the fake's limit per counter).
+    let exact = FakeExact::new(3);
+    let config = GatewayConfig::from_toml_str(TWO, "two.toml").unwrap();
+    let rules = Rules::with_backends(config, None, Some(Arc::clone(&exact) as _)).unwrap();
+    // Alice takes the 3 tokens everybody shares.
+    for _ in 0..3 {
+        assert!(decide_as(&rules, "alice").await.allowed);
+    }
+    assert!(exact.refunds().is_empty());
+    // Bob is denied by `everybody`: his own counter is charged, then given back.
+    for _ in 0..5 {
+        let outcome = decide_as(&rules, "bob").await;
+        assert!(!outcome.allowed);
+        assert_eq!(outcome.denied_by().unwrap().name, "everybody");
+    }
+    let per_client = number_of(&rules, "per_client");
+    let refunds = exact.refunds();
+    assert_eq!(
+        refunds.len(),
+        5,
+        "each denial gave back the per-client charge"
+    );
+    assert!(
+        refunds
+            .iter()
+            .all(|(policy, _, _, cost)| (*policy, *cost) == (per_client, 1))
+    );
+    // Bob's own counter is whole: with room for everybody again he has his 3.
+    let bob = refunds[0].1;
+    assert_eq!(exact.used.lock().unwrap()[&(per_client, bob, None)], 0);
+    exact.used.lock().unwrap().clear();
+    for _ in 0..3 {
+        assert!(decide_as(&rules, "bob").await.allowed);
+    }
+    let outcome = decide_as(&rules, "bob").await;
+    assert_eq!(outcome.denied_by().unwrap().name, "per_client");
+    assert_eq!(
+        exact.refunds().len(),
+        5,
+        "a first-layer denial leaves nothing to give back"
+    );
+}
+
+#[tokio::test]
+async fn a_redis_policy_counted_by_status_gives_its_charge_back_through_the_backend() {
+    let exact = FakeExact::new(2);
+    let file = TWO.replace(
+        "backend = \"redis\"\n\n[policies.everybody]",
+        "backend = \"redis\"\ncount_when = { status = [401] }\n\n[policies.everybody]",
+    );
+    assert_ne!(file, TWO);
+    let config = GatewayConfig::from_toml_str(&file, "two.toml").unwrap();
+    let rules = Rules::with_backends(config, None, Some(Arc::clone(&exact) as _)).unwrap();
+    for status in [200, 200, 200, 401, 401] {
+        let outcome = decide_as(&rules, "carol").await;
+        assert!(outcome.allowed, "status {status}: only the 401s count");
+        assert_eq!(outcome.pending.len(), 1);
+        let pending = outcome.pending[0];
+        assert!(pending.needs_io());
+        match rules.settle(&pending, status) {
+            Some(refund) => {
+                assert_eq!(status, 200);
+                assert!(refund.await.unwrap());
+            }
+            None => assert_eq!(status, 401),
+        }
+        if status == 200 {
+            // `everybody` (no count_when) stays charged: reset it for the next round.
+            let per_client = number_of(&rules, "per_client");
+            exact
+                .used
+                .lock()
+                .unwrap()
+                .retain(|(policy, ..), _| *policy == per_client);
+        }
+    }
+    // Two 401s spent carol's 2; the next is denied before it runs.
+    let outcome = decide_as(&rules, "carol").await;
+    assert_eq!(outcome.denied_by().map(|d| d.name), Some("per_client"));
 }

@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Instant;
 
 use crate::config::FailMode;
 use crate::decision::{Decision, Verdict};
@@ -25,8 +26,30 @@ impl ExactError {
     }
 }
 
+/// What the exact backend answered: its decision, and when the call that made it was sent
+/// (the charge is no older: what [`ExactLimits::refund`] needs to find the charge's window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExactAnswer {
+    /// The backend's decision.
+    pub decision: Decision,
+    /// When the call was sent.
+    pub sent: Instant,
+}
+
+impl ExactAnswer {
+    /// `decision`, made by a call sent at `sent`.
+    pub fn new(decision: Decision, sent: Instant) -> Self {
+        ExactAnswer { decision, sent }
+    }
+}
+
 /// The answer of the exact backend, on its way.
-pub type ExactFuture<'a> = Pin<Box<dyn Future<Output = Result<Decision, ExactError>> + Send + 'a>>;
+pub type ExactFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<ExactAnswer, ExactError>> + Send + 'a>>;
+
+/// Whether a refund went back, on its way: `false` when the charge stays counted (its window
+/// is over, or the refund could not tell it from one of the window before).
+pub type RefundFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, ExactError>> + Send + 'a>>;
 
 /// Decide requests against the exact policies of a policy file.
 pub trait ExactLimits: Send + Sync {
@@ -40,6 +63,19 @@ pub trait ExactLimits: Send + Sync {
         route: Option<&'a str>,
         cost: u64,
     ) -> ExactFuture<'a>;
+
+    /// Give back `cost` tokens that a decision of exact policy number `policy` took for
+    /// `key` (and `route`, as decided) by a call sent at `sent` ([`ExactAnswer::sent`]):
+    /// another policy denied the request, or its response does not count (`count_when`).
+    /// A refund never lets the policy admit more than it would have without the charge.
+    fn refund<'a>(
+        &'a self,
+        policy: u32,
+        key: u64,
+        route: Option<&'a str>,
+        cost: u64,
+        sent: Instant,
+    ) -> RefundFuture<'a>;
 }
 
 /// The outcome of an exact decision, saying which path decided.

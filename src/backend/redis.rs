@@ -25,6 +25,9 @@ pub use connection::{LazyCluster, RedisConnection, SentinelPrimary};
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
+/// The script that gives back what a decision took, for every algorithm.
+const REFUND: &str = include_str!("lua/refund.lua");
+
 /// Why the Redis backend could not decide.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -89,8 +92,14 @@ pub struct RedisLimiter {
     connection: RedisConnection,
     policy: Policy,
     script: Script,
+    /// Gives back what a decision took ([`RedisLimiter::refund`]).
+    refund: Script,
+    /// The script's name in the refund script (`token_bucket`, `fixed_window`, …).
+    algorithm: &'static str,
     /// The policy's rate interval or window, in microseconds.
     unit_us: u64,
+    /// A lockout once the policy denies a key (`block_for`), in microseconds; 0: none.
+    block_us: u64,
 }
 
 impl std::fmt::Debug for RedisLimiter {
@@ -113,7 +122,7 @@ pub fn redis_key(env: &str, policy: &str, identity: &str, route: Option<&str>) -
 impl RedisLimiter {
     /// Prepare the script of `policy` on `connection`.
     pub fn new(connection: RedisConnection, policy: Policy) -> Result<Self, BackendError> {
-        let (_, body) = script_for(policy.algorithm())?;
+        let (algorithm, body) = script_for(policy.algorithm())?;
         let unit_ns = if policy.algorithm().is_rate_based() {
             policy.interval_ns()
         } else {
@@ -127,8 +136,19 @@ impl RedisLimiter {
             connection,
             policy,
             script: Script::new(&source),
+            refund: Script::new(&format!("{PRELUDE}\n{REFUND}")),
+            algorithm,
             unit_us: unit_ns / 1000,
+            block_us: 0,
         })
+    }
+
+    /// Lock a key out for `block` once the policy denies it (`block_for`): its requests
+    /// are then denied, uncounted, until the lockout ends, kept in Redis beside the key's
+    /// counters (`…:lock`), so every gateway sees it and it survives their restarts.
+    pub fn with_block_for(mut self, block: Duration) -> Self {
+        self.block_us = u64::try_from(block.as_micros()).unwrap_or(u64::MAX);
+        self
     }
 
     /// Return the policy.
@@ -171,19 +191,73 @@ impl RedisLimiter {
         decision_from_reply(&reply)
     }
 
-    /// Build `EVALSHA sha numkeys key [key:seq] now interval capacity cost` in one buffer
-    /// (the request path's only allocations: the command's two vectors).
+    /// Give back `cost` tokens that a decision of this policy took for `key` at most
+    /// `within_us` microseconds ago (another policy denied the request, or its response
+    /// does not count). Return whether they went back: a window's charge is kept when its
+    /// window is over, or when `within_us` reaches into the window before (the charge
+    /// cannot be told apart from one of that window), so a refund never admits more than
+    /// the policy would have without the charge.
+    pub async fn refund(&self, key: &str, cost: u64, within_us: u64) -> Result<bool, BackendError> {
+        self.refund_at(key, cost, within_us, None).await
+    }
+
+    /// [`RedisLimiter::refund`] at an explicit instant (microseconds) instead of Redis
+    /// `TIME`, for tests.
+    pub async fn refund_at(
+        &self,
+        key: &str,
+        cost: u64,
+        within_us: u64,
+        now_us: Option<u64>,
+    ) -> Result<bool, BackendError> {
+        let command = || {
+            let mut command = Cmd::with_capacity(10, 96 + key.len());
+            command
+                .arg("EVALSHA")
+                .arg(self.refund.get_hash())
+                .arg(1)
+                .arg(key);
+            match now_us {
+                Some(now_us) => command.arg(now_us),
+                None => command.arg(""),
+            };
+            command
+                .arg(self.unit_us)
+                .arg(self.policy.capacity())
+                .arg(cost)
+                .arg(within_us)
+                .arg(self.algorithm);
+            command
+        };
+        let reply = match self.query(command()).await {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.connection.load_script(&self.refund).await?;
+                self.query(command()).await?
+            }
+            reply => reply?,
+        };
+        match reply {
+            Value::Int(0) => Ok(false),
+            Value::Int(1) => Ok(true),
+            other => Err(BackendError::Reply(format!("{other:?}"))),
+        }
+    }
+
+    /// Build `EVALSHA sha numkeys key [key:seq] [key:lock] now interval capacity cost
+    /// [block]` in one buffer (the request path's only allocations: the command's two
+    /// vectors).
     fn evalsha(&self, key: &str, cost: u64, now_us: Option<u64>) -> Cmd {
         let sliding_log = self.policy.algorithm() == Algorithm::SlidingLog;
-        let mut command = Cmd::with_capacity(9, 96 + 2 * key.len());
+        let locks = self.block_us > 0;
+        let mut command = Cmd::with_capacity(11, 128 + 3 * key.len());
         command.arg("EVALSHA").arg(self.script.get_hash());
+        command.arg(1 + usize::from(sliding_log) + usize::from(locks));
+        command.arg(key);
         if sliding_log {
-            command
-                .arg(2)
-                .arg(key)
-                .arg([key.as_bytes(), b":seq"].concat());
-        } else {
-            command.arg(1).arg(key);
+            command.arg([key.as_bytes(), b":seq"].concat());
+        }
+        if locks {
+            command.arg([key.as_bytes(), b":lock"].concat());
         }
         match now_us {
             Some(now_us) => command.arg(now_us),
@@ -193,6 +267,9 @@ impl RedisLimiter {
             .arg(self.unit_us)
             .arg(self.policy.capacity())
             .arg(cost);
+        if locks {
+            command.arg(self.block_us);
+        }
         command
     }
 

@@ -2,7 +2,9 @@
 //! its script and, when the file asks for one, its token cache: the [`ExactLimits`] that
 //! [`crate::rules::Rules`] asks (fail modes are the rules' part).
 
-use crate::backend::exact::{ExactError, ExactFuture, ExactLimits};
+use std::time::Instant;
+
+use crate::backend::exact::{ExactAnswer, ExactError, ExactFuture, ExactLimits, RefundFuture};
 use crate::backend::redis::{BackendError, RedisConnection, RedisLimiter, redis_key};
 use crate::backend::token_cache::TokenCache;
 use crate::config::GatewayConfig;
@@ -46,7 +48,10 @@ impl RedisLimits {
             .redis_policies()
             .into_iter()
             .map(|named| {
-                let limiter = RedisLimiter::new(connection.clone(), named.policy)?;
+                let mut limiter = RedisLimiter::new(connection.clone(), named.policy)?;
+                if let Some(block) = named.block_for {
+                    limiter = limiter.with_block_for(block);
+                }
                 let cache = match named.token_cache {
                     Some(cache) => Some(TokenCache::new(limiter.clone(), cache.batch, cache.ttl)?),
                     None => None,
@@ -64,6 +69,21 @@ impl RedisLimits {
         }))
     }
 
+    /// Policy number `policy` and the Redis key of `key` (and `route`) under it.
+    fn keyed(
+        &self,
+        policy: u32,
+        key: u64,
+        route: Option<&str>,
+    ) -> Result<(&RedisPolicy, String), BackendError> {
+        let named = usize::try_from(policy)
+            .ok()
+            .and_then(|p| self.policies.get(p))
+            .ok_or(BackendError::UnknownPolicy(policy))?;
+        let identity = format!("{key:016x}");
+        Ok((named, redis_key(&self.env, &named.name, &identity, route)))
+    }
+
     async fn check(
         &self,
         policy: u32,
@@ -71,12 +91,7 @@ impl RedisLimits {
         route: Option<&str>,
         cost: u64,
     ) -> Result<Decision, BackendError> {
-        let named = usize::try_from(policy)
-            .ok()
-            .and_then(|p| self.policies.get(p))
-            .ok_or(BackendError::UnknownPolicy(policy))?;
-        let identity = format!("{key:016x}");
-        let rkey = redis_key(&self.env, &named.name, &identity, route);
+        let (named, rkey) = self.keyed(policy, key, route)?;
         match &named.cache {
             Some(cache) => cache.check(&rkey, cost).await,
             None => named.limiter.check(&rkey, cost).await,
@@ -93,7 +108,32 @@ impl ExactLimits for RedisLimits {
         cost: u64,
     ) -> ExactFuture<'a> {
         Box::pin(async move {
+            let sent = Instant::now();
             self.check(policy, key, route, cost)
+                .await
+                .map(|decision| ExactAnswer::new(decision, sent))
+                .map_err(ExactError::new)
+        })
+    }
+
+    /// Straight to Redis, with or without a token cache: a cache holds only buckets' tokens,
+    /// which Redis counted when it granted them, so a token given back there is exact.
+    fn refund<'a>(
+        &'a self,
+        policy: u32,
+        key: u64,
+        route: Option<&'a str>,
+        cost: u64,
+        sent: Instant,
+    ) -> RefundFuture<'a> {
+        Box::pin(async move {
+            let (named, rkey) = self.keyed(policy, key, route).map_err(ExactError::new)?;
+            // The charge was made after `sent` and before now (a microsecond more covers
+            // the rounding).
+            let within_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+            named
+                .limiter
+                .refund(&rkey, cost, within_us.saturating_add(1))
                 .await
                 .map_err(ExactError::new)
         })

@@ -293,10 +293,10 @@ pub(super) fn build_policy(
     let count_when = match &raw.count_when {
         None => None,
         Some(raw_when) => {
-            if raw.backend != Backend::Local {
+            if raw.backend == Backend::Mesh {
                 return Err(fail(
                     "count_when",
-                    "counting by the response needs a local policy: a `mesh` or `redis` \
+                    "counting by the response needs a local or `redis` policy: a `mesh` \
                      charge cannot be given back after the response yet"
                         .into(),
                 ));
@@ -324,16 +324,24 @@ pub(super) fn build_policy(
                     format!("between 1s and {MAX_BLOCK_FOR:?}, got {block:?}"),
                 ));
             }
-            if raw.backend != Backend::Local {
+            if raw.backend == Backend::Mesh {
                 return Err(fail(
                     "block_for",
-                    "a lockout is kept by each node: it needs a local policy".into(),
+                    "a mesh policy cannot lock a key out yet: use a local or `redis` policy".into(),
                 ));
             }
             if raw.shadow {
                 return Err(fail(
                     "block_for",
                     "a shadow policy never denies, so it never locks a key out".into(),
+                ));
+            }
+            if token_cache.is_some() {
+                return Err(fail(
+                    "block_for",
+                    "a token cache asks Redis for a batch, whose denial would lock the key \
+                     out when the request alone fits: give one or the other"
+                        .into(),
                 ));
             }
             Some(block)

@@ -269,7 +269,7 @@ where
     }
     let response = inner(request).await?;
     if let Some(rules) = settle {
-        settle_by(&rules, &outcome, response.status());
+        settle_by(rules, &outcome, response.status());
     }
     Ok(with_fields(response, &outcome, legacy))
 }
@@ -357,10 +357,22 @@ fn request_parts<'a, B>(
     parts
 }
 
-/// Keep or give back each `count_when` charge of `outcome` by the response's status.
-fn settle_by(rules: &Rules, outcome: &Outcome, status: StatusCode) {
+/// Keep or give back each `count_when` charge of `outcome` by the response's status: a local
+/// policy's at once, a `redis` policy's in a task of its own (the response does not wait).
+fn settle_by(rules: Arc<Rules>, outcome: &Outcome, status: StatusCode) {
+    let status = status.as_u16();
     for pending in &outcome.pending {
-        rules.settle(pending, status.as_u16());
+        if !pending.needs_io() {
+            let _ = rules.settle(pending, status);
+            continue;
+        }
+        let (rules, pending) = (Arc::clone(&rules), *pending);
+        tokio::spawn(async move {
+            if let Some(refund) = rules.settle(&pending, status) {
+                // A failure is counted and logged where it happened.
+                let _ = refund.await;
+            }
+        });
     }
 }
 

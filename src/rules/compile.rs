@@ -152,7 +152,7 @@ pub(super) struct Layers {
     pub(super) enforced: Vec<usize>,
     /// Counted after an admission, never denying.
     pub(super) shadow: Vec<usize>,
-    /// `redis` policies (at most one per request, decided last).
+    /// `redis` policies (decided last, in order).
     pub(super) exact: Vec<usize>,
     /// `mesh` policies (at most one per request, decided after the local ones).
     pub(super) global: Vec<usize>,
@@ -326,26 +326,17 @@ fn check_counts(
         .iter()
         .chain(std::iter::once((&no_tier.0, &no_tier.1)))
     {
-        let alone = [(String::new(), 0usize, 0usize)];
-        let with_routes = routes.iter().map(|r| {
-            (
-                r.name.to_string(),
-                r.layers.exact.len(),
-                r.layers.global.len(),
-            )
-        });
-        for (route, route_exact, route_global) in alone.into_iter().chain(with_routes) {
-            for (backend, count) in [
-                ("redis", tier.exact.len() + route_exact),
-                ("mesh", tier.global.len() + route_global),
-            ] {
-                if count > 1 {
-                    return Err(RulesError::TwoRemotePolicies {
-                        backend,
-                        tier: tier_name.clone(),
-                        route: route.clone(),
-                    });
-                }
+        let alone = [(String::new(), 0usize)];
+        let with_routes = routes
+            .iter()
+            .map(|r| (r.name.to_string(), r.layers.global.len()));
+        for (route, route_global) in alone.into_iter().chain(with_routes) {
+            if tier.global.len() + route_global > 1 {
+                return Err(RulesError::TwoRemotePolicies {
+                    backend: "mesh",
+                    tier: tier_name.clone(),
+                    route: route.clone(),
+                });
             }
         }
         for route in routes {

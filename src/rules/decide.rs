@@ -1,13 +1,14 @@
 //! One request through its layers, as [`super::plan`] matched it: charge the local layers
-//! → ask the remote ones (at most one `mesh` policy, then at most one `redis` policy) → on
-//! any denial, give the local charges back. One path for every kind of policy, and one place
-//! that refunds ([`Passage::refund`], through the same [`Charges`] as a local denial).
+//! → ask the remote ones (at most one `mesh` policy, then the `redis` policies in order) → on
+//! any denial, give the local charges back ([`Passage::refund`], through the same
+//! [`Charges`] as a local denial) and the `redis` ones ([`Passage::refund_exact`]).
 
 use super::Rules;
 use super::compile::Remote;
 use super::plan::{Keyed, Plan, Planned};
 use super::request::{Outcome, Pending, PolicyReport, Refusal, RequestFacts};
-use crate::backend::exact::{ExactDecision, ExactError, ExactFuture, fail_over};
+use crate::backend::exact::RefundFuture;
+use crate::backend::exact::{ExactAnswer, ExactDecision, ExactError, ExactFuture, fail_over};
 use crate::backend::mesh::MeshDecision;
 use crate::clock::Nanos;
 use crate::decision::{Decision, Verdict};
@@ -38,6 +39,9 @@ struct Passage<'r> {
     decision: Decision,
     /// A `redis` policy that fails closed could not be decided.
     unavailable: Option<&'static str>,
+    /// The `redis` policies that charged the request, and when their calls were sent: what
+    /// a later denial gives back.
+    exact_charged: smallvec::SmallVec<[(usize, u64, std::time::Instant); 2]>,
 }
 
 impl<'r> Passage<'r> {
@@ -47,7 +51,7 @@ impl<'r> Passage<'r> {
         // The plan's enforced layers are read only from here on, as `local`.
         let mut local = std::mem::take(&mut plan.enforced);
         if exact_here {
-            local.extend(plan.exact);
+            local.extend(std::mem::take(&mut plan.exact));
         }
         let mut reports = Vec::with_capacity(local.len() + 1);
         // What each admitting layer took, for a remote denial to give back.
@@ -95,6 +99,7 @@ impl<'r> Passage<'r> {
             reports,
             decision,
             unavailable: None,
+            exact_charged: smallvec::SmallVec::new(),
         }
     }
 
@@ -112,22 +117,18 @@ impl<'r> Passage<'r> {
         Some((p, mesh.decide(number, key, self.plan.cost)))
     }
 
-    /// Ask the exact backend for the request's `redis` policy, once every other layer
-    /// admitted it.
-    fn ask_exact(&self) -> Option<(usize, u64, ExactFuture<'r>)> {
-        let (p, key) = self.plan.exact.filter(|_| self.admitted())?;
+    /// Ask the exact backend for `redis` policy `p` under `key`, once every layer before it
+    /// admitted the request.
+    fn ask_exact(&self, p: usize, key: u64) -> Option<ExactFuture<'r>> {
+        if !self.admitted() {
+            return None;
+        }
         let Some(Remote::Exact(number)) = self.rules.policies[p].remote else {
             return None;
         };
         let exact = self.rules.exact.as_ref()?;
-        // The policy's keys carry the route's name when it applies through the route.
-        let route = self
-            .plan
-            .route
-            .map(|r| &self.rules.routes[r])
-            .filter(|r| r.layers.exact.contains(&p) && self.rules.models[p].is_none())
-            .map(|r| r.name);
-        Some((p, key, exact.decide(number, key, route, self.plan.cost)))
+        let route = self.rules.exact_route(self.plan.route, p);
+        Some(exact.decide(number, key, route, self.plan.cost))
     }
 
     /// Take a remote layer's decision: report it; a denial gives the local charges back.
@@ -140,18 +141,47 @@ impl<'r> Passage<'r> {
     }
 
     /// Take the exact backend's answer for policy `p` (key `key`) through its fail mode.
-    fn settle_exact(&mut self, p: usize, key: u64, answer: Result<Decision, ExactError>) {
+    fn settle_exact(&mut self, p: usize, key: u64, answer: Result<ExactAnswer, ExactError>) {
         let policy = &self.rules.policies[p];
         let (cost, at) = (self.plan.cost, policy.local_now(self.now));
+        let sent = answer.as_ref().ok().map(|a| a.sent);
         let fallback = || policy.store.decide(&key, at, cost);
-        match fail_over(policy.name, policy.named.fail_mode, answer, fallback) {
-            ExactDecision::Exact(decision) | ExactDecision::Fallback(decision) => {
+        match fail_over(
+            policy.name,
+            policy.named.fail_mode,
+            answer.map(|a| a.decision),
+            fallback,
+        ) {
+            ExactDecision::Exact(decision) => {
+                if let Some(sent) = sent.filter(|_| decision.is_allowed()) {
+                    self.exact_charged.push((p, key, sent));
+                }
                 self.settle(p, decision)
             }
+            ExactDecision::Fallback(decision) => self.settle(p, decision),
             ExactDecision::Unavailable => {
                 self.unavailable = Some(policy.name);
                 self.refund();
             }
+        }
+    }
+
+    /// Give back what the `redis` policies took, once a later one denied the request (or
+    /// could not decide it and fails closed).
+    async fn refund_exact(&mut self) {
+        if self.admitted() {
+            return;
+        }
+        let Some(exact) = self.rules.exact.as_ref() else {
+            return;
+        };
+        for (p, key, sent) in std::mem::take(&mut self.exact_charged).into_iter().rev() {
+            let Some(Remote::Exact(number)) = self.rules.policies[p].remote else {
+                continue;
+            };
+            let route = self.rules.exact_route(self.plan.route, p);
+            let refunded = exact.refund(number, key, route, self.plan.cost, sent).await;
+            self.rules.note_refund(p, refunded);
         }
     }
 
@@ -175,14 +205,30 @@ impl<'r> Passage<'r> {
         outcome.backend_unavailable = self.unavailable;
         if allowed {
             // `count_when` policies: settled by the response's status.
+            let counts_by_status = |p: usize| self.rules.policies[p].named.count_when.is_some();
             for (i, &(p, key)) in self.local.iter().enumerate() {
-                if self.rules.policies[p].named.count_when.is_some() {
+                if counts_by_status(p) {
                     outcome.pending.push(Pending {
                         policy: p,
                         key,
                         charge: self.charges.charge_of(i),
                         at: self.now,
                         cost: self.plan.cost,
+                        sent: None,
+                        route: None,
+                    });
+                }
+            }
+            for &(p, key, sent) in &self.exact_charged {
+                if counts_by_status(p) {
+                    outcome.pending.push(Pending {
+                        policy: p,
+                        key,
+                        charge: Charge::Key,
+                        at: self.now,
+                        cost: self.plan.cost,
+                        sent: Some(sent),
+                        route: self.rules.exact_route(self.plan.route, p),
                     });
                 }
             }
@@ -194,23 +240,57 @@ impl<'r> Passage<'r> {
 impl Rules {
     /// Settle a `count_when` charge by the response's `status`: kept when the policy counts
     /// it, given back otherwise. Call it once per pending charge of an admitted request's
-    /// [`Outcome::pending`], on the rules that decided it.
-    pub fn settle(&self, pending: &Pending, status: u16) {
-        let Some(policy) = self.policies.get(pending.policy) else {
-            return;
-        };
+    /// [`Outcome::pending`], on the rules that decided it. A local policy's charge is given
+    /// back before it returns; a `redis` policy's by the future it returns, which the caller
+    /// drives (it may outlive the response: spawn it).
+    pub fn settle(&self, pending: &Pending, status: u16) -> Option<RefundFuture<'_>> {
+        let policy = self.policies.get(pending.policy)?;
         let counted = policy
             .named
             .count_when
             .as_ref()
             .is_none_or(|when| when.contains(status));
-        if !counted {
-            self.refund(
-                (pending.policy, pending.key),
-                pending.charge,
-                pending.cost,
-                pending.at,
-            );
+        if counted {
+            return None;
+        }
+        if let Some(sent) = pending.sent {
+            let Some(Remote::Exact(number)) = policy.remote else {
+                return None;
+            };
+            let exact = self.exact.as_ref()?;
+            let (p, cost) = (pending.policy, pending.cost);
+            let refund = exact.refund(number, pending.key, pending.route, cost, sent);
+            return Some(Box::pin(async move {
+                let refunded = refund.await;
+                let given_back = refunded.as_ref().is_ok_and(|&back| back);
+                self.note_refund(p, refunded);
+                Ok(given_back)
+            }));
+        }
+        self.refund(
+            (pending.policy, pending.key),
+            pending.charge,
+            pending.cost,
+            pending.at,
+        );
+        None
+    }
+
+    /// The route whose name `redis` policy `p`'s keys carry for a request of `route`: the
+    /// route's own policies (not counting `by`) are counted per route.
+    fn exact_route(&self, route: Option<usize>, p: usize) -> Option<&'static str> {
+        route
+            .map(|r| &self.routes[r])
+            .filter(|r| r.layers.exact.contains(&p) && self.models[p].is_none())
+            .map(|r| r.name)
+    }
+
+    /// Count and log a `redis` refund of policy `p` that failed (the charge stays counted).
+    pub(super) fn note_refund(&self, p: usize, refunded: Result<bool, ExactError>) {
+        if let Err(error) = refunded {
+            let name = self.policies[p].name;
+            metrics::counter!("ratemesh_refunds_failed_total", "policy" => name).increment(1);
+            tracing::warn!(policy = name, %error, "could not give a charge back; it stays counted");
         }
     }
 
@@ -364,10 +444,15 @@ impl Rules {
             let decision = mesh.await;
             passage.settle(p, decision);
         }
-        if let Some((p, key, answer)) = passage.ask_exact() {
+        let exact = std::mem::take(&mut passage.plan.exact);
+        for (p, key) in exact {
+            let Some(answer) = passage.ask_exact(p, key) else {
+                break;
+            };
             let answer = answer.await;
             passage.settle_exact(p, key, answer);
         }
+        passage.refund_exact().await;
         passage.finish()
     }
 }

@@ -116,6 +116,9 @@ struct Run<'r> {
     shadow: Vec<Pending>,
     /// Local charges to give back on a denial: the descriptor and where it took from.
     charged: Vec<(Pending, Charge)>,
+    /// The `redis` descriptors that charged, with their policy's number and when their call
+    /// was sent: what a later denial gives back.
+    exact_charged: Vec<(Pending, u32, std::time::Instant)>,
     admitted: Vec<PolicyReport>,
     denied: Vec<PolicyReport>,
     shadow_reports: Vec<PolicyReport>,
@@ -187,6 +190,7 @@ impl<'r> Run<'r> {
             exact: Vec::new(),
             shadow: Vec::new(),
             charged: Vec::new(),
+            exact_charged: Vec::new(),
             admitted: Vec::new(),
             denied: Vec::new(),
             shadow_reports: Vec::new(),
@@ -346,10 +350,15 @@ impl<'r> Run<'r> {
                 continue;
             };
             let answer = exact.decide(number, pending.key, None, pending.cost).await;
+            let sent = answer.as_ref().ok().map(|a| a.sent);
             let at = policy.local_now(self.now);
             let fallback = || policy.store.decide(&pending.key, at, pending.cost);
+            let answer = answer.map(|a| a.decision);
             match fail_over(policy.name, policy.named.fail_mode, answer, fallback) {
                 ExactDecision::Exact(decision) | ExactDecision::Fallback(decision) => {
+                    if let Some(sent) = sent.filter(|_| decision.is_allowed()) {
+                        self.exact_charged.push((pending, number, sent));
+                    }
                     self.settle(pending, decision);
                     if !decision.is_allowed() {
                         self.refund();
@@ -359,6 +368,24 @@ impl<'r> Run<'r> {
                     self.unavailable = Some(policy.name);
                     self.refund();
                 }
+            }
+        }
+        if self.over() {
+            // Redis gives back what the earlier `redis` descriptors took.
+            for (pending, number, sent) in std::mem::take(&mut self.exact_charged).into_iter().rev()
+            {
+                let refunded = exact
+                    .refund(number, pending.key, None, pending.cost, sent)
+                    .await;
+                if refunded.as_ref().is_ok_and(|&back| back) {
+                    let policy = &self.rules.policies[pending.policy];
+                    let status = &mut self.statuses[pending.slot];
+                    status.remaining = status
+                        .remaining
+                        .saturating_add(pending.cost)
+                        .min(policy.named.policy.capacity());
+                }
+                self.rules.note_refund(pending.policy, refunded);
             }
         }
     }

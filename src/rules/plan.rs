@@ -41,7 +41,7 @@ impl Planned {
         match self {
             Planned::Before(_) | Planned::ReadBody(_) => false,
             Planned::Charge(plan) => {
-                !plan.refused && (plan.global.is_some() || plan.exact.is_some())
+                !plan.refused && (plan.global.is_some() || !plan.exact.is_empty())
             }
         }
     }
@@ -57,7 +57,7 @@ pub(crate) struct PlanSummary {
     pub(crate) policies: Vec<&'static str>,
     /// It passes a `mesh` policy (whose key's owner it may wait for).
     pub(crate) mesh: bool,
-    /// It passes a `redis` policy.
+    /// It passes a `redis` policy (or more).
     pub(crate) redis: bool,
 }
 
@@ -79,7 +79,7 @@ impl Rules {
                 .map(named)
                 .collect(),
             mesh: plan.global.is_some(),
-            redis: plan.exact.is_some(),
+            redis: !plan.exact.is_empty(),
         }
     }
 }
@@ -97,8 +97,8 @@ pub(crate) struct Plan {
     pub(super) shadow: Keyed,
     /// The request's `mesh` policy, if any.
     pub(super) global: Option<(usize, u64)>,
-    /// The request's `redis` policy, if any.
-    pub(super) exact: Option<(usize, u64)>,
+    /// The request's `redis` policies, in order.
+    pub(super) exact: Keyed,
     /// The policies left out because the request lacks a part of their `by`.
     pub(super) skipped: Vec<MissingPart>,
 }
@@ -192,7 +192,7 @@ impl Rules {
         let enforced = keyed(|l| &l.enforced);
         let shadow = keyed(|l| &l.shadow);
         let global = keyed(|l| &l.global).first().copied();
-        let exact = keyed(|l| &l.exact).first().copied();
+        let exact = keyed(|l| &l.exact);
         if let Some(missing) = missing {
             return Planned::Before(Some(Refusal::Missing(missing)));
         }

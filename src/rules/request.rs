@@ -175,6 +175,18 @@ pub struct Pending {
     pub(super) charge: crate::local::Charge,
     pub(super) at: Nanos,
     pub(super) cost: u64,
+    /// A `redis` policy's: when the call that charged it was sent.
+    pub(super) sent: Option<std::time::Instant>,
+    /// A `redis` policy's: the route its key carries.
+    pub(super) route: Option<&'static str>,
+}
+
+impl Pending {
+    /// Tell whether settling it may give the charge back through IO (a `redis` policy's):
+    /// [`Rules::settle`](super::Rules::settle) then returns a future to drive.
+    pub fn needs_io(&self) -> bool {
+        self.sent.is_some()
+    }
 }
 
 impl Outcome {

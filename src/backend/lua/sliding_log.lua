@@ -1,10 +1,12 @@
 -- Sliding log, exact. KEYS[1]: sorted set of admitted requests, member "time:seq:cost",
 -- score time; KEYS[2]: a sequence counter, so that requests in the same microsecond stay
 -- distinct members. An entry at t counts while now < t + W.
--- ARGV: now_us|'', window_us, limit, cost
+-- ARGV: now_us|'', window_us, limit, cost[, block_us]
 local now = now_us()
 local window, limit, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if cost > limit then return {2, limit, 0, 0, 0} end
+local left = lock_left(now)
+if left then return {1, limit, 0, left, left} end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now - window))
 local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
 local total, last = 0, nil
@@ -28,7 +30,7 @@ if total + probe > limit then
       break
     end
   end
-  return {1, limit, limit - total, reset, retry}
+  return deny(now, cost, {1, limit, limit - total, reset, retry})
 end
 if cost == 0 then return {0, limit, limit - total, reset, 0} end
 local seq = redis.call('INCR', KEYS[2])

@@ -1,9 +1,11 @@
 -- Sliding-window counter. KEYS[1]: hash {w = current window index, p = previous count,
 -- c = current count}. Admit iff p*(W-e) + (c+cost)*W <= limit*W (e = time into the window).
--- ARGV: now_us|'', window_us, limit, cost
+-- ARGV: now_us|'', window_us, limit, cost[, block_us]
 local now = now_us()
 local w, limit, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if cost > limit then return {2, limit, 0, 0, 0} end
+local left = lock_left(now)
+if left then return {1, limit, 0, left, left} end
 local index = math.floor(now / w)
 local stored = redis.call('HMGET', KEYS[1], 'w', 'p', 'c')
 local sw, prev, cur = tonumber(stored[1]), tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
@@ -33,7 +35,7 @@ if used + probe * w > budget then
   else
     retry = w - elapsed + fits_at(cur, limit - probe)
   end
-  return {1, limit, math.floor(math.max(budget - used, 0) / w), reset, math.max(retry, 1)}
+  return deny(now, cost, {1, limit, math.floor(math.max(budget - used, 0) / w), reset, math.max(retry, 1)})
 end
 if cost == 0 then return {0, limit, math.floor((budget - used) / w), reset, 0} end
 redis.call('HSET', KEYS[1], 'w', int(index), 'p', int(prev), 'c', int(cur + cost))
