@@ -7,9 +7,10 @@
 //! 1. every descriptor on this node's policies is decided (a check-only descriptor, of cost
 //!    0, only looks); if any is over its limit, the others' charges are given back;
 //! 2. then, one after another, the descriptors on `mesh` policies, then those on `redis`
-//!    policies; the first one over its limit gives the local charges back and the later
-//!    remote ones are not asked (a remote charge already taken stays counted: the cluster
-//!    then admits less, never more);
+//!    policies (a check-only one asks Redis to look; the mesh is not asked for one); the
+//!    first one over its limit gives the local charges and the earlier `redis` ones back,
+//!    and the later remote ones are not asked (a `mesh` charge already taken stays counted:
+//!    the cluster then admits less, never more);
 //! 3. shadow descriptors are counted once the request is admitted, and never make it over.
 //!
 //! Keys are keyed hashes ([`crate::ids::KeyHasher`]) of `(env, "envoy", domain, key₁,
@@ -252,8 +253,9 @@ impl<'r> Run<'r> {
         let list = match (shadow, policy.remote) {
             (true, _) => &mut self.shadow,
             (false, None) => &mut self.local,
-            // A check-only descriptor takes nothing: the mesh and Redis are not asked.
-            (false, Some(_)) if query.hits == 0 => {
+            // A check-only descriptor takes nothing: Redis is asked to look (a cost of 0),
+            // the mesh is not asked (a node's lease of a key says nothing of the others').
+            (false, Some(Remote::Mesh(_))) if query.hits == 0 => {
                 status.limit = None;
                 return;
             }
@@ -356,7 +358,7 @@ impl<'r> Run<'r> {
             let answer = answer.map(|a| a.decision);
             match fail_over(policy.name, policy.named.fail_mode, answer, fallback) {
                 ExactDecision::Exact(decision) | ExactDecision::Fallback(decision) => {
-                    if let Some(sent) = sent.filter(|_| decision.is_allowed()) {
+                    if let Some(sent) = sent.filter(|_| decision.is_allowed() && pending.cost > 0) {
                         self.exact_charged.push((pending, number, sent));
                     }
                     self.settle(pending, decision);
