@@ -54,6 +54,7 @@
 mod access;
 mod cost;
 mod envoy;
+mod graphql;
 mod identity;
 mod jwt;
 mod key;
@@ -79,6 +80,7 @@ use envoy::build_envoy;
 pub use envoy::{
     DescriptorLimit, EnvoyConfig, EnvoyDescriptor, EnvoyDomain, MAX_DESCRIPTOR_DEPTH, RateLimitUnit,
 };
+pub use graphql::GraphQlPricing;
 use identity::build_identity;
 pub use identity::{IdentityConfig, IdentitySource};
 use jwt::build_jwt;

@@ -14,6 +14,7 @@
 mod compile;
 mod decide;
 mod envoy;
+mod graphql;
 mod jwt;
 mod key;
 mod lockout;
@@ -49,7 +50,8 @@ pub(crate) use plan::Planned;
 #[cfg(all(test, feature = "node"))]
 pub(crate) use plan::plans_made;
 pub use request::{
-    Identity, MissingPart, Outcome, Pending, PolicyReport, Refusal, RequestFacts, RequestParts,
+    GraphQlRefusal, Identity, MissingPart, Outcome, Pending, PolicyReport, Refusal, RequestFacts,
+    RequestParts,
 };
 
 /// Why the rules could not be built from a valid file.
@@ -376,8 +378,10 @@ impl Rules {
         let reads_request = models.iter().any(Option::is_some);
         let reads_address =
             !config.access.is_empty() || models.iter().flatten().any(KeyModel::uses_address);
-        let reads_body = models.iter().flatten().any(KeyModel::uses_body);
-        let reads_json = models.iter().flatten().any(KeyModel::uses_json);
+        // A route that prices GraphQL queries reads its JSON body (or its URL) too.
+        let graphql = compiled.routes.iter().any(|r| r.prices_graphql());
+        let reads_body = graphql || models.iter().flatten().any(KeyModel::uses_body);
+        let reads_json = graphql || models.iter().flatten().any(KeyModel::uses_json);
         let tier_from_claims = config
             .tier_from
             .iter()

@@ -351,6 +351,50 @@ async fn a_node_takes_a_searchs_cost_from_its_page_size() {
     assert_eq!(search(1).await, 429);
 }
 
+/// `cost_from = "graphql"` on a node: a query's computed cost is charged, a costlier one than
+/// `max_cost` is refused with 400 and counted as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_prices_graphql_queries_and_refuses_costly_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+        [identity]\norder = [\"ip\"]\n\n\
+        [policies.points]\nalgorithm = \"fixed-window\"\nlimit = 100\nwindow = \"1h\"\n\n\
+        [tiers.api]\npolicies = [\"points\"]\n\n\
+        [[routes]]\nname = \"graphql\"\npath = \"/graphql\"\ncost_from = \"graphql\"\n\
+        max_cost = 60\ngraphql_weights = { search = 5 }\n";
+    let files = write_cluster_with(dir.path(), 1, text);
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let ask = |query: &str| {
+        let request = client
+            .post(format!("http://{}/graphql", node.http))
+            .json(&serde_json::json!({ "query": query }));
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<serde_json::Value>().await.ok())
+        }
+    };
+    // search (5) + 10 × title: 15 each, six of them in the 100.
+    for _ in 0..6 {
+        assert_eq!(ask("{ search(first: 10) { title } }").await.0, 200);
+    }
+    // 90 spent: a query of 15 does not fit.
+    assert_eq!(ask("{ search(first: 10) { title } }").await.0, 429);
+    let (status, body) = ask("{ search(first: 100) { title } }").await;
+    assert_eq!(status, 400);
+    assert_eq!(body.unwrap()["cost"], 105);
+    let text = metrics_of(&client, &node).await;
+    assert_eq!(
+        metric(
+            &text,
+            "ratemesh_requests_refused_total{reason=\"graphql_too_costly\"}"
+        ),
+        1.0
+    );
+}
+
 /// A plans file of a million API keys beside the policy file: a `ratemesh node` gives each
 /// key its tier, and an unknown key the default; SIGHUP reads a changed plans file and keeps
 /// every counter of the policies that did not change.

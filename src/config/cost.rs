@@ -1,6 +1,7 @@
 //! A route's cost taken from the request (`cost_from`): a header that a trusted proxy set, or
 //! a query parameter, read as a number and mapped through a linear formula or a table, never
-//! above `max_cost`.
+//! above `max_cost`; or a GraphQL query's computed cost ([`super::GraphQlPricing`]), where a
+//! query above `max_cost` is refused.
 //!
 //! ```toml
 //! [[routes]]
@@ -38,6 +39,8 @@ pub enum CostSource {
     Header(HeaderName),
     /// A query parameter's first value (`query:NAME`).
     Query(Box<str>),
+    /// The computed cost of a GraphQL query (`graphql`), priced as the route says.
+    GraphQl(Box<super::GraphQlPricing>),
 }
 
 /// How the number read becomes a cost.

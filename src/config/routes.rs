@@ -229,6 +229,18 @@ fn cost_from(
     field: &dyn Fn(&str) -> String,
 ) -> Result<Option<CostFrom>, ConfigError> {
     let error = |key: &str, message: String| source.error(at(key), field(key), message);
+    let graphql = raw.cost_from.as_deref() == Some("graphql");
+    if !graphql {
+        let given = [
+            ("max_depth", raw.max_depth.is_some()),
+            ("graphql_weights", raw.graphql_weights.is_some()),
+            ("graphql_lists", !raw.graphql_lists.is_empty()),
+            ("graphql_list_size", raw.graphql_list_size.is_some()),
+        ];
+        if let Some((key, _)) = given.iter().find(|(_, given)| *given) {
+            return Err(error(key, "needs `cost_from = \"graphql\"`".into()));
+        }
+    }
     let Some(text) = &raw.cost_from else {
         for key in ["cost_per_unit", "cost_table", "max_cost"] {
             let given = match key {
@@ -242,7 +254,31 @@ fn cost_from(
         }
         return Ok(None);
     };
-    let from = CostSource::parse(text).map_err(|reason| error("cost_from", reason))?;
+    let from = if graphql {
+        if let Some(key) = [
+            ("cost_per_unit", raw.cost_per_unit.is_some()),
+            ("cost_table", raw.cost_table.is_some()),
+        ]
+        .iter()
+        .find_map(|&(key, given)| given.then_some(key))
+        {
+            return Err(error(
+                key,
+                "a GraphQL query's cost is computed, not mapped: weights go in `graphql_weights`"
+                    .into(),
+            ));
+        }
+        let pricing = crate::config::GraphQlPricing::new(
+            raw.max_depth,
+            raw.graphql_weights.as_ref(),
+            &raw.graphql_lists,
+            raw.graphql_list_size,
+        )
+        .map_err(|(key, reason)| error(key, reason))?;
+        CostSource::GraphQl(Box::new(pricing))
+    } else {
+        CostSource::parse(text).map_err(|reason| error("cost_from", reason))?
+    };
     let max_cost = match raw.max_cost {
         Some(max) if max >= 1 && (max as u64) >= raw.cost => max as u64,
         Some(max) => {
@@ -339,6 +375,11 @@ pub(super) struct RawRoute {
     cost_per_unit: Option<f64>,
     cost_table: Option<Vec<[i64; 2]>>,
     max_cost: Option<i64>,
+    max_depth: Option<i64>,
+    graphql_weights: Option<std::collections::HashMap<String, i64>>,
+    #[serde(default)]
+    graphql_lists: Vec<String>,
+    graphql_list_size: Option<i64>,
 }
 
 /// A route's cost when the file gives none.

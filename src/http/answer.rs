@@ -10,7 +10,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::http::headers::{denial_body, insert_rate_limit_headers, unavailable_body};
 use crate::http::identity::IdentityTooLong;
-use crate::rules::{Outcome, Refusal};
+use crate::rules::{GraphQlRefusal, Outcome, Refusal};
 
 /// Shape the response to a denied request (the default is 429 with a JSON body).
 pub type DenialHook = Arc<dyn Fn(&Outcome) -> Response<Body> + Send + Sync>;
@@ -65,7 +65,7 @@ pub(super) fn denial(outcome: &Outcome, hook: Option<&DenialHook>, legacy: bool)
 }
 
 /// The answer to a request refused before any counting: 400 for a missing part of a
-/// policy's key or a body that did not arrive whole, 403 for an address in `[access] deny`,
+/// policy's key, a body that did not arrive whole or a GraphQL query the route refuses, 403 for an address in `[access] deny`,
 /// 413 for a body too long to read a field of; a JSON body that says which.
 fn refused(refusal: Refusal) -> Response<Body> {
     let (status, body) = match refusal {
@@ -93,6 +93,31 @@ fn refused(refusal: Refusal) -> Response<Body> {
             serde_json::json!({
                 "error": "body_incomplete",
                 "message": "a policy counts by a field of the body, which did not arrive whole",
+            }),
+        ),
+        Refusal::GraphQl(GraphQlRefusal::TooCostly { cost, max_cost }) => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({
+                "error": "query_too_costly",
+                "message": format!("the query costs {cost}, more than this route's {max_cost}"),
+                "cost": cost,
+                "max_cost": max_cost,
+            }),
+        ),
+        Refusal::GraphQl(GraphQlRefusal::TooDeep { depth, max_depth }) => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({
+                "error": "query_too_deep",
+                "message": format!("the query nests {depth} fields deep, more than this route's {max_depth}"),
+                "depth": depth,
+                "max_depth": max_depth,
+            }),
+        ),
+        Refusal::GraphQl(GraphQlRefusal::Invalid(reason)) => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({
+                "error": "graphql_invalid",
+                "message": reason,
             }),
         ),
         Refusal::BodyTooLarge { limit } => (

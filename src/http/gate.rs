@@ -23,7 +23,7 @@ use crate::clock::Clock;
 use crate::http::answer::{DenialHook, denial, identity_too_long, with_fields};
 use crate::http::identity::{AuthenticatedUser, ClientTier, IdentityTooLong, client_ip, identify};
 use crate::rules::{
-    Claims, Identity, Outcome, Planned, Refusal, RequestFacts, RequestParts, Rules,
+    Claims, GraphQlRefusal, Identity, Outcome, Planned, Refusal, RequestFacts, RequestParts, Rules,
 };
 
 /// What the layer's clones and services share: the rules in force, the clock, and how the
@@ -398,6 +398,14 @@ fn record(outcome: &Outcome, rules: &Rules, identity: &Identity) {
         Some(Refusal::BodyIncomplete) => {
             metrics::counter!("ratemesh_requests_refused_total", "reason" => "body_incomplete")
                 .increment(1);
+        }
+        Some(Refusal::GraphQl(refusal)) => {
+            let reason = match refusal {
+                GraphQlRefusal::TooCostly { .. } => "graphql_too_costly",
+                GraphQlRefusal::TooDeep { .. } => "graphql_too_deep",
+                GraphQlRefusal::Invalid(_) => "graphql_invalid",
+            };
+            metrics::counter!("ratemesh_requests_refused_total", "reason" => reason).increment(1);
         }
         None => {}
     }

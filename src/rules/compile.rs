@@ -186,10 +186,13 @@ impl CompiledRoute {
 
     /// The cost of the request `facts`: from `cost_from` when the request gives a number
     /// there (a header only from a trusted proxy), else the route's constant.
-    pub(super) fn cost_of(&self, facts: &super::request::RequestFacts<'_>) -> u64 {
+    pub(super) fn cost_of(
+        &self,
+        facts: &super::request::RequestFacts<'_>,
+    ) -> Result<u64, super::request::Refusal> {
         use crate::config::CostSource;
         let Some(from) = &self.cost_from else {
-            return self.cost;
+            return Ok(self.cost);
         };
         let value = match &from.source {
             CostSource::Header(name) if facts.request.from_trusted_proxy => facts
@@ -199,8 +202,26 @@ impl CompiledRoute {
                 .map(http::HeaderValue::as_bytes),
             CostSource::Header(_) => None,
             CostSource::Query(param) => super::key::query(facts.request.query, param),
+            CostSource::GraphQl(pricing) => {
+                use super::request::{GraphQlRefusal, Refusal};
+                let (cost, _) = super::graphql::price(pricing, facts).map_err(Refusal::GraphQl)?;
+                if cost > from.max_cost {
+                    return Err(Refusal::GraphQl(GraphQlRefusal::TooCostly {
+                        cost,
+                        max_cost: from.max_cost,
+                    }));
+                }
+                return Ok(cost.max(1));
+            }
         };
-        value.and_then(|v| from.cost(v)).unwrap_or(self.cost)
+        Ok(value.and_then(|v| from.cost(v)).unwrap_or(self.cost))
+    }
+
+    /// Tell whether the route prices GraphQL queries (it reads the body for them).
+    pub(super) fn prices_graphql(&self) -> bool {
+        self.cost_from
+            .as_ref()
+            .is_some_and(|c| matches!(c.source, crate::config::CostSource::GraphQl(_)))
     }
 }
 

@@ -139,7 +139,8 @@ impl Rules {
                 .flatten()
                 .any(|&i| self.models[i].as_ref().is_some_and(|m| m.uses_body()))
             };
-            if tier.is_some_and(reads_body) || route.is_some_and(|r| reads_body(&r.layers)) {
+            let route_reads = route.is_some_and(|r| r.prices_graphql() || reads_body(&r.layers));
+            if tier.is_some_and(reads_body) || route_reads {
                 return Planned::ReadBody(
                     route.map_or(crate::config::DEFAULT_MAX_BODY_BYTES, |r| r.max_body_bytes),
                 );
@@ -196,10 +197,15 @@ impl Rules {
         if let Some(missing) = missing {
             return Planned::Before(Some(Refusal::Missing(missing)));
         }
+        let cost = match route.map(|r| r.cost_of(facts)) {
+            None => 1,
+            Some(Ok(cost)) => cost,
+            Some(Err(refusal)) => return Planned::Before(Some(refusal)),
+        };
         Planned::Charge(Plan {
             refused: tier.is_none() && self.config.refuse_without_tier,
             route: route_index,
-            cost: route.map_or(1, |r| r.cost_of(facts)),
+            cost,
             enforced,
             shadow,
             global,

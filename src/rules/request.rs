@@ -112,6 +112,30 @@ pub enum Refusal {
     /// A policy counts by a field of its body, which broke off or took longer than 30 s to
     /// arrive (answered `400 Bad Request`).
     BodyIncomplete,
+    /// The route prices GraphQL queries (`cost_from = "graphql"`) and refuses this one
+    /// (answered `400 Bad Request`, with the computed cost or depth).
+    GraphQl(GraphQlRefusal),
+}
+
+/// Why a route that prices GraphQL queries refused one, before any counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphQlRefusal {
+    /// Its computed cost is above the route's `max_cost`.
+    TooCostly {
+        /// The computed cost.
+        cost: u64,
+        /// The route's `max_cost`.
+        max_cost: u64,
+    },
+    /// Its fields nest deeper than the route's `max_depth`.
+    TooDeep {
+        /// How deep (at least; a document nested past the parser's limit says that limit).
+        depth: u32,
+        /// The route's `max_depth`.
+        max_depth: u32,
+    },
+    /// It is not a GraphQL request one can price (the reason).
+    Invalid(&'static str),
 }
 
 /// One policy's part in a decision, for the response headers.
