@@ -76,9 +76,17 @@ fn parse_node(text: &str) -> Option<IpAddr> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Some(addr.ip());
     }
-    text.strip_prefix('[')
-        .and_then(|rest| rest.split(']').next())
-        .and_then(|ip| ip.parse().ok())
+    // An IPv6 address with a zone (`fe80::1%eth0`, `[fe80::1%eth0]:443`): the zone names an
+    // interface of the proxy, not the client, and is left out.
+    let bare = text
+        .strip_prefix('[')
+        .map_or(text, |rest| rest.split(']').next().unwrap_or(""));
+    let address = bare.split_once('%').map_or(bare, |(address, _)| address);
+    match address.parse::<IpAddr>() {
+        Ok(ip @ IpAddr::V6(_)) => Some(ip),
+        Ok(IpAddr::V4(_)) if !bare.contains('%') => address.parse().ok(),
+        _ => None,
+    }
 }
 
 /// The forwarding chain, left (client side) to right (nearest proxy).
@@ -187,6 +195,35 @@ mod tests {
             );
         }
         map
+    }
+
+    #[test]
+    fn an_ipv6_hop_with_a_zone_is_its_address_and_nothing_else_panics() {
+        let link: IpAddr = "fe80::1".parse().unwrap();
+        for text in [
+            "fe80::1%eth0",
+            "[fe80::1%eth0]:443",
+            "\"[fe80::1%25]\"",
+            "fe80::1%",
+        ] {
+            assert_eq!(parse_node(text), Some(link), "{text}");
+        }
+        for text in [
+            "192.0.2.1%eth0",
+            "%",
+            "[%]",
+            "fe80::1%eth0%x]",
+            "[",
+            "]",
+            "",
+            "::g%1",
+        ] {
+            assert!(parse_node(text).is_none_or(|ip| ip == link), "{text}");
+        }
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let h = headers(&[("x-forwarded-for", "fe80::1%eth0")]);
+        let proxy: IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(client_ip(&h, Some(proxy), &trusted), Some(link));
     }
 
     #[test]
