@@ -15,28 +15,23 @@
 //! and drains on SIGTERM. Node files with a bad `[envoy_rls]` are refused with file, line
 //! and field. `cluster/envoy.yaml` and `deploy/envoy/login-outcomes.yaml` are parsed as
 //! Envoy's `Bootstrap` message from Envoy's own `.proto` files (those the envoy-types crate
-//! ships) by the same Python tools; the calls that second file makes (a check that takes
-//! nothing before a login, the login's outcome as its hits when its stream ends) count
-//! failed logins on a local and a `redis` descriptor.
+//! ships) by the same Python tools (the second's calls: `tests/node_envoy_outcomes.rs`).
 
 mod support;
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+#[path = "support/rls.rs"]
+mod rls;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 use ratemesh::node::NodeFile;
+use rls::*;
 use serde_json::Value;
 use support::*;
 
@@ -57,37 +52,6 @@ descriptors = [
   { key = "watch", backend = "local", shadow_mode = true, rate_limit = { requests_per_unit = 1, unit = "minute" } },
 ]
 "#;
-
-/// Write a cluster of `n` nodes with `[envoy_rls]`; return the node files and gRPC addresses.
-fn rls_cluster(dir: &Path, n: usize, policies: &str) -> (Vec<PathBuf>, Vec<SocketAddr>) {
-    let files = write_cluster_with(dir, n, policies);
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
-    drop(listeners);
-    for (file, addr) in files.iter().zip(&addrs) {
-        edit_file(file, |text| {
-            format!("{text}\n[envoy_rls]\nlisten = \"{addr}\"\n")
-        });
-    }
-    (files, addrs)
-}
-
-fn unix_seconds() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-/// Wait, if need be, so that the next `seconds` stay inside one minute and one hour.
-fn away_from_window_ends(seconds: f64) {
-    let into_minute = unix_seconds() % 60.0;
-    if into_minute + seconds > 60.0 {
-        std::thread::sleep(Duration::from_secs_f64(60.5 - into_minute));
-    }
-}
 
 /// The Python client (python3 with grpcio, grpcio-tools and PyYAML), or `None` (after a
 /// notice, or a failure when it is required).
@@ -351,51 +315,6 @@ async fn an_independent_client_sees_three_nodes_share_one_limit_and_over_limit_a
         "{text}"
     );
     assert!(text.contains("ratemesh_envoy_rls_descriptors_total{match=\"unknown\"} 1"));
-}
-
-async fn rls_client(addr: SocketAddr) -> RateLimitServiceClient<tonic::transport::Channel> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match RateLimitServiceClient::connect(format!("http://{addr}")).await {
-            Ok(client) => return client,
-            Err(error) => {
-                assert!(Instant::now() < deadline, "cannot reach {addr}: {error}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-fn descriptor(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: key.to_string(),
-                value: value.to_string(),
-            })
-            .collect(),
-        hits_addend: hits.map(|value| UInt64Value { value }),
-        ..RateLimitDescriptor::default()
-    }
-}
-
-fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_string(),
-        descriptors,
-        hits_addend: hits,
-    }
-}
-
-async fn ask(
-    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
-    request: RateLimitRequest,
-) -> Result<RateLimitResponse, tonic::Status> {
-    client
-        .should_rate_limit(request)
-        .await
-        .map(|r| r.into_inner())
 }
 
 /// The bytes of a gRPC call as they are, to send what does not decode.
@@ -756,92 +675,4 @@ fn the_example_envoy_configuration_is_envoys_api_and_matches_the_demo_cluster() 
         );
         assert!(said.contains("1 listener(s) and 2 cluster(s)"), "{said}");
     }
-}
-
-/// The domain `deploy/envoy/login-outcomes.yaml` sends: failed logins per account (on each
-/// node) and per address (in Redis, for every node).
-const LOGIN: &str = r#"
-env = "test"
-key_secret = "test-secret"
-
-[redis]
-url = "URL"
-
-[[envoy.domains]]
-domain = "login"
-descriptors = [
-  { key = "account", backend = "local", rate_limit = { requests_per_unit = 3, unit = "hour" } },
-  { key = "remote_address", backend = "redis", rate_limit = { requests_per_unit = 5, unit = "hour" } },
-]
-"#;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_logins_are_checked_before_and_counted_when_the_stream_ends() {
-    let Some(redis) = redis_server::RedisServer::start("envoy-outcomes") else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let (files, rls) = rls_cluster(dir.path(), 1, &LOGIN.replace("URL", &redis.url()));
-    let node = start(&files[0]);
-    wait_healthy(&client(), &node).await;
-    let mut rls_client = rls_client(rls[0]).await;
-    away_from_window_ends(3600.0);
-    // What Envoy sends for one login: before it runs, hits 0; when it ends, its outcome.
-    let login = |account: &str, address: &str, hits: u64| {
-        request(
-            "login",
-            vec![
-                descriptor(&[("account", account)], Some(hits)),
-                descriptor(&[("remote_address", address)], Some(hits)),
-            ],
-            1,
-        )
-    };
-    let mut attempt = async |account: &str, address: &str, failed: bool| -> bool {
-        let check = ask(&mut rls_client, login(account, address, 0))
-            .await
-            .unwrap();
-        if check.overall_code != Code::Ok as i32 {
-            return false;
-        }
-        let done = ask(&mut rls_client, login(account, address, u64::from(failed)))
-            .await
-            .unwrap();
-        assert_eq!(
-            done.overall_code,
-            Code::Ok as i32,
-            "a stream-end call within the limit"
-        );
-        true
-    };
-    // Successful logins cost nothing.
-    for _ in 0..10 {
-        assert!(attempt("alice", "192.0.2.1", false).await);
-    }
-    // Three failures on bob's account: the next check is over, before the login runs.
-    for i in 0..3 {
-        assert!(attempt("bob", &format!("198.51.100.{i}"), true).await);
-    }
-    assert!(
-        !attempt("bob", "192.0.2.1", false).await,
-        "bob's account is over"
-    );
-    // Five failures from one address over five accounts: the Redis count is over at the
-    // check (Redis asked to look, taking nothing).
-    for i in 0..5 {
-        assert!(attempt(&format!("user{i}"), "203.0.113.9", true).await);
-    }
-    assert!(
-        !attempt("carol", "203.0.113.9", false).await,
-        "the address is over"
-    );
-    assert!(
-        attempt("carol", "192.0.2.1", false).await,
-        "carol elsewhere is not"
-    );
-    // The check-only calls charged nothing in Redis: alice's address has its 5.
-    let look = ask(&mut rls_client, login("alice", "192.0.2.1", 0))
-        .await
-        .unwrap();
-    assert_eq!(look.statuses[1].limit_remaining, 5);
 }
