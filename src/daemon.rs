@@ -21,6 +21,7 @@
 //! (the keys are still handed over).
 
 mod activity;
+mod admin;
 mod app;
 mod certificates;
 mod envoy_rls;
@@ -47,11 +48,12 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::config::ConfigError;
+use crate::daemon::admin::AdminServer;
 use crate::daemon::app::App;
 use crate::daemon::certificates::Certificates;
 use crate::daemon::envoy_rls::RlsServer;
 use crate::daemon::forward_auth::Checks;
-use crate::daemon::node_file::{EnvoyRls, NodeFile};
+use crate::daemon::node_file::{Admin, EnvoyRls, NodeFile};
 use crate::daemon::proxy::Proxy;
 use crate::daemon::reload::PolicyReloader;
 use crate::daemon::server::{ConnLimits, Server};
@@ -124,6 +126,8 @@ pub struct RunningNode {
     layer: RateLimitLayer,
     /// The `[envoy_rls]` port, bound, and its settings.
     envoy_rls: Option<(tokio::net::TcpListener, EnvoyRls)>,
+    /// The `[admin]` port, bound, and its settings.
+    admin: Option<(tokio::net::TcpListener, Admin)>,
     certificates: Certificates,
     /// Where request spans go, flushed when the node stops.
     #[cfg(feature = "otel")]
@@ -175,6 +179,10 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
             addr: file.http,
             source,
         })?;
+    let admin = match &file.admin {
+        Some(settings) => Some((admin::bind(settings).await?, settings.clone())),
+        None => None,
+    };
     let envoy_rls = match &file.envoy_rls {
         Some(settings) => Some((envoy_rls::bind(settings).await?, settings.clone())),
         None => None,
@@ -225,6 +233,7 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         signals,
         layer,
         envoy_rls,
+        admin,
         certificates,
         #[cfg(feature = "otel")]
         traces,
@@ -256,6 +265,15 @@ impl RunningNode {
         })
     }
 
+    /// Return the `[admin]` port's address, if the node has one.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|(listener, _)| {
+            listener
+                .local_addr()
+                .expect("a bound listener has an address")
+        })
+    }
+
     /// Serve until SIGTERM or SIGINT, reloading the policy file on SIGHUP; then drain (see
     /// the module's documentation) and return.
     pub async fn serve(self) {
@@ -269,11 +287,14 @@ impl RunningNode {
             mut signals,
             layer,
             envoy_rls,
+            admin,
             mut certificates,
             #[cfg(feature = "otel")]
             traces,
         } = self;
         let server = Server::start(listener, app, limits);
+        let admin = admin
+            .map(|(listener, settings)| AdminServer::start(listener, &settings, layer.clone()));
         let rls =
             envoy_rls.map(|(listener, settings)| RlsServer::start(listener, &settings, layer));
 
@@ -313,10 +334,14 @@ impl RunningNode {
         // Stop accepting (HTTP and gRPC); let the requests in flight finish for at most `drain`.
         let http_stopping = server.stop();
         let rls_stopping = rls.map(RlsServer::stop);
+        let admin_stopping = admin.map(AdminServer::stop);
         let stopping = async move {
             http_stopping.await;
             if let Some(rls) = rls_stopping {
                 rls.await;
+            }
+            if let Some(admin) = admin_stopping {
+                admin.await;
             }
         };
         if !now {

@@ -17,6 +17,6 @@
 //! ```
 
 pub use crate::daemon::node_file::{
-    EnvoyRls, ForwardAuth, Forwarded, HttpSettings, NodeFile, ProxyRoute, TlsFiles, Traces,
+    Admin, EnvoyRls, ForwardAuth, Forwarded, HttpSettings, NodeFile, ProxyRoute, TlsFiles, Traces,
 };
 pub use crate::daemon::{DaemonError, RunningNode, check, start};

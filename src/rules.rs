@@ -13,6 +13,7 @@
 
 mod compile;
 mod decide;
+mod direct;
 mod envoy;
 mod graphql;
 mod jwt;
@@ -35,6 +36,7 @@ use crate::ids::{KeyHasher, KeyPrefix};
 use crate::limiter::MAX_POLICIES;
 use compile::{CompiledPolicy, CompiledRoute, Counted, Layers, compile};
 pub use decide::NO_TIER_POLICY;
+pub use direct::{Attributes, DirectError, MAX_ATTRIBUTE_BYTES, MAX_ATTRIBUTES};
 use envoy::EnvoyDomains;
 pub use envoy::{
     CurrentLimit, DescriptorMatch, DescriptorQuery, DescriptorStatus, EnvoyError, EnvoyOutcome,

@@ -56,6 +56,7 @@
 //! Errors name the file, the line, the field and the reason (the policy file's own errors
 //! name the policy file).
 
+mod admin;
 mod envoy_rls;
 mod http;
 mod ordinal;
@@ -79,6 +80,7 @@ use crate::net::tls::{
     NodeTls, OwnCertError, certificate_names_node, check_own_certificate, node_tls,
 };
 use crate::net::transport_config;
+pub use admin::Admin;
 pub use envoy_rls::EnvoyRls;
 pub use http::HttpSettings;
 pub(crate) use http::RESERVED_FDS;
@@ -172,6 +174,8 @@ pub struct NodeFile {
     pub forward_auth: Option<ForwardAuth>,
     /// The `[envoy_rls]` gRPC port, if any.
     pub envoy_rls: Option<EnvoyRls>,
+    /// The `[admin]` port (the decision API), if any.
+    pub admin: Option<Admin>,
     /// Where the node's request spans go (`[traces]`), if anywhere.
     pub traces: Option<Traces>,
 }
@@ -233,6 +237,7 @@ struct RawNodeFile {
     proxy: Vec<Spanned<upstreams::RawProxy>>,
     forward_auth: Option<Spanned<upstreams::RawForwardAuth>>,
     envoy_rls: Option<Spanned<envoy_rls::RawEnvoyRls>>,
+    admin: Option<Spanned<admin::RawAdmin>>,
     traces: Option<Spanned<traces::RawTraces>>,
 }
 
@@ -590,6 +595,11 @@ impl NodeFile {
             .as_ref()
             .map(|table| envoy_rls::envoy_rls(&source, table, http))
             .transpose()?;
+        let admin = raw
+            .admin
+            .as_ref()
+            .map(|table| admin::admin(&source, table, http, base))
+            .transpose()?;
         let traces = raw
             .traces
             .as_ref()
@@ -636,6 +646,7 @@ impl NodeFile {
             proxies,
             forward_auth,
             envoy_rls,
+            admin,
             traces,
         })
     }

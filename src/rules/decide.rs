@@ -278,7 +278,7 @@ impl Rules {
 
     /// The route whose name `redis` policy `p`'s keys carry for a request of `route`: the
     /// route's own policies (not counting `by`) are counted per route.
-    fn exact_route(&self, route: Option<usize>, p: usize) -> Option<&'static str> {
+    pub(super) fn exact_route(&self, route: Option<usize>, p: usize) -> Option<&'static str> {
         route
             .map(|r| &self.routes[r])
             .filter(|r| r.layers.exact.contains(&p) && self.models[p].is_none())

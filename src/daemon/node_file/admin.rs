@@ -1,0 +1,158 @@
+//! The node file's `[admin]` table: a port of its own for calls an operator or an application
+//! makes to the node (the decision API), each authenticated by a bearer token.
+//!
+//! ```toml
+//! [admin]
+//! listen = "127.0.0.1:8090"
+//! token_file = "admin-tokens"        # lines `NAME TOKEN`; a token of at least 32 bytes
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::config::{ConfigError, Source};
+
+/// The shortest token the token file may hold.
+pub(crate) const MIN_TOKEN_BYTES: usize = 32;
+
+/// The most tokens the token file may hold.
+const MAX_TOKENS: usize = 1024;
+
+/// The `[admin]` table.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Admin {
+    /// The address of the admin port.
+    pub listen: SocketAddr,
+    /// The token file, as resolved against the node file's folder.
+    pub token_file: PathBuf,
+    /// Callers by name, each with its token.
+    pub(crate) tokens: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin")
+            .field("listen", &self.listen)
+            .field("token_file", &self.token_file)
+            .field(
+                "callers",
+                &self.tokens.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmin {
+    listen: String,
+    token_file: String,
+}
+
+/// Validate `[admin]` and read its token file; `http` is the node's HTTP address and `dir`
+/// the node file's folder.
+pub(super) fn admin(
+    source: &Source<'_>,
+    spanned: &Spanned<RawAdmin>,
+    http: SocketAddr,
+    dir: &Path,
+) -> Result<Admin, ConfigError> {
+    let raw = spanned.get_ref();
+    let span = spanned.span();
+    let at = |key: &str| source.line_of_key(span.clone(), key);
+    let listen = raw.listen.parse::<SocketAddr>().map_err(|e| {
+        source.error(
+            at("listen"),
+            "admin.listen",
+            format!(
+                "`{}` is not an address ({e}); write e.g. \"127.0.0.1:8090\"",
+                raw.listen
+            ),
+        )
+    })?;
+    if listen == http || (listen.port() == http.port() && listen.port() != 0) {
+        return Err(source.error(
+            at("listen"),
+            "admin.listen",
+            format!("{listen} is the node's HTTP port; give the admin port its own"),
+        ));
+    }
+    let token_file = dir.join(&raw.token_file);
+    let fail = |reason: String| source.error(at("token_file"), "admin.token_file", reason);
+    let text = std::fs::read_to_string(&token_file)
+        .map_err(|e| fail(format!("{}: {e}", token_file.display())))?;
+    let tokens = read_tokens(&text).map_err(|(line, reason)| {
+        fail(format!("{} line {line}: {reason}", token_file.display()))
+    })?;
+    Ok(Admin {
+        listen,
+        token_file,
+        tokens,
+    })
+}
+
+/// Read `NAME TOKEN` lines (`#` comments and blank lines skipped); an error gives the line
+/// and never the token.
+fn read_tokens(text: &str) -> Result<Vec<(String, String)>, (usize, String)> {
+    let mut tokens: Vec<(String, String)> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        let (Some(name), Some(token), None) = (words.next(), words.next(), words.next()) else {
+            return Err((i + 1, "write `NAME TOKEN`".into()));
+        };
+        if token.len() < MIN_TOKEN_BYTES {
+            return Err((
+                i + 1,
+                format!("the token of `{name}` is shorter than {MIN_TOKEN_BYTES} bytes"),
+            ));
+        }
+        if tokens.iter().any(|(n, t)| n == name || t == token) {
+            return Err((i + 1, format!("`{name}` or its token is listed twice")));
+        }
+        tokens.push((name.to_string(), token.to_string()));
+    }
+    if tokens.is_empty() {
+        return Err((
+            0,
+            "no tokens: the admin port would refuse every call".into(),
+        ));
+    }
+    if tokens.len() > MAX_TOKENS {
+        return Err((0, format!("at most {MAX_TOKENS} tokens")));
+    }
+    Ok(tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_read_by_name_and_bad_lines_are_refused_without_the_token() {
+        let good = "# callers\nbilling 0123456789abcdef0123456789abcdef\n\nops  fedcba9876543210fedcba9876543210\n";
+        let tokens = read_tokens(good).unwrap();
+        assert_eq!(tokens.len(), 2);
+        assert_eq!(tokens[1].0, "ops");
+        for (bad, line) in [
+            ("billing short\n", 1),
+            ("billing\n", 1),
+            ("a 0123456789abcdef0123456789abcdef x\n", 1),
+            (
+                "a 0123456789abcdef0123456789abcdef\nb 0123456789abcdef0123456789abcdef\n",
+                2,
+            ),
+            ("# nothing\n", 0),
+        ] {
+            let (at, reason) = read_tokens(bad).unwrap_err();
+            assert_eq!(at, line, "{bad}: {reason}");
+            assert!(!reason.contains("0123456789abcdef"), "{reason}");
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The decision API on a `ratemesh node`'s `[admin]` port: bearer tokens, decisions on a
+//! local, an identity-chain and a `mesh` policy sharing counters with HTTP requests that
+//! carry the same attributes, errors per request, and the Python client of `examples/`.
+
+mod support;
+
+use std::process::Command;
+
+use support::*;
+
+const TOKEN: &str = "billing-0123456789abcdef0123456789abcdef";
+
+const POLICIES: &str = "env = \"test\"\nkey_secret = \"test-secret\"\ndefault_tier = \"api\"\n\n\
+    [identity]\norder = [\"api_key\", \"ip\"]\napi_key_header = \"x-api-key\"\n\n\
+    [policies.per_account]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1h\"\n\
+    by = [\"header:x-account\"]\n\n\
+    [policies.per_key]\nalgorithm = \"fixed-window\"\nlimit = 5\nwindow = \"1h\"\n\
+    backend = \"mesh\"\n\n\
+    [tiers.api]\npolicies = [\"per_key\", \"per_account\"]\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_ask_the_node_and_share_its_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster_with(dir.path(), 1, POLICIES);
+    std::fs::write(
+        dir.path().join("admin-tokens"),
+        format!("# who may call\nbilling {TOKEN}\n"),
+    )
+    .unwrap();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    drop(admin);
+    edit_file(&files[0], |t| {
+        format!("{t}\n[admin]\nlisten = \"{admin_addr}\"\ntoken_file = \"admin-tokens\"\n")
+    });
+    let node = start(&files[0]);
+    let client = client();
+    wait_healthy(&client, &node).await;
+    let decide = |token: &str, body: serde_json::Value| {
+        let request = client
+            .post(format!("http://{admin_addr}/v1/decide"))
+            .bearer_auth(token)
+            .json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let ask = |policy: &str, attributes: serde_json::Value| serde_json::json!({"requests": [{"policy": policy, "attributes": attributes}]});
+
+    // No token, or another one: 401.
+    let (status, body) = decide("not-a-token", ask("per_account", serde_json::json!({}))).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (401, Some("unauthorized"))
+    );
+
+    // One account's 3 for the hour, asked directly, in one call.
+    let alice =
+        serde_json::json!({"policy": "per_account", "attributes": {"header:x-account": "alice"}});
+    let (status, body) = decide(
+        TOKEN,
+        serde_json::json!({"requests": [alice, alice, alice, alice]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let allowed: Vec<bool> = body["responses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["allowed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(allowed, [true, true, true, false]);
+    assert_eq!(body["responses"][3]["limit"], 3);
+    assert!(body["responses"][3]["retry_after_ms"].as_u64().unwrap() > 0);
+
+    // An HTTP request of the same account meets the same counter: 429.
+    let http = |key: &str, account: &str| {
+        let request = client
+            .get(format!("http://{}/orders", node.http))
+            .header("x-api-key", key)
+            .header("x-account", account);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(http("sk_a", "alice").await, 429);
+    // The other way round: bob's two HTTP requests leave him one, and the mesh policy of the
+    // identity chain (his API key) counts both paths too.
+    assert_eq!(http("sk_bob", "bob").await, 200);
+    assert_eq!(http("sk_bob", "bob").await, 200);
+    let (_, body) = decide(
+        TOKEN,
+        ask(
+            "per_account",
+            serde_json::json!({"header:x-account": "bob"}),
+        ),
+    )
+    .await;
+    assert_eq!(body["responses"][0]["remaining"], 0, "{body}");
+    // Bob's key has 3 of its 5 left: asked directly, 3 are allowed, the fourth is not.
+    let bob = serde_json::json!({"policy": "per_key", "attributes": {"api_key": "sk_bob"}});
+    let (_, body) = decide(TOKEN, serde_json::json!({"requests": [bob, bob, bob, bob]})).await;
+    let allowed: Vec<bool> = body["responses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["allowed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(allowed, [true, true, true, false], "{body}");
+
+    // Each request that cannot be decided says why; the others are decided.
+    let (status, body) = decide(
+        TOKEN,
+        serde_json::json!({"requests": [
+            {"policy": "nope", "attributes": {}},
+            {"policy": "per_account", "attributes": {}},
+            {"policy": "per_account", "attributes": {"header:bad name": "x"}},
+            {"policy": "per_account", "attributes": {"route": "none"}},
+            {"policy": "per_account", "attributes": {"ip": "not an address"}},
+            {"policy": "per_account", "attributes": {"header:x-account": "carol"}, "cost": 9},
+            {"policy": "per_account", "attributes": {"header:x-account": "carol"}},
+        ]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let kinds: Vec<&str> = body["responses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["error"].as_str().unwrap_or(if r["allowed"] == true {
+                "allowed"
+            } else {
+                "denied"
+            })
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "unknown_policy",
+            "missing_part",
+            "bad_attribute",
+            "unknown_route",
+            "bad_attribute",
+            "denied",
+            "allowed"
+        ]
+    );
+    // A body that is not a call: 400.
+    let (status, body) = decide(TOKEN, serde_json::json!({"requests": "all"})).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("bad_request")));
+
+    // The Python client of `examples/` (standard library only).
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/decide_client.py");
+    let run = |attributes: &[&str]| {
+        Command::new("python3")
+            .arg(script)
+            .args(["--url", &format!("http://{admin_addr}"), "per_account"])
+            .args(attributes)
+            .env("RATEMESH_TOKEN", TOKEN)
+            .output()
+    };
+    match run(&["header:x-account=dave"]) {
+        Err(error) => eprintln!("SKIPPED the Python client: no python3 ({error})"),
+        Ok(output) => {
+            let said = String::from_utf8_lossy(&output.stdout);
+            assert!(
+                output.status.success(),
+                "{said}{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(said.starts_with("allowed 2/3 left"), "{said}");
+            for _ in 0..2 {
+                run(&["header:x-account=dave"]).unwrap();
+            }
+            let output = run(&["header:x-account=dave"]).unwrap();
+            assert_eq!(output.status.code(), Some(1));
+            assert!(String::from_utf8_lossy(&output.stdout).starts_with("denied, retry in"));
+        }
+    }
+}
