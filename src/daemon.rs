@@ -293,8 +293,15 @@ impl RunningNode {
             traces,
         } = self;
         let server = Server::start(listener, app, limits);
-        let admin = admin
-            .map(|(listener, settings)| AdminServer::start(listener, &settings, layer.clone()));
+        let admin = admin.map(|(listener, settings)| {
+            AdminServer::start(
+                listener,
+                &settings,
+                layer.clone(),
+                Arc::clone(&state.mesh),
+                state.id,
+            )
+        });
         let rls =
             envoy_rls.map(|(listener, settings)| RlsServer::start(listener, &settings, layer));
 

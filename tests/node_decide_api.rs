@@ -1,6 +1,7 @@
-//! The decision API on a `ratemesh node`'s `[admin]` port: bearer tokens, decisions on a
-//! local, an identity-chain and a `mesh` policy sharing counters with HTTP requests that
-//! carry the same attributes, errors per request, and the Python client of `examples/`.
+//! The `[admin]` port of a `ratemesh node`: bearer tokens; the decision API, on a local, an
+//! identity-chain and a `mesh` policy sharing counters with HTTP requests that carry the same
+//! attributes, errors per request, and the Python client of `examples/`; the configuration
+//! in force (`/v1/config`).
 
 mod support;
 
@@ -150,6 +151,49 @@ async fn applications_ask_the_node_and_share_its_counters() {
     // A body that is not a call: 400.
     let (status, body) = decide(TOKEN, serde_json::json!({"requests": "all"})).await;
     assert_eq!((status, body["error"].as_str()), (400, Some("bad_request")));
+
+    // The configuration in force: this node, the policies, the members.
+    let config = |token: &str| {
+        let request = client
+            .get(format!("http://{admin_addr}/v1/config"))
+            .bearer_auth(token);
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    assert_eq!(config("wrong").await.0, 401);
+    let (status, body) = config(TOKEN).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["node"]["id"], 1);
+    assert_eq!(body["node"]["version"], env!("CARGO_PKG_VERSION"));
+    let names: Vec<&str> = body["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["per_account", "per_key"]);
+    assert_eq!(body["policies"][0]["by"][0], "header:x-account");
+    assert_eq!(body["policies"][1]["backend"], "mesh");
+    assert_eq!(body["members"][0]["id"], 1);
+    assert_eq!(body["mesh_digest"].as_str().unwrap().len(), 16);
+    let text = metrics_of(&client, &node).await;
+    assert_eq!(
+        metric(
+            &text,
+            "ratemesh_admin_calls_total{call=\"decide\",result=\"ok\"}"
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "ratemesh_admin_calls_total{call=\"config\",result=\"unauthorized\"}"
+        ),
+        1.0
+    );
 
     // The Python client of `examples/` (standard library only).
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/decide_client.py");

@@ -1,8 +1,10 @@
 //! The `[admin]` port: calls an operator or an application makes to the node, each with a
 //! bearer token of the node file's token file (compared in constant time; a missing or
-//! unknown token is `401`), each logged with the caller's name. Today it answers the
-//! decision API:
+//! unknown token is `401`), each logged with the caller's name:
 //!
+//! - `GET /v1/config`: this node (id, version, wire version), the policy file's policies
+//!   (algorithm, backend, limit, window, what they count by) and its mesh digest, and the
+//!   members (alive, and whether their configuration agrees with this node's);
 //! - `POST /v1/decide` with `{"requests": [{"policy": "…", "attributes": {…}, "cost": 1}]}`
 //!   (at most 1,000 requests, 1 MiB): each decided on the policy file's rules as a request
 //!   carrying those attributes would be (the same counters), in order, and answered
@@ -18,13 +20,14 @@ use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
 use crate::daemon::DaemonError;
 use crate::daemon::node_file::Admin;
 use crate::http::RateLimitLayer;
+use crate::net::MeshNet;
 use crate::rules::{Attributes, DirectError};
 
 /// The most requests one decision call may carry.
@@ -52,6 +55,8 @@ pub(crate) async fn bind(settings: &Admin) -> Result<tokio::net::TcpListener, Da
 
 struct AdminState {
     layer: RateLimitLayer,
+    mesh: Arc<MeshNet>,
+    id: u64,
     tokens: Vec<(String, String)>,
 }
 
@@ -61,13 +66,18 @@ impl AdminServer {
         listener: tokio::net::TcpListener,
         settings: &Admin,
         layer: RateLimitLayer,
+        mesh: Arc<MeshNet>,
+        id: u64,
     ) -> AdminServer {
         let state = Arc::new(AdminState {
             layer,
+            mesh,
+            id,
             tokens: settings.tokens.clone(),
         });
         let router = Router::new()
             .route("/v1/decide", post(decide))
+            .route("/v1/config", get(config))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(state);
         let addr = listener
@@ -84,7 +94,7 @@ impl AdminServer {
                 tracing::error!(%error, "the admin port stopped");
             }
         });
-        tracing::info!(%addr, "admin port (decision API)");
+        tracing::info!(%addr, "admin port (decision API, configuration)");
         AdminServer { stop, task }
     }
 
@@ -153,23 +163,97 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response {
     response
 }
 
+/// The caller's name, or the `401` that refuses the call (logged and counted).
+fn authenticate<'s>(
+    state: &'s AdminState,
+    headers: &HeaderMap,
+    call: &'static str,
+) -> Result<&'s str, Box<Response>> {
+    if let Some(who) = caller(state, headers) {
+        return Ok(who);
+    }
+    tracing::warn!(target: "ratemesh::admin", call, "refused: no known bearer token");
+    metrics::counter!("ratemesh_admin_calls_total", "call" => call, "result" => "unauthorized")
+        .increment(1);
+    let mut response = json(
+        StatusCode::UNAUTHORIZED,
+        serde_json::json!({"error": "unauthorized", "message": "give a bearer token of the node's admin token file"}),
+    );
+    response.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        http::HeaderValue::from_static("Bearer"),
+    );
+    Err(Box::new(response))
+}
+
+async fn config(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
+    let who = match authenticate(&state, &headers, "config") {
+        Ok(who) => who,
+        Err(refused) => return *refused,
+    };
+    let rules = state.layer.rules();
+    let file = rules.config();
+    let policies: Vec<serde_json::Value> = file
+        .policies
+        .iter()
+        .map(|named| {
+            let policy = named.policy;
+            serde_json::json!({
+                "name": named.name,
+                "algorithm": policy.algorithm().name(),
+                "backend": match named.backend {
+                    crate::config::Backend::Local => "local",
+                    crate::config::Backend::Mesh => "mesh",
+                    crate::config::Backend::Redis => "redis",
+                },
+                "limit": policy.capacity(),
+                "window_ms": policy.window_ns() / 1_000_000,
+                "by": named.by.as_ref().map(|by| by.parts.iter().map(|p| p.name()).collect::<Vec<_>>()),
+                "shadow": named.shadow,
+                "count_when": named.count_when.is_some(),
+                "block_for_s": named.block_for.map(|b| b.as_secs()),
+            })
+        })
+        .collect();
+    let disagree = state.mesh.config_mismatch();
+    let members: Vec<serde_json::Value> = state
+        .mesh
+        .with_node(|n| n.members())
+        .into_iter()
+        .map(|(id, alive)| {
+            serde_json::json!({
+                "id": id,
+                "alive": alive,
+                "config_agrees": !disagree.contains(&id),
+            })
+        })
+        .collect();
+    tracing::info!(target: "ratemesh::admin", who, call = "config", "answered");
+    metrics::counter!("ratemesh_admin_calls_total", "call" => "config", "result" => "ok")
+        .increment(1);
+    json(
+        StatusCode::OK,
+        serde_json::json!({
+            "node": {
+                "id": state.id,
+                "version": env!("CARGO_PKG_VERSION"),
+                "wire": crate::mesh::wire::WIRE_VERSION,
+            },
+            "mesh_digest": format!("{:016x}", file.mesh_digest()),
+            "policies": policies,
+            "members": members,
+        }),
+    )
+}
+
 async fn decide(
     State(state): State<Arc<AdminState>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let Some(who) = caller(&state, &headers) else {
-        tracing::warn!(target: "ratemesh::admin", path = "/v1/decide", "refused: no known bearer token");
-        metrics::counter!("ratemesh_admin_calls_total", "call" => "decide", "result" => "unauthorized").increment(1);
-        let mut response = json(
-            StatusCode::UNAUTHORIZED,
-            serde_json::json!({"error": "unauthorized", "message": "give a bearer token of the node's admin token file"}),
-        );
-        response.headers_mut().insert(
-            http::header::WWW_AUTHENTICATE,
-            http::HeaderValue::from_static("Bearer"),
-        );
-        return response;
+    let who = match authenticate(&state, &headers, "decide") {
+        Ok(who) => who,
+        Err(refused) => return *refused,
     };
     let call: DecideCall = match serde_json::from_slice(&body) {
         Ok(call) => call,
