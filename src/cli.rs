@@ -3,6 +3,7 @@
 
 mod algorithms;
 mod cluster;
+mod ctl;
 mod demo;
 mod plot;
 mod simulate;
@@ -62,6 +63,8 @@ enum Command {
         #[arg(long)]
         plans: bool,
     },
+    /// Call a node's `[admin]` port: its configuration, its members, a decision.
+    Ctl(ctl::CtlArgs),
     /// Generate a cluster CA and one certificate per node (for mutual TLS between nodes).
     Certs {
         /// The directory to write `ca.pem`, `ca.key`, `node-<id>.pem` and `node-<id>.key` to.
@@ -303,6 +306,7 @@ pub fn main() -> std::process::ExitCode {
             },
         ),
         Command::HashKey { config, plans } => hash_key(&config, plans),
+        Command::Ctl(args) => ctl::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

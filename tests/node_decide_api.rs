@@ -195,6 +195,36 @@ async fn applications_ask_the_node_and_share_its_counters() {
         1.0
     );
 
+    // `ratemesh ctl`, with the token from the environment.
+    let ctl = |token: &str, args: &[&str]| {
+        let output = Command::new(BIN)
+            .args(["ctl", "--admin", &admin_addr.to_string()])
+            .args(args)
+            .env("RATEMESH_TOKEN", token)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stdout).into_owned();
+        let complained = String::from_utf8_lossy(&output.stderr).into_owned();
+        (output.status.success(), said, complained)
+    };
+    let (ok, said, _) = ctl(TOKEN, &["config"]);
+    assert!(
+        ok && said.contains("per_account") && said.contains("header:x-account"),
+        "{said}"
+    );
+    let (ok, said, _) = ctl(TOKEN, &["members"]);
+    assert!(
+        ok && said.lines().any(|l| l.trim_start().starts_with("1  yes")),
+        "{said}"
+    );
+    let (ok, said, _) = ctl(TOKEN, &["decide", "per_account", "header:x-account=erin"]);
+    assert!(ok && said.starts_with("allowed: 2 of 3 left"), "{said}");
+    let (ok, said, _) = ctl(TOKEN, &["--json", "config"]);
+    let parsed: serde_json::Value = serde_json::from_str(&said).unwrap();
+    assert!(ok && parsed["policies"].is_array());
+    let (ok, _, complained) = ctl("wrong-token", &["config"]);
+    assert!(!ok && complained.contains("401"), "{complained}");
+
     // The Python client of `examples/` (standard library only).
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/decide_client.py");
     let run = |attributes: &[&str]| {

@@ -1,0 +1,207 @@
+//! `ratemesh ctl`: calls to a node's `[admin]` port, with a bearer token from the
+//! environment (`RATEMESH_TOKEN`) or a file (`--token-file`), never from the command line:
+//! `config` and `members` (what the node runs with), `decide` (the decision API). Tables by
+//! default, the node's JSON with `--json`.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+
+/// How long a call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest answer read.
+const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+#[derive(Args)]
+pub(crate) struct CtlArgs {
+    /// The node's `[admin]` address (host:port).
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    admin: String,
+    /// A file holding the bearer token (else `RATEMESH_TOKEN`).
+    #[arg(long)]
+    token_file: Option<std::path::PathBuf>,
+    /// Print the node's answer as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    call: Call,
+}
+
+#[derive(Subcommand)]
+enum Call {
+    /// The node, its policies and what each counts by.
+    Config,
+    /// The members the node knows, alive or not, and whether their configuration agrees.
+    Members,
+    /// Ask for a decision: `decide POLICY NAME=VALUE… [--cost N]` (attributes as in
+    /// docs/node.md, e.g. `api_key=…` or `header:x-account=alice`).
+    Decide {
+        policy: String,
+        attributes: Vec<String>,
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+    },
+}
+
+pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let token = match &args.token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .trim()
+            .to_string(),
+        None => std::env::var("RATEMESH_TOKEN")
+            .map_err(|_| "set RATEMESH_TOKEN, or give --token-file")?,
+    };
+    let (method, path, body) = match &args.call {
+        Call::Config | Call::Members => ("GET", "/v1/config", None),
+        Call::Decide {
+            policy,
+            attributes,
+            cost,
+        } => {
+            let mut named = serde_json::Map::new();
+            for pair in attributes {
+                let (name, value) = pair
+                    .split_once('=')
+                    .ok_or_else(|| format!("{pair}: write NAME=VALUE"))?;
+                named.insert(
+                    name.to_string(),
+                    serde_json::Value::String(value.to_string()),
+                );
+            }
+            let call = serde_json::json!({"requests": [
+                {"policy": policy, "attributes": named, "cost": cost}
+            ]});
+            ("POST", "/v1/decide", Some(call.to_string()))
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (status, answer) = runtime.block_on(async {
+        tokio::time::timeout(CALL_TIMEOUT, call(&args.admin, method, path, &token, body))
+            .await
+            .map_err(|_| format!("{}: no answer within {CALL_TIMEOUT:?}", args.admin))?
+    })?;
+    if status != 200 {
+        let message = answer["message"].as_str().unwrap_or("");
+        return Err(format!(
+            "{status}: {} {message}",
+            answer["error"].as_str().unwrap_or("")
+        )
+        .into());
+    }
+    if args.json {
+        println!("{answer}");
+        return Ok(());
+    }
+    match &args.call {
+        Call::Config => print_config(&answer),
+        Call::Members => print_members(&answer),
+        Call::Decide { .. } => print_decision(&answer["responses"][0])?,
+    }
+    Ok(())
+}
+
+/// One HTTP/1.1 call to `admin`; its status and JSON answer.
+async fn call(
+    admin: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<String>,
+) -> Result<(u16, serde_json::Value), Box<dyn std::error::Error>> {
+    let stream = tokio::net::TcpStream::connect(admin)
+        .await
+        .map_err(|e| format!("{admin}: {e}"))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, admin)
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.unwrap_or_default(),
+        )))?;
+    let response = sender.send_request(request).await?;
+    let status = response.status().as_u16();
+    let limited = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES);
+    let bytes = limited
+        .collect()
+        .await
+        .map_err(|e| format!("reading the answer: {e}"))?
+        .to_bytes();
+    let answer =
+        serde_json::from_slice(&bytes).map_err(|e| format!("the answer is not JSON ({e})"))?;
+    Ok((status, answer))
+}
+
+fn print_config(answer: &serde_json::Value) {
+    let node = &answer["node"];
+    println!(
+        "node {} (ratemesh {}, wire {}), mesh digest {}",
+        node["id"],
+        node["version"].as_str().unwrap_or("?"),
+        node["wire"],
+        answer["mesh_digest"].as_str().unwrap_or("?")
+    );
+    println!(
+        "{:<24} {:<16} {:<7} {:>12} {:>10}  by",
+        "policy", "algorithm", "backend", "limit", "window"
+    );
+    for p in answer["policies"].as_array().into_iter().flatten() {
+        let by = match p["by"].as_array() {
+            Some(parts) => parts
+                .iter()
+                .filter_map(|part| part.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            None => "client".to_string(),
+        };
+        println!(
+            "{:<24} {:<16} {:<7} {:>12} {:>9}s  {by}",
+            p["name"].as_str().unwrap_or("?"),
+            p["algorithm"].as_str().unwrap_or("?"),
+            p["backend"].as_str().unwrap_or("?"),
+            p["limit"],
+            p["window_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
+        );
+    }
+}
+
+fn print_members(answer: &serde_json::Value) {
+    println!("{:>6}  {:<6} configuration", "member", "alive");
+    for m in answer["members"].as_array().into_iter().flatten() {
+        println!(
+            "{:>6}  {:<6} {}",
+            m["id"],
+            if m["alive"] == true { "yes" } else { "no" },
+            if m["config_agrees"] == true {
+                "agrees"
+            } else {
+                "differs"
+            },
+        );
+    }
+}
+
+fn print_decision(answer: &serde_json::Value) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(error) = answer["error"].as_str() {
+        return Err(format!("{error}: {}", answer["message"].as_str().unwrap_or("")).into());
+    }
+    if answer["allowed"] == true {
+        println!(
+            "allowed: {} of {} left, whole again in {} ms",
+            answer["remaining"], answer["limit"], answer["reset_after_ms"]
+        );
+    } else {
+        println!("denied: retry in {} ms", answer["retry_after_ms"]);
+    }
+    Ok(())
+}
