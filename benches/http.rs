@@ -7,7 +7,8 @@
 //! `four_policies_four_keys` compare one policy with four that each count by other parts of
 //! the request (the client, its address, the route, everybody: `by`). `denied` is the path of
 //! a request the policy denies (a 429 with its JSON body and `Retry-After`), as under an
-//! attack.
+//! attack. `graphql_2kb` prices a GraphQL query of about 2 KB (fields, lists, a fragment,
+//! variables) on its way through the layer.
 
 use std::hint::black_box;
 
@@ -59,6 +60,42 @@ burst = 1
 [tiers.all]
 policies = ["a"]
 "#;
+
+/// A route that prices GraphQL queries.
+const GRAPHQL: &str = r#"
+default_tier = "all"
+key_secret = "bench"
+allow_unlimited = true
+[policies.points]
+algorithm = "token-bucket"
+rate = 1000000000
+period = "1s"
+burst = 1000000000
+[tiers.all]
+policies = []
+[[routes]]
+name = "graphql"
+path = "/graphql"
+cost_from = "graphql"
+max_cost = 1000000000
+max_depth = 20
+graphql_weights = { search = 10 }
+graphql_lists = ["nodes", "edges"]
+max_body_bytes = 65536
+policies = ["points"]
+"#;
+
+/// A query of about 2 KB: aliased searches with lists, a fragment, variables.
+fn graphql_body() -> String {
+    let mut query = String::from("query Q($n: Int = 10, $m: Int) { ");
+    for i in 0..24 {
+        query.push_str(&format!(
+            "s{i}: search(first: $n, query: \"term{i}\") {{ nodes {{ id title ...Parts }} }} "
+        ));
+    }
+    query.push_str("} fragment Parts on Item { author { login name } labels(last: $m) { name } }");
+    serde_json::json!({ "query": query, "variables": { "m": 5 } }).to_string()
+}
 
 const FOUR: &str = r#"
 default_tier = "all"
@@ -154,6 +191,23 @@ fn layer_overhead(c: &mut Criterion) {
     group.bench_function("denied", |b| {
         b.to_async(&runtime).iter(|| async {
             let response = denying.clone().oneshot(request()).await.unwrap();
+            black_box(response.status())
+        })
+    });
+    let config = GatewayConfig::from_toml_str(GRAPHQL, "bench").unwrap();
+    let priced: Router = Router::new()
+        .route("/graphql", axum::routing::post(|| async { "{}" }))
+        .layer(RateLimitLayer::new(config).unwrap());
+    let body = graphql_body();
+    assert!((1800..2600).contains(&body.len()), "{}", body.len());
+    group.bench_function("graphql_2kb", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let request = http::Request::post("/graphql")
+                .header("content-type", "application/json")
+                .body(Body::from(body.clone()))
+                .unwrap();
+            let response = priced.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 200);
             black_box(response.status())
         })
     });

@@ -350,3 +350,4 @@ impl Walk<'_> {
         Ok(priced)
     }
 }
+
