@@ -350,4 +350,3 @@ impl Walk<'_> {
         Ok(priced)
     }
 }
-
