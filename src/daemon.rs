@@ -293,7 +293,7 @@ impl RunningNode {
             traces,
         } = self;
         let server = Server::start(listener, app, limits);
-        let admin = admin.map(|(listener, settings)| {
+        let mut admin = admin.map(|(listener, settings)| {
             AdminServer::start(
                 listener,
                 &settings,
@@ -322,6 +322,9 @@ impl RunningNode {
                 _ = keys.tick() => {
                     state.policies.refresh_keys();
                     certificates.refresh(&state.mesh, false);
+                    if let Some(admin) = admin.as_mut() {
+                        admin.refresh_tokens();
+                    }
                 }
             }
         };

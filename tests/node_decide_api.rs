@@ -225,6 +225,32 @@ async fn applications_ask_the_node_and_share_its_counters() {
     let (ok, _, complained) = ctl("wrong-token", &["config"]);
     assert!(!ok && complained.contains("401"), "{complained}");
 
+    // A rotated token file is read again while the node runs: the new token is taken, the
+    // one it no longer lists refused.
+    let rotated = "ops-fedcba9876543210fedcba9876543210";
+    std::fs::write(dir.path().join("admin-tokens"), format!("ops {rotated}\n")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while config(rotated).await.0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rotated token file was never read"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(config(TOKEN).await.0, 401);
+    std::fs::write(
+        dir.path().join("admin-tokens"),
+        format!("ops {rotated}\nbilling {TOKEN}\n"),
+    )
+    .unwrap();
+    while config(TOKEN).await.0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the token file was never read again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
     // The Python client of `examples/` (standard library only).
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/decide_client.py");
     let run = |attributes: &[&str]| {

@@ -40,6 +40,10 @@ const MAX_BODY_BYTES: usize = 1 << 20;
 pub(crate) struct AdminServer {
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
+    state: Arc<AdminState>,
+    settings: Admin,
+    /// The token file's modification time when last read.
+    read_at: Option<std::time::SystemTime>,
 }
 
 /// Bind the `[admin]` port.
@@ -57,7 +61,8 @@ struct AdminState {
     layer: RateLimitLayer,
     mesh: Arc<MeshNet>,
     id: u64,
-    tokens: Vec<(String, String)>,
+    /// Callers by name with their tokens, swapped whole when the token file changes.
+    tokens: arc_swap::ArcSwap<Vec<(String, String)>>,
 }
 
 impl AdminServer {
@@ -73,13 +78,13 @@ impl AdminServer {
             layer,
             mesh,
             id,
-            tokens: settings.tokens.clone(),
+            tokens: arc_swap::ArcSwap::from_pointee(settings.tokens.clone()),
         });
         let router = Router::new()
             .route("/v1/decide", post(decide))
             .route("/v1/config", get(config))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-            .with_state(state);
+            .with_state(Arc::clone(&state));
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
@@ -95,7 +100,38 @@ impl AdminServer {
             }
         });
         tracing::info!(%addr, "admin port (decision API, configuration)");
-        AdminServer { stop, task }
+        let read_at = modified(&settings.token_file);
+        AdminServer {
+            stop,
+            task,
+            state,
+            settings: settings.clone(),
+            read_at,
+        }
+    }
+
+    /// Read the token file again if it changed on disk: a file that no longer loads keeps
+    /// the tokens in force (logged once, counted in
+    /// `ratemesh_admin_token_reloads_total{result}`).
+    pub(crate) fn refresh_tokens(&mut self) {
+        let now = modified(&self.settings.token_file);
+        if now.is_none() || now == self.read_at {
+            return;
+        }
+        self.read_at = now;
+        match self.settings.read_token_file() {
+            Ok(tokens) => {
+                tracing::info!(callers = tokens.len(), "admin token file read again");
+                self.state.tokens.store(Arc::new(tokens));
+                metrics::counter!("ratemesh_admin_token_reloads_total", "result" => "applied")
+                    .increment(1);
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "admin token file not read again; the tokens in force stay");
+                metrics::counter!("ratemesh_admin_token_reloads_total", "result" => "refused")
+                    .increment(1);
+            }
+        }
     }
 
     /// Stop accepting; the returned future completes when the calls in flight are answered.
@@ -107,8 +143,13 @@ impl AdminServer {
     }
 }
 
+/// When `path` was last modified, if it can be read.
+fn modified(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
 /// The caller a bearer token names, compared in constant time against every token.
-fn caller<'s>(state: &'s AdminState, headers: &HeaderMap) -> Option<&'s str> {
+fn caller(state: &AdminState, headers: &HeaderMap) -> Option<String> {
     let given = headers
         .get(http::header::AUTHORIZATION)?
         .to_str()
@@ -117,9 +158,9 @@ fn caller<'s>(state: &'s AdminState, headers: &HeaderMap) -> Option<&'s str> {
         .trim()
         .as_bytes();
     let mut found = None;
-    for (name, token) in &state.tokens {
+    for (name, token) in state.tokens.load().iter() {
         if constant_time_eq(given, token.as_bytes()) {
-            found = Some(name.as_str());
+            found = Some(name.clone());
         }
     }
     found
@@ -164,11 +205,11 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response {
 }
 
 /// The caller's name, or the `401` that refuses the call (logged and counted).
-fn authenticate<'s>(
-    state: &'s AdminState,
+fn authenticate(
+    state: &AdminState,
     headers: &HeaderMap,
     call: &'static str,
-) -> Result<&'s str, Box<Response>> {
+) -> Result<String, Box<Response>> {
     if let Some(who) = caller(state, headers) {
         return Ok(who);
     }

@@ -94,6 +94,18 @@ pub(super) fn admin(
     })
 }
 
+impl Admin {
+    /// Read the token file again: its callers, or why it does not load (the line, never a
+    /// token).
+    pub(crate) fn read_token_file(&self) -> Result<Vec<(String, String)>, String> {
+        let text = std::fs::read_to_string(&self.token_file)
+            .map_err(|e| format!("{}: {e}", self.token_file.display()))?;
+        read_tokens(&text).map_err(|(line, reason)| {
+            format!("{} line {line}: {reason}", self.token_file.display())
+        })
+    }
+}
+
 /// Read `NAME TOKEN` lines (`#` comments and blank lines skipped); an error gives the line
 /// and never the token.
 fn read_tokens(text: &str) -> Result<Vec<(String, String)>, (usize, String)> {
