@@ -190,10 +190,8 @@ async fn plans_by_a_verified_jwt_claim_hold_across_three_nodes() {
 }
 
 /// The service behind the login route: 200 for the password "right", else 401.
-async fn password_checker() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = axum::Router::new().route(
+fn login_service() -> axum::Router {
+    axum::Router::new().route(
         "/login",
         axum::routing::post(|body: String| async move {
             let login: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
@@ -203,7 +201,14 @@ async fn password_checker() -> (std::net::SocketAddr, tokio::task::JoinHandle<()
                 http::StatusCode::UNAUTHORIZED
             }
         }),
-    );
+    )
+}
+
+/// [`login_service`] on a loopback port of its own.
+async fn password_checker() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = login_service();
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (addr, server)
 }
@@ -311,19 +316,7 @@ async fn login_protection_works_the_same_through_the_tower_layer() {
     });
     let config = ratemesh::config::GatewayConfig::from_toml_str(&text, "policies.toml").unwrap();
     let layer = ratemesh::http::RateLimitLayer::new(config).unwrap();
-    let app = axum::Router::new()
-        .route(
-            "/login",
-            axum::routing::post(|body: String| async move {
-                let login: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-                if login["password"] == "right" {
-                    http::StatusCode::OK
-                } else {
-                    http::StatusCode::UNAUTHORIZED
-                }
-            }),
-        )
-        .layer(layer);
+    let app = login_service().layer(layer);
     let attempt = async |from: &str, user: &str, password: &str| {
         let mut request = http::Request::post("/login")
             .header("content-type", "application/json")

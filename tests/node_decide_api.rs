@@ -280,3 +280,46 @@ async fn applications_ask_the_node_and_share_its_counters() {
         }
     }
 }
+
+#[test]
+fn bad_admin_tables_are_refused_with_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster_with(dir.path(), 1, POLICIES);
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    let http = text
+        .lines()
+        .find_map(|l| l.strip_prefix("http = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    std::fs::write(dir.path().join("short-tokens"), "billing short\n").unwrap();
+    for (table, field, says) in [
+        (
+            format!("listen = \"{http}\"\ntoken_file = \"none\"\n"),
+            "admin.listen",
+            "HTTP address",
+        ),
+        (
+            "listen = \"nowhere\"\ntoken_file = \"none\"\n".to_string(),
+            "admin.listen",
+            "not an address",
+        ),
+        (
+            "listen = \"127.0.0.1:1\"\ntoken_file = \"none\"\n".to_string(),
+            "admin.token_file",
+            "none",
+        ),
+        (
+            "listen = \"127.0.0.1:1\"\ntoken_file = \"short-tokens\"\n".to_string(),
+            "admin.token_file",
+            "line 1",
+        ),
+    ] {
+        let with = format!("{text}\n[admin]\n{table}");
+        let error = ratemesh::node::NodeFile::from_toml_str(&with, &files[0]).unwrap_err();
+        assert_eq!(error.field, field, "{error}");
+        assert!(error.reason.contains(says), "{error}");
+        assert!(!error.reason.contains("short\n"), "{error}");
+        assert!(error.line > 1, "{error}");
+    }
+}

@@ -63,23 +63,8 @@ pub(super) fn admin(
     let raw = spanned.get_ref();
     let span = spanned.span();
     let at = |key: &str| source.line_of_key(span.clone(), key);
-    let listen = raw.listen.parse::<SocketAddr>().map_err(|e| {
-        source.error(
-            at("listen"),
-            "admin.listen",
-            format!(
-                "`{}` is not an address ({e}); write e.g. \"127.0.0.1:8090\"",
-                raw.listen
-            ),
-        )
-    })?;
-    if listen == http || (listen.port() == http.port() && listen.port() != 0) {
-        return Err(source.error(
-            at("listen"),
-            "admin.listen",
-            format!("{listen} is the node's HTTP port; give the admin port its own"),
-        ));
-    }
+    let listen = super::envoy_rls::own_port(&raw.listen, http, "127.0.0.1:8090")
+        .map_err(|reason| source.error(at("listen"), "admin.listen", reason))?;
     let token_file = dir.join(&raw.token_file);
     let fail = |reason: String| source.error(at("token_file"), "admin.token_file", reason);
     let text = std::fs::read_to_string(&token_file)

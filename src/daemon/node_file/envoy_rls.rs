@@ -47,25 +47,8 @@ pub(super) fn envoy_rls(
     let raw = spanned.get_ref();
     let span = spanned.span();
     let at = |key: &str| source.line_of_key(span.clone(), key);
-    let listen = raw.listen.parse::<SocketAddr>().map_err(|e| {
-        source.error(
-            at("listen"),
-            "envoy_rls.listen",
-            format!(
-                "`{}` is not an address ({e}); write e.g. \"127.0.0.1:8081\"",
-                raw.listen
-            ),
-        )
-    })?;
-    if listen == http
-        || (listen.port() == http.port() && listen.port() != 0 && overlaps(listen, http))
-    {
-        return Err(source.error(
-            at("listen"),
-            "envoy_rls.listen",
-            format!("{listen} is the node's HTTP address; give the gRPC port its own"),
-        ));
-    }
+    let listen = own_port(&raw.listen, http, "127.0.0.1:8081")
+        .map_err(|reason| source.error(at("listen"), "envoy_rls.listen", reason))?;
     let max_message_bytes = match raw.max_message_bytes {
         None => DEFAULT_MAX_MESSAGE_BYTES,
         Some(n) if (1024..=MAX_MESSAGE_BYTES_LIMIT as i64).contains(&n) => n as usize,
@@ -82,6 +65,22 @@ pub(super) fn envoy_rls(
         max_message_bytes,
         line: source.line_of(span.start),
     })
+}
+
+/// Read the address of a port beside the node's HTTP port (`http`): an address, and not one
+/// that would take the HTTP port; `example` is shown in the error.
+pub(super) fn own_port(text: &str, http: SocketAddr, example: &str) -> Result<SocketAddr, String> {
+    let listen = text
+        .parse::<SocketAddr>()
+        .map_err(|e| format!("`{text}` is not an address ({e}); write e.g. \"{example}\""))?;
+    if listen == http
+        || (listen.port() == http.port() && listen.port() != 0 && overlaps(listen, http))
+    {
+        return Err(format!(
+            "{listen} is the node's HTTP address; give this port its own"
+        ));
+    }
+    Ok(listen)
 }
 
 /// Tell whether two addresses with one port would take the same TCP port (one of them on
