@@ -201,7 +201,7 @@ impl CompiledRoute {
                 .and_then(|h| h.get(name))
                 .map(http::HeaderValue::as_bytes),
             CostSource::Header(_) => None,
-            CostSource::Query(param) => super::key::query(facts.request.query, param),
+            CostSource::Query(param) => facts.request.query_param(param),
             CostSource::GraphQl(pricing) => {
                 use super::request::{GraphQlRefusal, Refusal};
                 let (cost, _) = super::graphql::price(pricing, facts).map_err(Refusal::GraphQl)?;

@@ -142,7 +142,7 @@ impl KeyModel {
                 KeyPart::Query(param) => {
                     values.push(b"query");
                     values.push(param.as_bytes());
-                    query(facts.request.query, param).ok_or_else(missing)?
+                    facts.request.query_param(param).ok_or_else(missing)?
                 }
                 KeyPart::Jwt(claim) => {
                     values.push(b"jwt");
@@ -258,17 +258,6 @@ fn form<'a>(body: &'a [u8], name: &str) -> Option<std::borrow::Cow<'a, [u8]>> {
         std::borrow::Cow::Borrowed(text) => std::borrow::Cow::Borrowed(text.as_bytes()),
         std::borrow::Cow::Owned(text) => std::borrow::Cow::Owned(text.into_bytes()),
     })
-}
-
-/// A query parameter's value as sent (not decoded; the first of that name).
-pub(super) fn query<'a>(query: Option<&'a str>, name: &str) -> Option<&'a [u8]> {
-    query?
-        .split('&')
-        .find_map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            (key == name).then_some(value.as_bytes())
-        })
-        .filter(|value| !value.is_empty())
 }
 
 #[cfg(test)]

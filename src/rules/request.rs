@@ -86,6 +86,20 @@ pub struct RequestParts<'a> {
     pub json: Option<&'a serde_json::Value>,
 }
 
+impl<'a> RequestParts<'a> {
+    /// A query parameter's value as sent (not decoded; the first of that name); an empty
+    /// value is missing.
+    pub(crate) fn query_param(&self, name: &str) -> Option<&'a [u8]> {
+        self.query?
+            .split('&')
+            .find_map(|pair| {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                (key == name).then_some(value.as_bytes())
+            })
+            .filter(|value| !value.is_empty())
+    }
+}
+
 /// A request lacks a part its policy counts by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MissingPart {
