@@ -2,7 +2,7 @@
 
 use crate::clock::Nanos;
 #[cfg(any(feature = "http", feature = "quic"))]
-pub use global::MeshDecision;
+pub use global::{MeshAnswer, MeshDecision};
 
 #[cfg(any(feature = "http", feature = "quic"))]
 mod global;
@@ -101,5 +101,25 @@ impl Decision {
     pub(crate) fn is_tighter_than(&self, other: &Decision) -> bool {
         (self.remaining, std::cmp::Reverse(self.reset_after_ns))
             < (other.remaining, std::cmp::Reverse(other.reset_after_ns))
+    }
+}
+
+/// What a global admission took, for the same backend to give it back
+/// ([`GlobalLimits::refund`](crate::backend::mesh::GlobalLimits::refund)) when another
+/// policy of the request denies it, or when a `count_when` policy does not count its
+/// outcome. A token of the backend's own making: a mesh node's names the lease the tokens
+/// came out of, and gives them back only to that lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MeshCharge(u64);
+
+impl MeshCharge {
+    /// A charge the backend names by `token`.
+    pub const fn new(token: u64) -> Self {
+        MeshCharge(token)
+    }
+
+    /// The backend's token.
+    pub const fn token(self) -> u64 {
+        self.0
     }
 }

@@ -50,7 +50,7 @@ use tracing::Instrument;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
-use crate::decision::MeshDecision;
+use crate::decision::{MeshAnswer, MeshCharge, MeshDecision};
 use crate::mesh::node::{MeshError, Node, NodeConfig};
 use crate::mesh::{Behind, Cells, NodeId};
 pub use crate::net::accept::{Refusal, Refusals};
@@ -170,13 +170,13 @@ struct Intro {
     cost: u64,
     /// When the request came (the node's clock).
     at: u64,
-    answer: tokio::sync::oneshot::Sender<Decision>,
+    answer: tokio::sync::oneshot::Sender<MeshAnswer>,
 }
 
 struct Inner {
     node: Node,
     /// Requests waiting for their key's owner, by the id the node gave them.
-    waiters: HashMap<u64, tokio::sync::oneshot::Sender<Decision>>,
+    waiters: HashMap<u64, tokio::sync::oneshot::Sender<MeshAnswer>>,
     /// Peers with a connection whose handshake completed on this side.
     connected: HashSet<NodeId>,
     /// When a frame last arrived from each peer.
@@ -511,8 +511,8 @@ impl MeshNet {
         let shared = &*self.shared;
         let now = shared.clock.now_ns();
         // By the key's lease, or beyond the key cap by the node's share: no need to ask it.
-        if let Some(d) = shared.cells.admit(policy, key, cost, now) {
-            return MeshDecision::Ready(Some(d));
+        if let Some((decision, charge)) = shared.cells.admit(policy, key, cost, now) {
+            return MeshDecision::Ready(Some(MeshAnswer { decision, charge }));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let intro = Intro {
@@ -528,8 +528,16 @@ impl MeshNet {
                 fallback: Decision::denied(shared.cells.capacity(policy), 0, 0, 1_000_000_000),
             },
             // The node cannot take keys as fast as they come (or it stopped).
-            Err(_) => MeshDecision::Ready(Some(shared.behind(policy, key, cost, now))),
+            Err(_) => MeshDecision::Ready(Some(shared.behind(policy, key, cost, now).into())),
         }
+    }
+
+    /// Give back `cost` tokens that an admission of `key` under `policy` took (`charge`, from
+    /// [`MeshDecision::answer`]), because another policy of the request denied it: see
+    /// [`crate::mesh::Node::refund`]. Lock-free, like the decision. Return whether they
+    /// went back.
+    pub fn refund(&self, policy: u32, key: u64, cost: u64, charge: MeshCharge) -> bool {
+        self.shared.cells.refund(policy, key, cost, charge)
     }
 
     /// Enforce `policies` from now on and announce `digest` (see

@@ -2,9 +2,9 @@
 //!
 //! [`Rules::decide`] is where an HTTP request is decided: it picks the client's tier and the
 //! request's route, checks the enforced policies as one layered decision (a denial by one
-//! leaves no charge on the others): the local ones, then at most one `mesh` policy (the
-//! cluster-wide limit, [`crate::backend::mesh`]), then at most one `redis` policy (the exact
-//! backend, [`crate::backend::exact`], with [`Rules::decide_exact`]); then it counts the
+//! leaves no charge on the others): the local ones, then the `mesh` policies (cluster-wide
+//! limits, [`crate::backend::mesh`]), then the `redis` policies (the exact backend,
+//! [`crate::backend::exact`], with [`Rules::decide_exact`]); then it counts the
 //! shadow policies, which report but never deny. Both remote kinds enter through a trait and
 //! follow the same path: a request is matched once (`rules::plan`), then charged
 //! (`rules::decide`). Keys are 64-bit keyed hashes
@@ -70,18 +70,6 @@ pub enum RulesError {
     /// The file has a `[redis]` section but ratemesh was built without its `redis` feature.
     #[error("the file has a `[redis]` section: build ratemesh with its `redis` feature")]
     RedisFeatureOff,
-    /// A tier and a route together apply two `mesh` policies; a request passes at most one.
-    #[error(
-        "tier `{tier}` with route `{route}` applies two `{backend}` policies; at most one per request"
-    )]
-    TwoRemotePolicies {
-        /// `redis` or `mesh`.
-        backend: &'static str,
-        /// The tier.
-        tier: String,
-        /// The route (empty: the tier alone).
-        route: String,
-    },
     /// The file has `backend = "mesh"` policies but no mesh node was given.
     #[error(
         "policy `{policy}` uses backend `mesh`: run it in a mesh node (`ratemesh node`) or build the rules with a mesh (`Rules::with_mesh`)"

@@ -490,14 +490,17 @@ pub fn run(config: &SimConfig) -> SimReport {
                     let local = world.nodes[k].local(now);
                     let sim_node = &mut world.nodes[k];
                     let admit = match &mut sim_node.baseline {
-                        Some(b) => Admit::Now(b.decide(
-                            KeyRef {
-                                policy: 0,
-                                key: a.key + 1,
-                            },
-                            a.cost,
-                            local,
-                        )),
+                        Some(b) => Admit::Now(
+                            b.decide(
+                                KeyRef {
+                                    policy: 0,
+                                    key: a.key + 1,
+                                },
+                                a.cost,
+                                local,
+                            ),
+                            None,
+                        ),
                         None => sim_node.node.as_mut().expect("live node").decide(
                             0,
                             a.key + 1,
@@ -506,7 +509,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                         ),
                     };
                     match admit {
-                        Admit::Now(d) => record.decided(index, now, d.is_allowed(), 0),
+                        Admit::Now(d, _) => record.decided(index, now, d.is_allowed(), 0),
                         Admit::Wait(id) => {
                             world.nodes[k].waiting.insert(id, (index, now));
                         }

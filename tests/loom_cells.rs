@@ -238,6 +238,34 @@ mod mesh {
         });
     }
 
+    /// A request's tokens given back (another policy of the request denied it) race a new
+    /// lease: they go back to the lease they came from, or nowhere; never into the new one.
+    #[test]
+    fn a_give_back_races_a_new_lease() {
+        loom::model(|| {
+            let cell = Arc::new(LeaseCell::new());
+            cell.renew(6, Some(NOW + 1_000_000_000));
+            let request = {
+                let cell = Arc::clone(&cell);
+                thread::spawn(move || {
+                    let (_, charge) = cell.take_charged(NOW, 2).ok()?;
+                    Some(cell.give_back(charge, 2))
+                })
+            };
+            let left = cell.renew(4, Some(NOW + 2_000_000_000));
+            let back = request.join().unwrap();
+            // The new lease is whole: a charge of it went back to it, one of the old did not.
+            assert_eq!(cell.remaining(), 4, "{back:?}, {left} left");
+            match back {
+                // Taken from the old lease, and back before the new one: all 6 left over.
+                // Or taken from the new one and back to it: the old was whole.
+                Some(true) | None => assert_eq!(left, 6),
+                // Taken from the old lease, which ended before the give-back: it stays spent.
+                Some(false) => assert_eq!(left, 4),
+            }
+        });
+    }
+
     /// A lease that expired admits nothing, whatever it holds.
     #[test]
     fn an_expired_lease_admits_nothing() {

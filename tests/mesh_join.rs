@@ -129,13 +129,13 @@ impl Cluster {
         for _ in 0..count {
             let now = self.now;
             match self.node(id).decide(0, key, 1, now) {
-                Admit::Now(d) => admitted += u64::from(d.is_allowed()),
+                Admit::Now(d, _) => admitted += u64::from(d.is_allowed()),
                 Admit::Wait(wait) => {
                     self.deliver();
                     self.run_ms(1);
                     admitted += u64::from(self.events.iter().any(|(n, e)| {
                         *n == id
-                            && matches!(e, Event::Decided { id, decision } if *id == wait && decision.is_allowed())
+                            && matches!(e, Event::Decided { id, decision, .. } if *id == wait && decision.is_allowed())
                     }));
                     continue;
                 }

@@ -463,8 +463,12 @@ async fn failed_logins_are_counted_by_their_status_and_successes_are_given_back(
     assert_eq!(attempt("right").await, 429);
     assert_eq!(attempt("wrong").await, 429);
 
-    // Counting by the response needs a local or `redis` policy that does not shape.
-    let bad = text.replace("by = [\"ip\"]\n", "by = [\"ip\"]\nbackend = \"mesh\"\n");
+    // Counting by the response needs a policy that does not shape (a shaping policy
+    // reserves a slot it never gives back).
+    let bad = text.replace(
+        "algorithm = \"fixed-window\"\nlimit = 3\nwindow = \"15m\"\n",
+        "algorithm = \"leaky-bucket-shape\"\nrate = 3\nperiod = \"15m\"\nmax_wait = \"1s\"\n",
+    );
     assert_ne!(bad, text);
     let error = GatewayConfig::from_toml_str(&bad, "bad.toml").unwrap_err();
     assert_eq!(error.field, "policies.failed_logins.count_when", "{error}");

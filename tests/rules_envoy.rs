@@ -5,10 +5,10 @@
 //! shadow, check-only and oversized descriptors; mesh descriptors after the local ones;
 //! reloads.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use ratemesh::backend::mesh::{GlobalLimits, MeshDecision};
+use ratemesh::backend::mesh::{GlobalLimits, MeshAnswer, MeshCharge, MeshDecision};
 use ratemesh::config::GatewayConfig;
 use ratemesh::rules::{DescriptorMatch, DescriptorQuery, EnvoyError, EnvoyOutcome, Rules};
 use ratemesh::{Decision, Limiter, Policy, Verdict};
@@ -352,27 +352,49 @@ fn bad_descriptors_are_refused_with_file_line_and_field() {
     .unwrap();
 }
 
-/// A stand-in for a mesh node that counts its calls and denies when asked to.
+/// A stand-in for a mesh node that counts its calls, denies those from `deny_from` on, and
+/// keeps the charges given back (an admission's charge is its call's number).
 struct FakeMesh {
     limiter: Limiter<(u32, u64)>,
     calls: AtomicU64,
-    deny: bool,
+    deny_from: u64,
+    /// (cost, charge) of every refund.
+    refunds: Mutex<Vec<(u64, u64)>>,
 }
 
 impl GlobalLimits for FakeMesh {
     fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
-        self.calls.fetch_add(1, Ordering::Relaxed);
+        let call = self.calls.fetch_add(1, Ordering::Relaxed);
         let decision = self.limiter.check(&(policy, key), cost);
-        if self.deny {
-            return MeshDecision::Ready(Some(Decision {
+        if call >= self.deny_from {
+            let denied = Decision {
                 remaining: 0,
                 retry_after_ns: 20_000_000,
                 verdict: Verdict::Denied,
                 ..decision
-            }));
+            };
+            return MeshDecision::Ready(Some(denied.into()));
         }
-        MeshDecision::Ready(Some(decision))
+        MeshDecision::Ready(Some(MeshAnswer {
+            decision,
+            charge: decision.is_allowed().then(|| MeshCharge::new(call)),
+        }))
     }
+
+    fn refund(&self, _: u32, _: u64, cost: u64, charge: MeshCharge) -> bool {
+        self.refunds.lock().unwrap().push((cost, charge.token()));
+        true
+    }
+}
+
+fn fake_mesh(deny_from: u64) -> Arc<FakeMesh> {
+    let policy = Policy::token_bucket(1, std::time::Duration::from_secs(3600), 100).unwrap();
+    Arc::new(FakeMesh {
+        limiter: Limiter::builder().policy(policy).build().unwrap(),
+        calls: AtomicU64::new(0),
+        deny_from,
+        refunds: Mutex::new(Vec::new()),
+    })
 }
 
 #[test]
@@ -383,14 +405,6 @@ fn mesh_descriptors_are_asked_after_the_local_ones_and_a_mesh_denial_gives_them_
         1,
     );
     // Every inline limit of the file is now a mesh policy; `per_key` stays local.
-    let mesh = |deny| {
-        let policy = Policy::token_bucket(1, std::time::Duration::from_secs(3600), 100).unwrap();
-        Arc::new(FakeMesh {
-            limiter: Limiter::builder().policy(policy).build().unwrap(),
-            calls: AtomicU64::new(0),
-            deny,
-        })
-    };
     let config = GatewayConfig::from_toml_str(&text, "policies.toml").unwrap();
     assert!(
         config
@@ -398,7 +412,7 @@ fn mesh_descriptors_are_asked_after_the_local_ones_and_a_mesh_denial_gives_them_
             .iter()
             .any(|p| p.name == "edge/remote_address")
     );
-    let denying = mesh(true);
+    let denying = fake_mesh(0);
     let rules = Rules::with_mesh(config.clone(), denying.clone()).unwrap();
     for _ in 0..5 {
         let outcome = decide(
@@ -429,4 +443,32 @@ fn mesh_descriptors_are_asked_after_the_local_ones_and_a_mesh_denial_gives_them_
     );
     assert!(outcome.over_limit && outcome.statuses[0].over_limit);
     assert_eq!(denying.calls.load(Ordering::Relaxed), calls);
+
+    // A second mesh descriptor's denial gives the first one's charge back.
+    let second_denies = fake_mesh(1);
+    let rules = Rules::with_mesh(config.clone(), second_denies.clone()).unwrap();
+    let outcome = decide(
+        &rules,
+        "edge",
+        &[
+            query(&[("remote_address", "x")], 1),
+            query(&[("remote_address", "y")], 1),
+        ],
+    );
+    assert!(outcome.over_limit && !outcome.statuses[0].over_limit);
+    assert!(outcome.statuses[1].over_limit);
+    assert_eq!(*second_denies.refunds.lock().unwrap(), [(1, 0)]);
+    // A check-only mesh descriptor takes one token and gives it back at once; over when
+    // that token is denied.
+    let roomy = fake_mesh(u64::MAX);
+    let rules = Rules::with_mesh(config.clone(), roomy.clone()).unwrap();
+    let outcome = decide(&rules, "edge", &[query(&[("remote_address", "x")], 0)]);
+    assert!(!outcome.over_limit);
+    assert_eq!(outcome.statuses[0].remaining, 100);
+    assert_eq!(*roomy.refunds.lock().unwrap(), [(1, 0)]);
+    let full = fake_mesh(0);
+    let rules = Rules::with_mesh(config, full.clone()).unwrap();
+    let outcome = decide(&rules, "edge", &[query(&[("remote_address", "x")], 0)]);
+    assert!(outcome.over_limit && outcome.statuses[0].over_limit);
+    assert!(full.refunds.lock().unwrap().is_empty());
 }

@@ -1,46 +1,67 @@
-//! `backend = "mesh"` in the policy file: validation, and how a mesh policy layers with the
-//! local ones (checked after them; a mesh denial leaves no local charge).
+//! `backend = "mesh"` in the policy file: validation, and how mesh policies layer with the
+//! local ones and with each other (checked after the local ones, in order; a denial by any
+//! gives the others' charges back, a `count_when` charge goes back by the response).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use http::Method;
-use ratemesh::backend::mesh::{GlobalLimits, MeshDecision};
+use ratemesh::backend::mesh::{GlobalLimits, MeshAnswer, MeshCharge, MeshDecision};
 use ratemesh::config::{GatewayConfig, IdentitySource};
 use ratemesh::rules::{Identity, RequestFacts, Rules, RulesError};
 use ratemesh::{Decision, Limiter, Policy, Verdict};
 
-/// A stand-in for a mesh node: one local limiter per mesh policy, counting its calls and
-/// denying the first `deny_first` of them.
+/// A stand-in for a mesh node: one local limiter per mesh policy, counting its calls,
+/// denying the first `deny_first` of them and every call of policy `deny_policy`, and
+/// keeping the charges given back (each admission's charge is its call's number).
 struct FakeMesh {
     limiter: Limiter<(u32, u64)>,
     calls: AtomicU64,
     deny_first: u64,
+    deny_policy: Option<u32>,
+    /// (policy, key, cost, charge) of every refund.
+    refunds: Mutex<Vec<(u32, u64, u64, u64)>>,
 }
 
 impl GlobalLimits for FakeMesh {
     fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
         let call = self.calls.fetch_add(1, Ordering::Relaxed);
         let decision = self.limiter.check(&(policy, key), cost);
-        if call < self.deny_first {
+        if call < self.deny_first || self.deny_policy == Some(policy) {
             // Deny as an owner that has no room left would.
-            return MeshDecision::Ready(Some(Decision {
+            let denied = Decision {
                 remaining: 0,
                 retry_after_ns: 20_000_000,
                 verdict: Verdict::Denied,
                 ..decision
-            }));
+            };
+            return MeshDecision::Ready(Some(denied.into()));
         }
-        MeshDecision::Ready(Some(decision))
+        MeshDecision::Ready(Some(MeshAnswer {
+            decision,
+            charge: decision.is_allowed().then(|| MeshCharge::new(call)),
+        }))
+    }
+
+    fn refund(&self, policy: u32, key: u64, cost: u64, charge: MeshCharge) -> bool {
+        let mut refunds = self.refunds.lock().unwrap();
+        refunds.push((policy, key, cost, charge.token()));
+        true
     }
 }
 
 fn fake(deny_first: u64) -> Arc<FakeMesh> {
+    fake_denying(deny_first, None)
+}
+
+fn fake_denying(deny_first: u64, deny_policy: Option<u32>) -> Arc<FakeMesh> {
     let policy = Policy::token_bucket(1, std::time::Duration::from_secs(3600), 100).unwrap();
     Arc::new(FakeMesh {
         limiter: Limiter::builder().policy(policy).build().unwrap(),
         calls: AtomicU64::new(0),
         deny_first,
+        deny_policy,
+        refunds: Mutex::new(Vec::new()),
     })
 }
 
@@ -110,31 +131,90 @@ fn the_mesh_numbers_its_policies_by_name() {
     assert_eq!(names, ["another", "global"]);
 }
 
+/// Two mesh policies for one request (an account's and an address's, say), after a local
+/// one: the second's denial gives the first's charge back to the mesh and the local charge
+/// back to its bucket; with both admitting, nothing goes back.
 #[test]
-fn mesh_policies_need_a_mesh_one_per_request_and_fixed_policies() {
+fn a_denial_by_a_later_mesh_policy_gives_the_earlier_one_s_charge_back() {
+    let two = FILE.replace(
+        "[tiers.api]\npolicies = [\"local_cap\", \"global\"]",
+        "[policies.global2]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[tiers.api]\npolicies = [\"local_cap\", \"global\", \"global2\"]",
+    );
+    // Mesh policies are numbered by name: global = 0, global2 = 1.
+    let mesh = fake_denying(0, Some(1));
+    let rules = Rules::with_mesh(config(&two), mesh.clone()).unwrap();
+    for _ in 0..8 {
+        assert!(!decide(&rules));
+    }
+    // Every request asked both, in order; each first charge went back, the latest first.
+    assert_eq!(mesh.calls.load(Ordering::Relaxed), 16);
+    let refunds = mesh.refunds.lock().unwrap().clone();
+    assert_eq!(refunds.len(), 8);
+    for (i, &(policy, _, cost, charge)) in refunds.iter().enumerate() {
+        assert_eq!((policy, cost, charge), (0, 1, 2 * i as u64));
+    }
+    // The local bucket of 5 is still full.
+    let mesh = fake(0);
+    let rules = Rules::with_mesh(config(&two), mesh.clone()).unwrap();
+    assert_eq!((0..10).filter(|_| decide(&rules)).count(), 5);
+    assert!(mesh.refunds.lock().unwrap().is_empty());
+    // Also on a route, for clients with no tier.
+    let on_a_route = "key_secret = \"s\"\nallow_unlimited = true\n\n[policies.a]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[policies.b]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r\"\npolicies = [\"a\", \"b\"]\n";
+    let mesh = fake_denying(0, Some(1));
+    let rules = Rules::with_mesh(config(on_a_route), mesh.clone()).unwrap();
+    let identity = Identity::new(IdentitySource::ApiKey, "k");
+    let facts = RequestFacts {
+        identity: &identity,
+        tier: None,
+        method: &Method::GET,
+        path: "/r",
+        request: Default::default(),
+    };
+    assert!(!rules.decide(&facts, 1_000_000_000_000).allowed);
+    assert_eq!(mesh.refunds.lock().unwrap().len(), 1);
+}
+
+/// `count_when` on a mesh policy: the request takes its token up front, and a response
+/// whose status does not count gives it back to the mesh.
+#[test]
+fn a_mesh_count_when_charge_goes_back_when_the_status_does_not_count() {
+    let text = FILE.replace(
+        "backend = \"mesh\"",
+        "backend = \"mesh\"\ncount_when = { status = [401] }",
+    );
+    let mesh = fake(0);
+    let rules = Rules::with_mesh(config(&text), mesh.clone()).unwrap();
+    let identity = Identity::new(IdentitySource::ApiKey, "k");
+    let facts = RequestFacts {
+        identity: &identity,
+        tier: None,
+        method: &Method::GET,
+        path: "/",
+        request: Default::default(),
+    };
+    for status in [200, 401, 204] {
+        let outcome = rules.decide(&facts, 1_000_000_000_000);
+        assert!(outcome.allowed);
+        assert_eq!(
+            outcome.pending.len(),
+            1,
+            "the mesh charge waits for the status"
+        );
+        for pending in &outcome.pending {
+            assert!(!pending.needs_io());
+            assert!(rules.settle(pending, status).is_none());
+        }
+    }
+    let refunds: Vec<u64> = mesh.refunds.lock().unwrap().iter().map(|r| r.3).collect();
+    // Calls 0 (200) and 2 (204) went back; 1 (401) counts.
+    assert_eq!(refunds, [0, 2]);
+}
+
+#[test]
+fn mesh_policies_need_a_mesh_and_fixed_policies() {
     assert!(matches!(
         Rules::new(config(FILE)),
         Err(RulesError::NoMesh { policy }) if policy == "global"
-    ));
-    let two = FILE.replace(
-        "[tiers.api]\npolicies = [\"local_cap\", \"global\"]",
-        "[policies.global2]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[tiers.api]\npolicies = [\"global\", \"global2\"]",
-    );
-    assert!(matches!(
-        Rules::with_mesh(config(&two), fake(0)),
-        Err(RulesError::TwoRemotePolicies {
-            backend: "mesh",
-            ..
-        })
-    ));
-    // Also on a route, for clients with no tier.
-    let on_a_route = "key_secret = \"s\"\nallow_unlimited = true\n\n[policies.a]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[policies.b]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1s\"\nbackend = \"mesh\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r\"\npolicies = [\"a\", \"b\"]\n";
-    assert!(matches!(
-        Rules::with_mesh(config(on_a_route), fake(0)),
-        Err(RulesError::TwoRemotePolicies {
-            backend: "mesh",
-            ..
-        })
     ));
     let rules = Rules::with_mesh(config(FILE), fake(0)).unwrap();
     // A new limit goes to the mesh node, which may refuse it (this one cannot change).

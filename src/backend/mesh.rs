@@ -15,6 +15,16 @@ pub trait GlobalLimits: Send + Sync {
     /// [`crate::config::GatewayConfig::mesh_policies`]).
     fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision;
 
+    /// Give back `cost` tokens that an admission of `key` under mesh policy number `policy`
+    /// took (`charge`, from [`MeshDecision::answer`]): another policy of the request denied
+    /// it, or its response did not count (`count_when`). Return whether they went back (they
+    /// stay counted otherwise: the cluster then admits less, never more). The default
+    /// gives nothing back.
+    fn refund(&self, policy: u32, key: u64, cost: u64, charge: MeshCharge) -> bool {
+        let _ = (policy, key, cost, charge);
+        false
+    }
+
     /// Enforce `policies` (the file's `mesh` policies, in order) from now on, and announce
     /// `digest` ([`crate::config::GatewayConfig::mesh_digest`]) to the peers: a live change of
     /// limits, rates or bursts (a reload). Refused (with the reason) when the change needs
@@ -25,13 +35,17 @@ pub trait GlobalLimits: Send + Sync {
     }
 }
 
-pub use crate::decision::MeshDecision;
+pub use crate::decision::{MeshAnswer, MeshCharge, MeshDecision};
 
 /// A node with its QUIC transport decides the `mesh` policies.
 #[cfg(feature = "quic")]
 impl GlobalLimits for crate::net::MeshNet {
     fn decide(&self, policy: u32, key: u64, cost: u64) -> MeshDecision {
         crate::net::MeshNet::decide(self, policy, key, cost)
+    }
+
+    fn refund(&self, policy: u32, key: u64, cost: u64, charge: MeshCharge) -> bool {
+        crate::net::MeshNet::refund(self, policy, key, cost, charge)
     }
 
     fn reconfigure(&self, policies: &[Policy], digest: u64) -> Result<(), String> {

@@ -293,14 +293,6 @@ pub(super) fn build_policy(
     let count_when = match &raw.count_when {
         None => None,
         Some(raw_when) => {
-            if raw.backend == Backend::Mesh {
-                return Err(fail(
-                    "count_when",
-                    "counting by the response needs a local or `redis` policy: a `mesh` \
-                     charge cannot be given back after the response yet"
-                        .into(),
-                ));
-            }
             if matches!(policy.algorithm(), Algorithm::LeakyBucketShape { .. }) {
                 return Err(fail(
                     "count_when",

@@ -210,7 +210,7 @@ mod tests {
 
     /// A mesh whose owners never answer: every request with a mesh policy waits.
     #[derive(Default)]
-    struct Silent(Mutex<Vec<tokio::sync::oneshot::Sender<Decision>>>);
+    struct Silent(Mutex<Vec<tokio::sync::oneshot::Sender<crate::backend::mesh::MeshAnswer>>>);
 
     impl GlobalLimits for Silent {
         fn decide(&self, _: u32, _: u64, _: u64) -> MeshDecision {

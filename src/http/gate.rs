@@ -443,7 +443,7 @@ mod tests {
 
     impl GlobalLimits for Roomy {
         fn decide(&self, _: u32, _: u64, _: u64) -> MeshDecision {
-            MeshDecision::Ready(Some(Decision::allowed(100, 99, 0)))
+            MeshDecision::Ready(Some(Decision::allowed(100, 99, 0).into()))
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, OnceLock};
 use dashmap::DashMap;
 
 use crate::clock::Nanos;
-use crate::decision::Decision;
+use crate::decision::{Decision, MeshCharge};
 use crate::local::Store;
 use crate::mesh::lease::LeaseCell;
 use crate::mesh::message::KeyRef;
@@ -122,14 +122,31 @@ impl Cells {
     /// Decide a request at the front, without the node: by the key's lease if it covers it
     /// ([`Cells::decide`]), or by the node's share alone for a new key while the node holds
     /// its most keys (counted: [`Cells::overflowed`]). `None`: the node must decide it.
-    pub fn admit(&self, policy: u32, key: u64, cost: u64, now: Nanos) -> Option<Decision> {
-        if let Some(d) = self.decide(policy, key, cost, now) {
-            return Some(d);
+    /// An admission by the lease comes with its charge, to give back with
+    /// [`Cells::refund`].
+    pub fn admit(
+        &self,
+        policy: u32,
+        key: u64,
+        cost: u64,
+        now: Nanos,
+    ) -> Option<(Decision, Option<MeshCharge>)> {
+        if let Some(decided) = self.decide_charged(policy, key, cost, now) {
+            return Some(decided);
         }
         if self.is_full(policy, key) {
-            return Some(self.overflow(policy, key, cost, now));
+            return Some((self.overflow(policy, key, cost, now), None));
         }
         None
+    }
+
+    /// Give `cost` tokens of `charge` back to `key`'s lease, if they came from the lease it
+    /// holds now (a later lease, or none, refuses them: they stay counted). Return whether
+    /// they went back.
+    pub fn refund(&self, policy: u32, key: u64, cost: u64, charge: MeshCharge) -> bool {
+        self.map
+            .get(&KeyRef { policy, key })
+            .is_some_and(|cell| cell.give_back(charge, cost))
     }
 
     /// Tell whether `key` is a new key while the node holds its most keys.
@@ -252,13 +269,26 @@ impl Cells {
     /// Decide a request from its lease alone, if the lease can.
     #[inline]
     pub fn decide(&self, policy: u32, key: u64, cost: u64, now: Nanos) -> Option<Decision> {
+        self.decide_charged(policy, key, cost, now).map(|(d, _)| d)
+    }
+
+    /// Decide a request from its lease alone, if the lease can; an admission comes with
+    /// what it took.
+    #[inline]
+    pub(crate) fn decide_charged(
+        &self,
+        policy: u32,
+        key: u64,
+        cost: u64,
+        now: Nanos,
+    ) -> Option<(Decision, Option<MeshCharge>)> {
         let limits = self.policies.get(policy as usize)?;
         let capacity = limits.capacity.load(Ordering::Relaxed);
         if cost == 0 || cost > capacity {
-            return Some(Decision::cannot_fit(capacity));
+            return Some((Decision::cannot_fit(capacity), None));
         }
         let cell = self.map.get(&KeyRef { policy, key })?;
-        let remaining = cell.take(now, cost).ok()?;
+        let (remaining, charge) = cell.take_charged(now, cost).ok()?;
         let reset = if limits.policy.algorithm().counts_per_window() {
             cell.expiry().unwrap_or(now).saturating_sub(now)
         } else {
@@ -266,7 +296,7 @@ impl Cells {
                 .saturating_sub(remaining)
                 .saturating_mul(limits.interval_ns.load(Ordering::Relaxed))
         };
-        Some(Decision::allowed(capacity, remaining, reset))
+        Some((Decision::allowed(capacity, remaining, reset), Some(charge)))
     }
 
     /// Return the number of cells.

@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::clock::Nanos;
-use crate::decision::Decision;
+use crate::decision::{Decision, MeshCharge};
 use crate::mesh::authority::SHORT_LEASE_ROUNDS;
 use crate::mesh::lease::{LeaseCell, Miss};
 use crate::mesh::membership::RankMemo;
@@ -60,11 +60,16 @@ pub(crate) struct Waiting {
     pub prepaid: bool,
 }
 
+/// A waiting request decided: its id, the decision, and for an admission what it took.
+pub(crate) type Decided = (u64, Decision, Option<MeshCharge>);
+
 /// How a request went on the holder's slow path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Slow {
     /// Decided now.
     Decided(Decision),
+    /// Admitted now from the lease: what it took.
+    Taken(Decision, MeshCharge),
     /// It waits: ask the authority.
     Waits,
 }
@@ -84,6 +89,11 @@ pub(crate) struct Holding {
     window: u64,
     granted: u64,
     returned: u64,
+    /// The most admissions a want of this lease reported: what the authority may have
+    /// counted. Tokens given back to the lease after they were reported
+    /// ([`crate::mesh::lease::LeaseCell::give_back`]) may be admitted again here, but are
+    /// never returned to the authority too: the holding reports at least this many used.
+    used_sent: u64,
     /// When the lease expires (local; windows).
     expiry: Nanos,
     /// The lease of `window` ended; `closed_used` is the final count.
@@ -115,7 +125,7 @@ impl Holding {
     /// A key this node has no lease for yet; `id` is larger than any earlier holding's of
     /// the key on this node.
     pub(crate) fn new(key: KeyRef, policy: &Policy, id: u64) -> Self {
-        let cell = LeaseCell::new();
+        let cell = LeaseCell::of_holding(id);
         let algorithm = policy.algorithm();
         if !algorithm.counts_per_window() {
             // A bucket's lease never expires: its tokens stay counted until spent or given
@@ -131,6 +141,7 @@ impl Holding {
             window: 0,
             granted: 0,
             returned: 0,
+            used_sent: 0,
             expiry: 0,
             closed: algorithm.counts_per_window(),
             closed_used: 0,
@@ -315,11 +326,17 @@ impl Holding {
         used
     }
 
-    /// Tokens admitted under the current lease.
+    /// Tokens admitted under the current lease, as reported: never fewer than a want
+    /// reported.
     fn used(&self) -> u64 {
         if self.closed {
             return self.closed_used;
         }
+        self.admitted().max(self.used_sent)
+    }
+
+    /// Tokens admitted under the current lease and not given back to it.
+    fn admitted(&self) -> u64 {
         self.granted
             .saturating_sub(self.returned)
             .saturating_sub(self.cell.remaining())
@@ -356,7 +373,8 @@ impl Holding {
                 .granted
                 .saturating_sub(self.returned)
                 .saturating_sub(left)
-                .saturating_sub(self.reserve);
+                .saturating_sub(self.reserve)
+                .max(self.used_sent);
             self.reserve = 0;
             self.closed = true;
         }
@@ -377,8 +395,10 @@ impl Holding {
         }
         self.expire(now);
         if self.waiting.is_empty() {
-            match self.cell.take(now, cost) {
-                Ok(remaining) => return Slow::Decided(self.allowed(policy, now, remaining)),
+            match self.cell.take_charged(now, cost) {
+                Ok((remaining, charge)) => {
+                    return Slow::Taken(self.allowed(policy, now, remaining), charge);
+                }
                 Err(Miss::Short { .. } | Miss::Expired) => {}
             }
             if let Some(retry) = self.denial.refuses(now, cost) {
@@ -437,6 +457,9 @@ impl Holding {
     ) -> Want {
         let need = self.need();
         let used = self.see_used(now);
+        if !self.closed {
+            self.used_sent = used;
+        }
         let seq = self.asking.send(
             now,
             (!self.waiting.is_empty()).then_some((need, resend_after)),
@@ -477,7 +500,7 @@ impl Holding {
         now: Nanos,
         grant: &Grant,
         expiry: Nanos,
-        decided: &mut Vec<(u64, Decision)>,
+        decided: &mut Vec<Decided>,
     ) {
         // A grant for an earlier holding of the key (on its way when that holding was
         // forgotten) was counted for that holding: not this one's.
@@ -527,6 +550,7 @@ impl Holding {
                 self.window = grant.window;
                 self.granted = grant.granted;
                 self.returned = 0;
+                self.used_sent = 0;
                 self.expiry = expiry;
                 self.closed = now >= expiry;
                 // A lease that arrives after its window ended closes unspent at once: its
@@ -589,7 +613,7 @@ impl Holding {
                 self.denial.set(until, min);
             }
             for w in denied.iter().filter(|w| !w.prepaid) {
-                decided.push((w.id, self.denied(policy, now, grant.retry_after)));
+                decided.push((w.id, self.denied(policy, now, grant.retry_after), None));
             }
             // What the denied held back may serve those behind them.
             self.serve(policy, now, decided);
@@ -599,10 +623,12 @@ impl Holding {
     }
 
     /// Serve waiting requests from the reserve, in order (added to `decided`).
-    fn serve(&mut self, policy: &Policy, now: Nanos, decided: &mut Vec<(u64, Decision)>) {
+    fn serve(&mut self, policy: &Policy, now: Nanos, decided: &mut Vec<Decided>) {
         if self.algorithm.counts_per_window() && (self.closed || now >= self.expiry) {
             return;
         }
+        // The reserve is the current lease's.
+        let charge = self.cell.charge();
         while let Some(w) = self.waiting.front().copied() {
             if w.cost > self.reserve {
                 break;
@@ -611,7 +637,7 @@ impl Holding {
             self.reserve -= w.cost;
             let remaining = self.reserve + self.cell.remaining();
             if !w.prepaid {
-                decided.push((w.id, self.allowed(policy, now, remaining)));
+                decided.push((w.id, self.allowed(policy, now, remaining), Some(charge)));
             }
         }
     }
@@ -633,7 +659,7 @@ impl Holding {
         policy: &Policy,
         now: Nanos,
         retry_after: Nanos,
-        decided: &mut Vec<(u64, Decision)>,
+        decided: &mut Vec<Decided>,
     ) {
         while let Some(w) = self.waiting.front().copied() {
             if w.deadline > now {
@@ -641,7 +667,7 @@ impl Holding {
             }
             self.waiting.pop_front();
             if !w.prepaid {
-                decided.push((w.id, self.denied(policy, now, retry_after)));
+                decided.push((w.id, self.denied(policy, now, retry_after), None));
             }
             if self.waiting.is_empty() {
                 self.asking.withdraw();
@@ -684,9 +710,13 @@ impl Holding {
             return 0;
         }
         let excess = self.cell.remaining().saturating_sub(keep);
+        let admitted = self.admitted();
         let taken = self.cell.withdraw(excess);
-        self.returned += taken;
-        taken
+        // Tokens given back to the lease after a want reported them used stay counted as
+        // used: the authority counted them, and may not take them back twice.
+        let counted = self.used_sent.saturating_sub(admitted).min(taken);
+        self.returned += taken - counted;
+        taken - counted
     }
 
     /// Give back what the lease holds beyond `keep` tokens (the authority recalls it).

@@ -13,10 +13,13 @@
 //! request reads both and uses the lease only when their generations match and `now` is
 //! before the expiry; its compare-and-swap on `word` then fails if a new lease was installed
 //! in between. So a request never takes tokens from a lease it did not check
-//! (`tests/loom_cells.rs` models this). Tokens taken are never given back: a lease's *used*
-//! count is what it was granted minus what remains.
+//! (`tests/loom_cells.rs` models this). A lease's *used* count is what it was granted minus
+//! what remains. A request's tokens go back into the lease only while it is the one they
+//! came from (same holding, same generation: [`LeaseCell::give_back`]), when another policy
+//! of the request denied it: they were never admitted.
 
 use crate::clock::Nanos;
+use crate::decision::MeshCharge;
 use crate::sync::{AtomicU64, Ordering};
 
 /// The most tokens a lease holds (48 bits).
@@ -44,6 +47,10 @@ pub enum Miss {
 pub struct LeaseCell {
     word: AtomicU64,
     expiry: AtomicU64,
+    /// The holding whose cell this is (its number among the node's holdings of the key),
+    /// low 48 bits: a charge names it, so that it is never given back to a later holding's
+    /// cell of the same key.
+    holding: u64,
 }
 
 fn pack(generation: u64, low: u64) -> u64 {
@@ -75,15 +82,64 @@ impl Default for LeaseCell {
 impl LeaseCell {
     /// An empty, expired lease.
     pub fn new() -> Self {
+        Self::of_holding(0)
+    }
+
+    /// An empty, expired lease of holding number `holding` of its key.
+    pub(crate) fn of_holding(holding: u64) -> Self {
         LeaseCell {
             word: AtomicU64::new(0),
             expiry: AtomicU64::new(0),
+            holding: holding & LOW_MASK,
         }
     }
 
     /// Take `cost` tokens at `now`: one compare-and-swap. Return the tokens left.
     #[inline]
     pub fn take(&self, now: Nanos, cost: u64) -> Result<u64, Miss> {
+        self.take_charged(now, cost).map(|(left, _)| left)
+    }
+
+    /// Name the current lease in a charge: what [`LeaseCell::give_back`] gives back to.
+    /// Call it where no other lease can be installed meanwhile (under the node's lock).
+    pub(crate) fn charge(&self) -> MeshCharge {
+        MeshCharge::new(pack(
+            generation(self.word.load(Ordering::Acquire)),
+            self.holding,
+        ))
+    }
+
+    /// Give `tokens` of `charge` back to the lease they were taken from, if it is still
+    /// this cell's current one (not renewed, not closed): they were not admitted after all.
+    /// Return whether they went back.
+    pub fn give_back(&self, charge: MeshCharge, tokens: u64) -> bool {
+        let (holding, taken_in) = (low(charge.token()), generation(charge.token()));
+        if holding != self.holding {
+            return false;
+        }
+        let mut word = self.word.load(Ordering::Acquire);
+        loop {
+            if generation(word) != taken_in {
+                return false;
+            }
+            let next = pack(
+                generation(word),
+                low(word).saturating_add(tokens).min(MAX_LEASE_TOKENS),
+            );
+            match self
+                .word
+                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Take `cost` tokens at `now`, as [`LeaseCell::take`]; also name the lease they came
+    /// from.
+    #[inline]
+    pub fn take_charged(&self, now: Nanos, cost: u64) -> Result<(u64, MeshCharge), Miss> {
         let mut word = self.word.load(Ordering::Acquire);
         loop {
             let expiry = self.expiry.load(Ordering::Acquire);
@@ -104,7 +160,10 @@ impl LeaseCell {
                 .word
                 .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Ok(remaining - cost),
+                Ok(_) => {
+                    let charge = MeshCharge::new(pack(generation(word), self.holding));
+                    return Ok((remaining - cost, charge));
+                }
                 Err(actual) => word = actual,
             }
         }
@@ -208,6 +267,31 @@ mod tests {
         assert_eq!(cell.take(u64::MAX >> 2, 3), Ok(4));
         assert_eq!(cell.renew(2, Some(5 << 20)), 4);
         assert_eq!(cell.expiry(), Some(5 << 20));
+    }
+
+    #[test]
+    fn a_charge_goes_back_only_to_the_lease_it_came_from() {
+        let cell = LeaseCell::of_holding(3);
+        cell.renew(5, Some(1 << 30));
+        let (left, charge) = cell.take_charged(100, 2).unwrap();
+        assert_eq!(left, 3);
+        assert!(cell.give_back(charge, 2));
+        assert_eq!(cell.remaining(), 5);
+        // Another holding's cell of the key, even at the same generation, refuses it.
+        let other = LeaseCell::of_holding(4);
+        other.renew(5, Some(1 << 30));
+        assert!(!other.give_back(charge, 2));
+        assert_eq!(other.remaining(), 5);
+        // A renewed (or closed) lease refuses it: the tokens belonged to the old one.
+        let (_, charge) = cell.take_charged(100, 1).unwrap();
+        cell.renew(1, Some(1 << 31));
+        assert!(!cell.give_back(charge, 1));
+        assert_eq!(cell.remaining(), 1);
+        let (_, charge) = cell.take_charged(100, 1).unwrap();
+        assert_eq!(cell.charge(), charge);
+        cell.close();
+        assert!(!cell.give_back(charge, 1));
+        assert_eq!(cell.remaining(), 0);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::clock::Nanos;
-use crate::decision::Decision;
+use crate::decision::{Decision, MeshCharge};
 use crate::mesh::NodeId;
 use crate::mesh::authority::Authority;
 use crate::mesh::cells::Cells;
@@ -66,8 +66,9 @@ pub use inspect::{LeaseState, Leased, Leases};
 /// How a request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
-    /// Decided.
-    Now(Decision),
+    /// Decided; an admission from the key's lease names what it took, to give back with
+    /// [`Node::refund`].
+    Now(Decision, Option<MeshCharge>),
     /// It waits for the key's owner; its decision comes as [`Event::Decided`] with this id.
     Wait(u64),
 }
@@ -81,6 +82,8 @@ pub enum Event {
         id: u64,
         /// The decision.
         decision: Decision,
+        /// What an admission took, to give back with [`Node::refund`].
+        charge: Option<MeshCharge>,
     },
     /// A member was declared dead.
     PeerDown(NodeId),
@@ -199,11 +202,11 @@ pub struct NodeStats {
 ///
 /// // Node 2 has no lease of key 42 yet: the request waits for the key's owner.
 /// let decision = match nodes[1].decide(0, 42, 1, now) {
-///     Admit::Now(decision) => decision,
+///     Admit::Now(decision, _) => decision,
 ///     Admit::Wait(id) => loop {
 ///         now += 1_000_000;
 ///         step(&mut nodes, now);
-///         if let Some(Event::Decided { id: got, decision }) = nodes[1].poll_event() {
+///         if let Some(Event::Decided { id: got, decision, .. }) = nodes[1].poll_event() {
 ///             if got == id {
 ///                 break decision;
 ///             }
@@ -226,7 +229,7 @@ pub struct Node {
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     /// Scratch of the requests a holding decided (emptied into `events` each time).
-    decided: Vec<(u64, Decision)>,
+    decided: Vec<crate::mesh::holder::Decided>,
     /// Scratch of a flush: the frames made, before they are queued.
     flushed: Vec<Transmit>,
     stats: NodeStats,
@@ -408,23 +411,23 @@ impl Node {
     pub fn decide(&mut self, policy: u32, key: u64, cost: u64, now: Nanos) -> Admit {
         let kr = KeyRef { policy, key };
         let Some(p) = self.policy(policy) else {
-            return Admit::Now(Decision::cannot_fit(0));
+            return Admit::Now(Decision::cannot_fit(0), None);
         };
-        if let Some(d) = self.cells.decide(policy, key, cost, now) {
-            return Admit::Now(d);
+        if let Some((d, charge)) = self.cells.decide_charged(policy, key, cost, now) {
+            return Admit::Now(d, charge);
         }
         if cost == 0 || cost > p.capacity() {
-            return Admit::Now(Decision::cannot_fit(p.capacity()));
+            return Admit::Now(Decision::cannot_fit(p.capacity()), None);
         }
         if !self.join.joined() {
-            return Admit::Now(self.joining_decide(kr, p, cost, now));
+            return Admit::Now(self.joining_decide(kr, p, cost, now), None);
         }
         // A key beyond `max_keys` (a flood of new keys, or more keys in use than the node is
         // sized for): this node's share of the limit, with no gossip; the cluster then admits
         // at most the limit for such a key, and may deny a key whose traffic leans on one
         // node.
         if self.cells.is_full(policy, key) {
-            return Admit::Now(self.cells.overflow(policy, key, cost, now));
+            return Admit::Now(self.cells.overflow(policy, key, cost, now), None);
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -437,13 +440,14 @@ impl Node {
                 .credit_for(p.capacity(), self.membership.alive_count())
         };
         let Some(h) = self.holding_mut(kr) else {
-            return Admit::Now(Decision::cannot_fit(0));
+            return Admit::Now(Decision::cannot_fit(0), None);
         };
         let slow = h.slow(&p, now, id, cost, deadline);
         // The next round counts what was offered.
         self.schedule.touch(kr);
         match slow {
-            Slow::Decided(d) => Admit::Now(d),
+            Slow::Decided(d) => Admit::Now(d, None),
+            Slow::Taken(d, charge) => Admit::Now(d, Some(charge)),
             Slow::Waits => {
                 self.stats.waits += 1;
                 self.ask(kr, now, false);
@@ -454,9 +458,12 @@ impl Node {
                     .iter()
                     .position(|e| matches!(e, Event::Decided { id: i, .. } if *i == id))
                     .and_then(|i| self.events.remove(i));
-                if let Some(Event::Decided { decision, .. }) = answered {
+                if let Some(Event::Decided {
+                    decision, charge, ..
+                }) = answered
+                {
                     self.stats.waits -= 1;
-                    return Admit::Now(decision);
+                    return Admit::Now(decision, charge);
                 }
                 if cost <= credit
                     && let Some(h) = self.holdings.get_mut(&kr)
@@ -474,11 +481,20 @@ impl Node {
                     } else {
                         p.window_ns() - now % p.window_ns()
                     };
-                    return Admit::Now(Decision::allowed(p.capacity(), p.capacity() - cost, reset));
+                    let decision = Decision::allowed(p.capacity(), p.capacity() - cost, reset);
+                    return Admit::Now(decision, None);
                 }
                 Admit::Wait(id)
             }
         }
+    }
+
+    /// Give back `cost` tokens an admission of `key` took (its `charge`, from
+    /// [`Admit::Now`] or [`Event::Decided`]): another policy of the request denied it. They
+    /// go back to the key's lease if it is still the one they came from; otherwise they stay
+    /// counted (the cluster then admits less, never more). Return whether they went back.
+    pub fn refund(&self, policy: u32, key: u64, cost: u64, charge: MeshCharge) -> bool {
+        self.cells.refund(policy, key, cost, charge)
     }
 
     /// Send the key's owner this node's lease state (and what its waiting requests need).
@@ -567,8 +583,12 @@ impl Node {
             h.previous_confirmed();
         }
         let again = h.should_ask(now);
-        for (id, decision) in self.decided.drain(..) {
-            self.events.push_back(Event::Decided { id, decision });
+        for (id, decision, charge) in self.decided.drain(..) {
+            self.events.push_back(Event::Decided {
+                id,
+                decision,
+                charge,
+            });
         }
         if self.membership.is_leaving() {
             // A leaving node admits nothing more: what it was granted goes back.

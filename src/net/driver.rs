@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::{INPUT_BATCH, INTRO_BATCH, Input, Intro, NetShared, PEER_UP_WITHIN};
 use crate::clock::Clock;
+use crate::decision::MeshAnswer;
 use crate::mesh::node::{Admit, Event};
 use crate::mesh::wire::MAX_FRAME_BYTES;
 use crate::mesh::{NodeId, Transmit};
@@ -157,11 +158,11 @@ impl Driver {
                 if now.saturating_sub(intro.at) > shared.max_wait_ns {
                     // Queued longer than a request may wait: the node is far behind.
                     let d = shared.behind(intro.policy, intro.key, intro.cost, now);
-                    let _ = intro.answer.send(d);
+                    let _ = intro.answer.send(d.into());
                 } else {
                     match inner.node.decide(intro.policy, intro.key, intro.cost, now) {
-                        Admit::Now(d) => {
-                            let _ = intro.answer.send(d);
+                        Admit::Now(decision, charge) => {
+                            let _ = intro.answer.send(MeshAnswer { decision, charge });
                         }
                         Admit::Wait(id) => {
                             inner.waiters.insert(id, intro.answer);
@@ -450,9 +451,13 @@ impl Driver {
             let mut events = Vec::new();
             while let Some(e) = inner.node.poll_event() {
                 match e {
-                    Event::Decided { id, decision } => {
+                    Event::Decided {
+                        id,
+                        decision,
+                        charge,
+                    } => {
                         if let Some(waiter) = inner.waiters.remove(&id) {
-                            let _ = waiter.send(decision);
+                            let _ = waiter.send(MeshAnswer { decision, charge });
                         }
                     }
                     // Where the member that told of it reaches it.

@@ -154,7 +154,7 @@ pub(super) struct Layers {
     pub(super) shadow: Vec<usize>,
     /// `redis` policies (decided last, in order).
     pub(super) exact: Vec<usize>,
-    /// `mesh` policies (at most one per request, decided after the local ones).
+    /// `mesh` policies (decided after the local ones, in order).
     pub(super) global: Vec<usize>,
 }
 
@@ -335,9 +335,8 @@ fn split(policies: &[CompiledPolicy], names: &[String]) -> Layers {
     layers
 }
 
-/// Refuse a file under which one request would meet two `redis` or two `mesh` policies, or
-/// more policies on this node than one decision layers: every tier with every route, and
-/// each route alone (a client with no tier).
+/// Refuse a file under which one request would meet more policies on this node than one
+/// decision layers, or more `mesh` policies than that: every tier with every route.
 fn check_counts(
     tiers: &BTreeMap<String, Layers>,
     routes: &[CompiledRoute],
@@ -347,25 +346,13 @@ fn check_counts(
         .iter()
         .chain(std::iter::once((&no_tier.0, &no_tier.1)))
     {
-        let alone = [(String::new(), 0usize)];
-        let with_routes = routes
-            .iter()
-            .map(|r| (r.name.to_string(), r.layers.global.len()));
-        for (route, route_global) in alone.into_iter().chain(with_routes) {
-            if tier.global.len() + route_global > 1 {
-                return Err(RulesError::TwoRemotePolicies {
-                    backend: "mesh",
-                    tier: tier_name.clone(),
-                    route: route.clone(),
-                });
-            }
-        }
         for route in routes {
             // A `redis` policy is decided locally when the rules decide without IO.
             let count = tier.enforced.len()
                 + route.layers.enforced.len()
                 + tier.exact.len()
                 + route.layers.exact.len();
+            let count = count.max(tier.global.len() + route.layers.global.len());
             if count > MAX_POLICIES {
                 return Err(RulesError::TooManyPolicies {
                     tier: tier_name.clone(),

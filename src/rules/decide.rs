@@ -1,7 +1,8 @@
 //! One request through its layers, as [`super::plan`] matched it: charge the local layers
-//! → ask the remote ones (at most one `mesh` policy, then the `redis` policies in order) → on
-//! any denial, give the local charges back ([`Passage::refund`], through the same
-//! [`Charges`] as a local denial) and the `redis` ones ([`Passage::refund_exact`]).
+//! → ask the remote ones (the `mesh` policies, then the `redis` policies, in order) → on any
+//! denial, give the local and `mesh` charges back ([`Passage::refund`], the local ones
+//! through the same [`Charges`] as a local denial) and the `redis` ones
+//! ([`Passage::refund_exact`]).
 
 use super::Rules;
 use super::compile::Remote;
@@ -9,8 +10,9 @@ use super::plan::{Keyed, Plan, Planned};
 use super::request::{Outcome, Pending, PolicyReport, Refusal, RequestFacts};
 use crate::backend::exact::RefundFuture;
 use crate::backend::exact::{ExactAnswer, ExactDecision, ExactError, ExactFuture, fail_over};
-use crate::backend::mesh::MeshDecision;
+use crate::backend::mesh::{MeshAnswer, MeshDecision};
 use crate::clock::Nanos;
+use crate::decision::MeshCharge;
 use crate::decision::{Decision, Verdict};
 use crate::limiter::{Charges, decide_in_layers};
 use crate::local::Charge;
@@ -42,6 +44,9 @@ struct Passage<'r> {
     /// The `redis` policies that charged the request, and when their calls were sent: what
     /// a later denial gives back.
     exact_charged: smallvec::SmallVec<[(usize, u64, std::time::Instant); 2]>,
+    /// The `mesh` policies that charged the request, with what each took: what a later
+    /// denial gives back.
+    mesh_charged: smallvec::SmallVec<[(usize, u64, MeshCharge); 2]>,
 }
 
 impl<'r> Passage<'r> {
@@ -100,6 +105,7 @@ impl<'r> Passage<'r> {
             decision,
             unavailable: None,
             exact_charged: smallvec::SmallVec::new(),
+            mesh_charged: smallvec::SmallVec::new(),
         }
     }
 
@@ -107,14 +113,26 @@ impl<'r> Passage<'r> {
         self.decision.verdict == Verdict::Allowed && self.unavailable.is_none()
     }
 
-    /// Ask the mesh for the request's `mesh` policy, once the local layers admitted it.
-    fn ask_mesh(&self) -> Option<(usize, MeshDecision)> {
-        let (p, key) = self.plan.global.filter(|_| self.admitted())?;
+    /// Ask the mesh for `mesh` policy `p` under `key`, once every layer before it admitted
+    /// the request.
+    fn ask_mesh(&self, p: usize, key: u64) -> Option<MeshDecision> {
+        if !self.admitted() {
+            return None;
+        }
         let Some(Remote::Mesh(number)) = self.rules.policies[p].remote else {
             return None;
         };
         let mesh = self.rules.mesh.as_ref()?;
-        Some((p, mesh.decide(number, key, self.plan.cost)))
+        Some(mesh.decide(number, key, self.plan.cost))
+    }
+
+    /// Take the mesh's answer for policy `p` (key `key`): an admission's charge is kept for
+    /// a later denial to give back.
+    fn settle_mesh(&mut self, p: usize, key: u64, answer: MeshAnswer) {
+        if let Some(charge) = answer.charge.filter(|_| answer.decision.is_allowed()) {
+            self.mesh_charged.push((p, key, charge));
+        }
+        self.settle(p, answer.decision);
     }
 
     /// Ask the exact backend for `redis` policy `p` under `key`, once every layer before it
@@ -185,10 +203,14 @@ impl<'r> Passage<'r> {
         }
     }
 
-    /// Give back what the local layers took (latest first). A mesh charge stays counted: the
-    /// cluster then admits less, never more.
+    /// Give back what the `mesh` layers took, then the local ones (latest first). A mesh
+    /// charge whose lease moved on meanwhile stays counted: the cluster then admits less,
+    /// never more.
     fn refund(&mut self) {
         let (rules, local, cost, now) = (self.rules, &self.local, self.plan.cost, self.now);
+        for (p, key, charge) in std::mem::take(&mut self.mesh_charged).into_iter().rev() {
+            rules.refund_mesh(p, key, cost, charge);
+        }
         std::mem::take(&mut self.charges)
             .refund(&mut |i, charge| rules.refund(local[i], charge, cost, now));
     }
@@ -216,6 +238,7 @@ impl<'r> Passage<'r> {
                         cost: self.plan.cost,
                         sent: None,
                         route: None,
+                        mesh: None,
                     });
                 }
             }
@@ -229,6 +252,21 @@ impl<'r> Passage<'r> {
                         cost: self.plan.cost,
                         sent: Some(sent),
                         route: self.rules.exact_route(self.plan.route, p),
+                        mesh: None,
+                    });
+                }
+            }
+            for &(p, key, charge) in &self.mesh_charged {
+                if counts_by_status(p) {
+                    outcome.pending.push(Pending {
+                        policy: p,
+                        key,
+                        charge: Charge::Key,
+                        at: self.now,
+                        cost: self.plan.cost,
+                        sent: None,
+                        route: None,
+                        mesh: Some(charge),
                     });
                 }
             }
@@ -240,9 +278,10 @@ impl<'r> Passage<'r> {
 impl Rules {
     /// Settle a `count_when` charge by the response's `status`: kept when the policy counts
     /// it, given back otherwise. Call it once per pending charge of an admitted request's
-    /// [`Outcome::pending`], on the rules that decided it. A local policy's charge is given
-    /// back before it returns; a `redis` policy's by the future it returns, which the caller
-    /// drives (it may outlive the response: spawn it).
+    /// [`Outcome::pending`], on the rules that decided it. A local or `mesh` policy's charge
+    /// is given back before it returns (a `mesh` one to the node's lease of the key, if it
+    /// still holds the lease the charge came from); a `redis` policy's by the future it
+    /// returns, which the caller drives (it may outlive the response: spawn it).
     pub fn settle(&self, pending: &Pending, status: u16) -> Option<RefundFuture<'_>> {
         let policy = self.policies.get(pending.policy)?;
         let counted = policy
@@ -251,6 +290,10 @@ impl Rules {
             .as_ref()
             .is_none_or(|when| when.contains(status));
         if counted {
+            return None;
+        }
+        if let Some(charge) = pending.mesh {
+            self.refund_mesh(pending.policy, pending.key, pending.cost, charge);
             return None;
         }
         if let Some(sent) = pending.sent {
@@ -292,6 +335,19 @@ impl Rules {
             metrics::counter!("ratemesh_refunds_failed_total", "policy" => name).increment(1);
             tracing::warn!(policy = name, %error, "could not give a charge back; it stays counted");
         }
+    }
+
+    /// Give back `cost` that `mesh` policy `p` took for `key` (`charge`), counted by
+    /// whether it went back; return whether it did.
+    pub(super) fn refund_mesh(&self, p: usize, key: u64, cost: u64, charge: MeshCharge) -> bool {
+        let (Some(mesh), Some(Remote::Mesh(number))) = (&self.mesh, self.policies[p].remote) else {
+            return false;
+        };
+        let back = mesh.refund(number, key, cost, charge);
+        let result = if back { "returned" } else { "kept" };
+        metrics::counter!("ratemesh_mesh_refunds_total", "policy" => self.policies[p].name, "result" => result)
+            .increment(1);
+        back
     }
 
     /// Give back `cost` that layer `(p, key)` took from `charge` at `now`.
@@ -398,10 +454,9 @@ impl Rules {
     }
 
     /// Decide one request with the IO it may need: a `mesh` policy waits for the key's owner
-    /// when the node's lease is short, and a `redis` policy asks the exact backend (at most
-    /// one per request, decided after the local and mesh ones pass; a denial there, or a
-    /// failure under `fail_mode = "closed"`, gives the local charges back, while a mesh
-    /// charge stays counted: the cluster then admits less, never more).
+    /// when the node's lease is short, and a `redis` policy asks the exact backend (each in
+    /// order, after the local ones pass; a denial by any, or a failure under
+    /// `fail_mode = "closed"`, gives the charges of the others back).
     pub async fn decide_exact(&self, facts: &RequestFacts<'_>, now: Nanos) -> Outcome {
         self.charge_io(self.plan_given(facts), now).await
     }
@@ -421,9 +476,12 @@ impl Rules {
             Planned::Charge(plan) => plan,
         };
         let mut passage = Passage::start(self, plan, now, true);
-        if let Some((p, mesh)) = passage.ask_mesh() {
+        for (p, key) in std::mem::take(&mut passage.plan.global) {
+            let Some(mesh) = passage.ask_mesh(p, key) else {
+                break;
+            };
             let busy = Decision::denied(passage.decision.limit, 0, 0, MESH_BUSY_RETRY_NS);
-            passage.settle(p, mesh.now_or(busy));
+            passage.settle_mesh(p, key, mesh.answer_now_or(busy));
         }
         passage.finish()
     }
@@ -440,9 +498,12 @@ impl Rules {
             Planned::Charge(plan) => plan,
         };
         let mut passage = Passage::start(self, plan, now, false);
-        if let Some((p, mesh)) = passage.ask_mesh() {
-            let decision = mesh.await;
-            passage.settle(p, decision);
+        for (p, key) in std::mem::take(&mut passage.plan.global) {
+            let Some(mesh) = passage.ask_mesh(p, key) else {
+                break;
+            };
+            let answer = mesh.answer().await;
+            passage.settle_mesh(p, key, answer);
         }
         let exact = std::mem::take(&mut passage.plan.exact);
         for (p, key) in exact {

@@ -7,10 +7,10 @@
 //! 1. every descriptor on this node's policies is decided (a check-only descriptor, of cost
 //!    0, only looks); if any is over its limit, the others' charges are given back;
 //! 2. then, one after another, the descriptors on `mesh` policies, then those on `redis`
-//!    policies (a check-only one asks Redis to look; the mesh is not asked for one); the
-//!    first one over its limit gives the local charges and the earlier `redis` ones back,
-//!    and the later remote ones are not asked (a `mesh` charge already taken stays counted:
-//!    the cluster then admits less, never more);
+//!    policies (a check-only one asks Redis to look, or takes a token of the mesh and gives
+//!    it back at once); the first one over its limit gives back the local charges and the
+//!    earlier remote ones (a `mesh` charge to the node's lease it came from, if it still
+//!    holds it), and the later remote ones are not asked;
 //! 3. shadow descriptors are counted once the request is admitted, and never make it over.
 //!
 //! Keys are keyed hashes ([`crate::ids::KeyHasher`]) of `(env, "envoy", domain, key₁,
@@ -24,7 +24,7 @@ use super::compile::Remote;
 use super::request::{Outcome, PolicyReport};
 use crate::backend::exact::{ExactDecision, fail_over};
 use crate::clock::Nanos;
-use crate::decision::{Decision, Verdict};
+use crate::decision::{Decision, MeshCharge, Verdict};
 use crate::local::Charge;
 pub use matcher::CurrentLimit;
 pub(super) use matcher::EnvoyDomains;
@@ -120,6 +120,9 @@ struct Run<'r> {
     /// The `redis` descriptors that charged, with their policy's number and when their call
     /// was sent: what a later denial gives back.
     exact_charged: Vec<(Pending, u32, std::time::Instant)>,
+    /// The `mesh` descriptors that charged, with what each took: what a later denial gives
+    /// back.
+    mesh_charged: Vec<(Pending, MeshCharge)>,
     admitted: Vec<PolicyReport>,
     denied: Vec<PolicyReport>,
     shadow_reports: Vec<PolicyReport>,
@@ -192,6 +195,7 @@ impl<'r> Run<'r> {
             shadow: Vec::new(),
             charged: Vec::new(),
             exact_charged: Vec::new(),
+            mesh_charged: Vec::new(),
             admitted: Vec::new(),
             denied: Vec::new(),
             shadow_reports: Vec::new(),
@@ -254,11 +258,7 @@ impl<'r> Run<'r> {
             (true, _) => &mut self.shadow,
             (false, None) => &mut self.local,
             // A check-only descriptor takes nothing: Redis is asked to look (a cost of 0),
-            // the mesh is not asked (a node's lease of a key says nothing of the others').
-            (false, Some(Remote::Mesh(_))) if query.hits == 0 => {
-                status.limit = None;
-                return;
-            }
+            // the mesh takes one token and gives it back at once ([`Run::ask_mesh`]).
             (false, Some(Remote::Mesh(_))) => &mut self.global,
             (false, Some(Remote::Exact(_))) => &mut self.exact,
         };
@@ -302,9 +302,17 @@ impl<'r> Run<'r> {
         }
     }
 
-    /// Give back what the local descriptors took (latest first); their statuses say what is
-    /// left without this request.
+    /// Give back what the `mesh` and the local descriptors took (latest first); their
+    /// statuses say what is left without this request.
     fn refund(&mut self) {
+        for (pending, charge) in std::mem::take(&mut self.mesh_charged).into_iter().rev() {
+            if self
+                .rules
+                .refund_mesh(pending.policy, pending.key, pending.cost, charge)
+            {
+                self.give_back_status(pending);
+            }
+        }
         for (pending, charge) in std::mem::take(&mut self.charged).into_iter().rev() {
             let policy = &self.rules.policies[pending.policy];
             let at = policy.local_now(self.now);
@@ -317,7 +325,17 @@ impl<'r> Run<'r> {
         }
     }
 
-    /// Ask the mesh for each `mesh` descriptor in turn, while the request is admitted.
+    /// Descriptor `pending`'s status once its charge went back.
+    fn give_back_status(&mut self, pending: Pending) {
+        let capacity = self.rules.policies[pending.policy].named.policy.capacity();
+        let status = &mut self.statuses[pending.slot];
+        status.remaining = status.remaining.saturating_add(pending.cost).min(capacity);
+    }
+
+    /// Ask the mesh for each `mesh` descriptor in turn, while the request is admitted. A
+    /// check-only one (no hits) takes one token and gives it back at once: over when that
+    /// token is denied. Where the node cannot give it back (a key it decides by its share
+    /// alone, or admits on credit), the token stays counted.
     async fn ask_mesh(&mut self) {
         let Some(mesh) = self.rules.mesh.clone() else {
             return;
@@ -329,7 +347,22 @@ impl<'r> Run<'r> {
             let Some(Remote::Mesh(number)) = self.rules.policies[pending.policy].remote else {
                 continue;
             };
-            let decision = mesh.decide(number, pending.key, pending.cost).await;
+            let check = pending.cost == 0;
+            let answer = mesh
+                .decide(number, pending.key, pending.cost.max(1))
+                .answer()
+                .await;
+            let mut decision = answer.decision;
+            if let Some(charge) = answer.charge.filter(|_| decision.is_allowed()) {
+                if !check {
+                    self.mesh_charged.push((pending, charge));
+                } else if self
+                    .rules
+                    .refund_mesh(pending.policy, pending.key, 1, charge)
+                {
+                    decision.remaining = decision.remaining.saturating_add(1).min(decision.limit);
+                }
+            }
             self.settle(pending, decision);
             if !decision.is_allowed() {
                 self.refund();

@@ -41,7 +41,7 @@ impl Planned {
         match self {
             Planned::Before(_) | Planned::ReadBody(_) => false,
             Planned::Charge(plan) => {
-                !plan.refused && (plan.global.is_some() || !plan.exact.is_empty())
+                !plan.refused && (!plan.global.is_empty() || !plan.exact.is_empty())
             }
         }
     }
@@ -53,9 +53,9 @@ impl Planned {
 pub(crate) struct PlanSummary {
     /// The matched route's name.
     pub(crate) route: Option<&'static str>,
-    /// The policies charged (tier's, route's, then the `mesh` and the `redis` one).
+    /// The policies charged (tier's, route's, then the `mesh` and the `redis` ones).
     pub(crate) policies: Vec<&'static str>,
-    /// It passes a `mesh` policy (whose key's owner it may wait for).
+    /// It passes a `mesh` policy or more (whose keys' owners it may wait for).
     pub(crate) mesh: bool,
     /// It passes a `redis` policy (or more).
     pub(crate) redis: bool,
@@ -78,7 +78,7 @@ impl Rules {
                 .chain(&plan.exact)
                 .map(named)
                 .collect(),
-            mesh: plan.global.is_some(),
+            mesh: !plan.global.is_empty(),
             redis: !plan.exact.is_empty(),
         }
     }
@@ -95,8 +95,8 @@ pub(crate) struct Plan {
     /// (policy, key) of the layers decided on this node, the tier's then the route's.
     pub(super) enforced: Keyed,
     pub(super) shadow: Keyed,
-    /// The request's `mesh` policy, if any.
-    pub(super) global: Option<(usize, u64)>,
+    /// The request's `mesh` policies, in order.
+    pub(super) global: Keyed,
     /// The request's `redis` policies, in order.
     pub(super) exact: Keyed,
     /// The policies left out because the request lacks a part of their `by`.
@@ -192,7 +192,7 @@ impl Rules {
         };
         let enforced = keyed(|l| &l.enforced);
         let shadow = keyed(|l| &l.shadow);
-        let global = keyed(|l| &l.global).first().copied();
+        let global = keyed(|l| &l.global);
         let exact = keyed(|l| &l.exact);
         if let Some(missing) = missing {
             return Planned::Before(Some(Refusal::Missing(missing)));

@@ -217,6 +217,8 @@ pub struct Pending {
     pub(super) sent: Option<std::time::Instant>,
     /// A `redis` policy's: the route its key carries.
     pub(super) route: Option<&'static str>,
+    /// A `mesh` policy's: what its admission took from the node's lease.
+    pub(super) mesh: Option<crate::decision::MeshCharge>,
 }
 
 impl Pending {

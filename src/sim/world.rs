@@ -305,7 +305,7 @@ pub(super) fn drain_events(
     }
     for event in events.drain(..) {
         match event {
-            NodeEvent::Decided { id, decision } => {
+            NodeEvent::Decided { id, decision, .. } => {
                 if let Some((index, at)) = world.nodes[i].waiting.remove(&id) {
                     record.decided(index, now, decision.is_allowed(), now - at);
                 }

@@ -14,7 +14,7 @@ fn apply(
     now: Nanos,
     grant: &Grant,
     expiry: Nanos,
-) -> Vec<(u64, Decision)> {
+) -> Vec<crate::mesh::holder::Decided> {
     let mut decided = Vec::new();
     h.apply_grant(policy, now, grant, expiry, &mut decided);
     decided
@@ -26,7 +26,7 @@ fn timeouts(
     policy: &Policy,
     now: Nanos,
     retry_after: Nanos,
-) -> Vec<(u64, Decision)> {
+) -> Vec<crate::mesh::holder::Decided> {
     let mut decided = Vec::new();
     h.timeouts(policy, now, retry_after, &mut decided);
     decided
@@ -56,7 +56,7 @@ fn waiting_requests_are_served_in_order_when_the_grant_arrives() {
     assert_eq!((want.need, want.window, want.tally.granted), (5, 0, 0));
     let decided = apply(&mut h, &policy, 10 * S + 1, &grant(10, 8, 0), 11 * S);
     assert_eq!(decided.len(), 2);
-    assert!(decided.iter().all(|(_, d)| d.is_allowed()));
+    assert!(decided.iter().all(|(_, d, _)| d.is_allowed()));
     // The rest went to the cell.
     assert_eq!(h.cell().remaining(), 3);
     assert_eq!(h.cell().take(10 * S + 2, 3), Ok(0));
@@ -385,7 +385,7 @@ fn a_cheap_request_behind_a_denied_dear_one_is_served_when_it_fits() {
     // 6 tokens are free, and no more will be: the 10 is denied, the 3 fits in the 6.
     let decided = apply(&mut h, &policy, 10 * S + 1, &grant(10, 6, S / 4), 11 * S);
     assert_eq!(decided.len(), 2);
-    let by_id = |id| decided.iter().find(|(i, _)| *i == id).unwrap().1;
+    let by_id = |id| decided.iter().find(|(i, _, _)| *i == id).unwrap().1;
     assert!(!by_id(1).is_allowed());
     assert!(by_id(2).is_allowed());
     // The 3 left are the cell's.
@@ -423,4 +423,50 @@ fn requests_denied_at_their_deadline_withdraw_the_want_at_the_next_round() {
     let want = h.want(10 * S + 200, 501, false, 1);
     assert_eq!(want.need, 0);
     assert!(!h.asking.withdraw_due());
+}
+
+/// Tokens given back to the lease after a want reported them used may be admitted again
+/// here, but never go back to the authority as well: its counts keep `returned + used ≤
+/// granted`, so a bucket's authority never credits one token twice (as returned, and as
+/// spent refill).
+#[test]
+fn a_refund_after_a_report_is_never_returned_to_the_authority_too() {
+    let policy = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
+    let mut h = Holding::new(KEY, &policy, 1);
+    assert_eq!(h.slow(&policy, S, 1, 1, 2 * S), Slow::Waits);
+    let _ = h.want(S, 1, false, S);
+    let decided = apply(&mut h, &policy, S + 1, &grant(0, 10, 0), 0);
+    let (_, first, charge) = decided[0];
+    assert!(first.is_allowed());
+    // Four more from the cell, then a report of 5 used.
+    let mut charges = vec![charge.unwrap()];
+    for _ in 0..4 {
+        charges.push(h.cell.take_charged(S + 2, 1).unwrap().1);
+    }
+    let want = h.want(S + 3, 2, false, S);
+    assert_eq!(want.tally.used, 5);
+    // Two are given back (another policy denied those requests): the lease has them again,
+    // the report does not go down.
+    assert!(h.cell.give_back(charges[3], 1));
+    assert!(h.cell.give_back(charges[4], 1));
+    assert_eq!(h.cell.remaining(), 7);
+    assert_eq!(h.want(S + 4, 3, false, S).tally.used, 5);
+    // One of them is admitted again: still 5 used.
+    h.cell.take(S + 5, 1).unwrap();
+    assert_eq!(h.want(S + 5, 4, false, S).tally.used, 5);
+    // The lease goes back: 6 tokens left the cell, 5 of them returned.
+    assert_eq!(h.give_back(0), 5);
+    let tally = h.want(S + 6, 5, false, S).tally;
+    assert_eq!((tally.granted, tally.returned, tally.used), (10, 5, 5));
+    assert!(tally.returned + tally.used <= tally.granted);
+    // Before any report, a refund lowers what is reported.
+    let mut h = Holding::new(KEY, &policy, 2);
+    assert_eq!(h.slow(&policy, S, 1, 1, 2 * S), Slow::Waits);
+    let _ = h.want(S, 1, false, S);
+    let mut g = grant(0, 10, 0);
+    g.holding = 2;
+    let decided = apply(&mut h, &policy, S + 1, &g, 0);
+    assert!(h.cell.give_back(decided[0].2.unwrap(), 1));
+    let tally = h.want(S + 2, 2, false, S).tally;
+    assert_eq!((tally.granted, tally.returned, tally.used), (10, 0, 0));
 }

@@ -175,8 +175,12 @@ impl Node {
         if let Some(h) = self.holdings.get_mut(&key) {
             h.timeouts(&policy, now, g, &mut self.decided);
             self.stats.timeouts += self.decided.len() as u64;
-            for (id, decision) in self.decided.drain(..) {
-                self.events.push_back(Event::Decided { id, decision });
+            for (id, decision, charge) in self.decided.drain(..) {
+                self.events.push_back(Event::Decided {
+                    id,
+                    decision,
+                    charge,
+                });
             }
             let ended = h.expire_now(now);
             let (tell, refill) = match round {

@@ -157,7 +157,7 @@ impl Cluster {
     fn decide(&mut self, i: usize, key: u64) -> Admit {
         let now = self.now;
         let admit = self.node(i).decide(0, key, 1, now);
-        if let Admit::Now(d) = admit {
+        if let Admit::Now(d, _) = admit {
             self.count(i, d.verdict);
         }
         self.deliver();

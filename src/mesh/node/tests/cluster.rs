@@ -15,7 +15,7 @@ fn a_waiting_request_is_granted_and_later_ones_use_the_lease() {
     c.deliver();
     assert!(
         c.events.iter().any(|(i, e)| *i == 1
-            && matches!(e, Event::Decided { id: d, decision } if *d == id && decision.is_allowed())),
+            && matches!(e, Event::Decided { id: d, decision, .. } if *d == id && decision.is_allowed())),
         "{:?}",
         c.events
     );
@@ -23,7 +23,7 @@ fn a_waiting_request_is_granted_and_later_ones_use_the_lease() {
     // are decided on the spot, and the request path's read handle agrees.
     let mut at_once = 0;
     for _ in 0..200 {
-        if matches!(c.decide(1, key), Admit::Now(d) if d.is_allowed()) {
+        if matches!(c.decide(1, key), Admit::Now(d, _) if d.is_allowed()) {
             at_once += 1;
         }
         c.run_ms(1);
@@ -80,7 +80,7 @@ fn the_cluster_admits_its_limit_and_no_more() {
     // A request that can never fit is CannotFit, not a retry.
     let now = c.now;
     match c.node(1).decide(0, key, LIMIT + 1, now) {
-        Admit::Now(d) => assert_eq!(d.verdict, Verdict::CannotFit),
+        Admit::Now(d, _) => assert_eq!(d.verdict, Verdict::CannotFit),
         other => panic!("{other:?}"),
     }
 }

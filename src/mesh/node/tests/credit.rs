@@ -7,7 +7,7 @@ fn a_first_request_goes_on_credit_and_the_owner_is_asked_for_its_tokens() {
     let mut c = with_credit(3, hour_policy());
     let key = c.key_owned_by(0);
     let now = c.now;
-    let Admit::Now(d) = c.node(1).decide(0, key, 1, now) else {
+    let Admit::Now(d, _) = c.node(1).decide(0, key, 1, now) else {
         panic!("a first request on credit is decided at once");
     };
     assert!(d.is_allowed());
@@ -44,7 +44,7 @@ fn a_first_request_goes_on_credit_and_the_owner_is_asked_for_its_tokens() {
     let now = c.now;
     assert!(matches!(
         c.node(2).decide(0, other, 2, now),
-        Admit::Now(_) | Admit::Wait(_)
+        Admit::Now(..) | Admit::Wait(_)
     ));
     assert_eq!(c.node(2).stats().credited, 0);
 }
@@ -62,7 +62,7 @@ fn a_node_takes_a_keys_credit_once_per_window_and_a_denial_stands() {
     assert_eq!(c.admitted[0], 40, "{:?}", c.denied);
     // Node 1's first request goes on credit: one over the limit, the declared cost.
     let now = c.now;
-    assert!(matches!(c.node(1).decide(0, key, 1, now), Admit::Now(d) if d.is_allowed()));
+    assert!(matches!(c.node(1).decide(0, key, 1, now), Admit::Now(d, _) if d.is_allowed()));
     c.deliver();
     // The owner denied its tokens: node 1 now denies the key at once, keeps the holding
     // past its idle rounds, and takes no second credit in this window.
