@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::clock::Nanos;
-use crate::decision::{Decision, MeshCharge};
+use crate::decision::Decision;
 use crate::mesh::authority::SHORT_LEASE_ROUNDS;
 use crate::mesh::lease::{LeaseCell, Miss};
 use crate::mesh::membership::RankMemo;
@@ -34,6 +34,9 @@ use denial::{DENIED_RESEND_NS, Denial};
 mod asking;
 mod demand;
 mod denial;
+mod waiting;
+
+pub(crate) use waiting::{Decided, Slow, Waiting};
 
 /// Rounds without demand after which a holder gives its unspent lease back.
 pub(crate) const IDLE_ROUNDS: u32 = 10;
@@ -43,36 +46,6 @@ const WAKE_SPREAD_ROUNDS: u64 = 16;
 
 /// Rounds between reports of a holder's count when nothing else is sent.
 pub(crate) const REPORT_ROUNDS: u64 = 4;
-
-/// A request waiting for tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Waiting {
-    /// The caller's id for it.
-    pub id: u64,
-    /// Its cost.
-    pub cost: u64,
-    /// When it is denied if still waiting (local).
-    pub deadline: Nanos,
-    /// The first want that counted it (0: none yet).
-    pub asked: u32,
-    /// It was admitted already, on the node's first-request credit: it takes its tokens
-    /// from the lease like any waiting request, but nobody waits for its decision.
-    pub prepaid: bool,
-}
-
-/// A waiting request decided: its id, the decision, and for an admission what it took.
-pub(crate) type Decided = (u64, Decision, Option<MeshCharge>);
-
-/// How a request went on the holder's slow path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Slow {
-    /// Decided now.
-    Decided(Decision),
-    /// Admitted now from the lease: what it took.
-    Taken(Decision, MeshCharge),
-    /// It waits: ask the authority.
-    Waits,
-}
 
 /// One key on a node that uses it.
 #[derive(Debug)]
