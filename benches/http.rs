@@ -8,7 +8,9 @@
 //! the request (the client, its address, the route, everybody: `by`). `denied` is the path of
 //! a request the policy denies (a 429 with its JSON body and `Retry-After`), as under an
 //! attack. `graphql_2kb` prices a GraphQL query of about 2 KB (fields, lists, a fragment,
-//! variables) on its way through the layer.
+//! variables) on its way through the layer, a document the route has seen before (compiled
+//! once, priced from the request's variables); `graphql_2kb_first_sight` one it has not
+//! (parsed and compiled).
 
 use std::hint::black_box;
 
@@ -87,14 +89,19 @@ policies = ["points"]
 
 /// A query of about 2 KB: aliased searches with lists, a fragment, variables.
 fn graphql_body() -> String {
-    let mut query = String::from("query Q($n: Int = 10, $m: Int) { ");
+    graphql_body_named("Q", 5)
+}
+
+/// [`graphql_body`] with operation name `name` and `$m` = `m`.
+fn graphql_body_named(name: &str, m: u64) -> String {
+    let mut query = format!("query {name}($n: Int = 10, $m: Int) {{ ");
     for i in 0..24 {
         query.push_str(&format!(
             "s{i}: search(first: $n, query: \"term{i}\") {{ nodes {{ id title ...Parts }} }} "
         ));
     }
     query.push_str("} fragment Parts on Item { author { login name } labels(last: $m) { name } }");
-    serde_json::json!({ "query": query, "variables": { "m": 5 } }).to_string()
+    serde_json::json!({ "query": query, "variables": { "m": m } }).to_string()
 }
 
 const FOUR: &str = r#"
@@ -205,6 +212,22 @@ fn layer_overhead(c: &mut Criterion) {
             let request = http::Request::post("/graphql")
                 .header("content-type", "application/json")
                 .body(Body::from(body.clone()))
+                .unwrap();
+            let response = priced.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            black_box(response.status())
+        })
+    });
+    // A document the route has not seen: parsed and compiled (each iteration names its
+    // operation afresh).
+    let fresh = std::sync::atomic::AtomicU64::new(0);
+    group.bench_function("graphql_2kb_first_sight", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let n = fresh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let body = graphql_body_named(&format!("Q{n}"), 5);
+            let request = http::Request::post("/graphql")
+                .header("content-type", "application/json")
+                .body(Body::from(body))
                 .unwrap();
             let response = priced.clone().oneshot(request).await.unwrap();
             assert_eq!(response.status(), 200);

@@ -167,6 +167,8 @@ pub(super) struct CompiledRoute {
     pub(super) max_body_bytes: u64,
     /// The cost taken from the request, if the route says so.
     cost_from: Option<crate::config::CostFrom>,
+    /// The GraphQL documents this route priced lately, compiled (a route that prices them).
+    programs: Option<super::graphql::Programs>,
 }
 
 impl CompiledRoute {
@@ -204,7 +206,14 @@ impl CompiledRoute {
             CostSource::Query(param) => facts.request.query_param(param),
             CostSource::GraphQl(pricing) => {
                 use super::request::{GraphQlRefusal, Refusal};
-                let (cost, _) = super::graphql::price(pricing, facts).map_err(Refusal::GraphQl)?;
+                let programs =
+                    self.programs
+                        .as_ref()
+                        .ok_or(Refusal::GraphQl(GraphQlRefusal::Invalid(
+                            "the route keeps no compiled queries",
+                        )))?;
+                let (cost, _) =
+                    super::graphql::price(pricing, programs, facts).map_err(Refusal::GraphQl)?;
                 if cost > from.max_cost {
                     return Err(Refusal::GraphQl(GraphQlRefusal::TooCostly {
                         cost,
@@ -302,6 +311,11 @@ pub(super) fn compile(
             layers: layers(&route.policies),
             max_body_bytes: route.max_body_bytes,
             cost_from: route.cost_from.clone(),
+            programs: route
+                .cost_from
+                .as_ref()
+                .filter(|c| matches!(c.source, crate::config::CostSource::GraphQl(_)))
+                .map(|_| super::graphql::Programs::default()),
         })
         .collect();
     check_counts(&tiers, &routes)?;

@@ -5,119 +5,86 @@
 //! inline fragments add what they select (every branch: an upper bound). The query comes
 //! from a JSON body (`query`, `variables`, `operationName`), an `application/graphql` body, or
 //! the URL (`?query=…&variables=…&operationName=…`), and is parsed by `apollo-parser` with
-//! limits on tokens and nesting, so that no document grows memory or the stack without bound.
+//! limits on tokens and nesting, so that no document grows memory or the stack without bound,
+//! into a [`Program`] (`graphql::program`) that a route keeps for the next request of the same
+//! document ([`Programs`]).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::sync::Arc;
 
-use apollo_parser::{Parser, cst};
+use dashmap::DashMap;
 
 use super::request::{GraphQlRefusal, RequestFacts};
 use crate::config::GraphQlPricing;
+use program::Program;
 
-/// The most tokens a query may have.
-const MAX_TOKENS: usize = 20_000;
-
-/// The parser's nesting limit (fields, fragments and values): above any `max_depth`.
-const MAX_NESTING: usize = 256;
+mod program;
 
 /// The longest `variables` a URL may carry, in bytes.
 const MAX_URL_VARIABLES: usize = 8192;
 
-/// What a priced query cost, or why it is refused.
+/// The most documents a route keeps compiled.
+const MAX_PROGRAMS: usize = 1024;
+
+/// The most nodes a route keeps compiled, over all its documents (about 50 bytes each); a
+/// document larger than an eighth of this is compiled for each request.
+const MAX_PROGRAM_NODES: usize = 1 << 16;
+
+/// What the queries a route priced lately compile to, by (query, `operationName`): a query
+/// seen before is priced from its variables alone, without a parse. Bounded in documents and
+/// in nodes; once full it starts afresh. Keyed by a hash with a key of the process's own, so
+/// that no client can choose two queries that share an entry.
+#[derive(Debug, Default)]
+pub(super) struct Programs {
+    map: DashMap<u64, Result<Arc<Program>, GraphQlRefusal>, ahash::RandomState>,
+    nodes: std::sync::atomic::AtomicUsize,
+    hasher: ahash::RandomState,
+}
+
+impl Programs {
+    fn get_or_compile(
+        &self,
+        pricing: &GraphQlPricing,
+        query: &str,
+        operation_name: Option<&str>,
+    ) -> Result<Arc<Program>, GraphQlRefusal> {
+        use std::sync::atomic::Ordering;
+        let key = self.hasher.hash_one((query, operation_name));
+        if let Some(known) = self.map.get(&key) {
+            return known.clone();
+        }
+        let compiled = program::compile(pricing, query, operation_name).map(Arc::new);
+        let size = compiled.as_ref().map_or(1, |p| p.len());
+        if size <= MAX_PROGRAM_NODES / 8 {
+            if self.map.len() >= MAX_PROGRAMS
+                || self.nodes.fetch_add(size, Ordering::Relaxed) + size > MAX_PROGRAM_NODES
+            {
+                self.map.clear();
+                self.nodes.store(size, Ordering::Relaxed);
+            }
+            self.map.insert(key, compiled.clone());
+        }
+        compiled
+    }
+}
+
+/// What a priced query cost, and how deep its fields nest, or why it is refused.
 pub(super) fn price(
     pricing: &GraphQlPricing,
+    programs: &Programs,
     facts: &RequestFacts<'_>,
 ) -> Result<(u64, u32), GraphQlRefusal> {
     let request = query_of(facts)?;
-    let tree = Parser::new(&request.query)
-        .token_limit(MAX_TOKENS)
-        .recursion_limit(MAX_NESTING)
-        .parse();
-    if let Some(error) = tree.errors().next() {
-        return Err(match error.message() {
-            m if error.is_limit() && m.contains("recursion") => GraphQlRefusal::TooDeep {
-                depth: MAX_NESTING as u32,
-                max_depth: pricing.max_depth,
-            },
-            _ if error.is_limit() => GraphQlRefusal::Invalid("the query has too many tokens"),
-            _ => GraphQlRefusal::Invalid("the query is not valid GraphQL"),
-        });
-    }
-    let document = tree.document();
-    let mut operations = Vec::new();
-    let mut fragments = HashMap::new();
-    for definition in document.definitions() {
-        match definition {
-            cst::Definition::OperationDefinition(op) => operations.push(op),
-            cst::Definition::FragmentDefinition(f) => {
-                let name = f
-                    .fragment_name()
-                    .and_then(|n| n.name())
-                    .map(|n| n.text().to_string())
-                    .ok_or(GraphQlRefusal::Invalid("a fragment without a name"))?;
-                if fragments.insert(name, f).is_some() {
-                    return Err(GraphQlRefusal::Invalid("two fragments of one name"));
-                }
-            }
-            _ => return Err(GraphQlRefusal::Invalid("a query document defines no types")),
-        }
-    }
-    let name_of = |op: &cst::OperationDefinition| op.name().map(|n| n.text().to_string());
-    let operation = match request.operation_name.as_deref() {
-        Some(wanted) => operations
-            .iter()
-            .find(|op| name_of(op).as_deref() == Some(wanted))
-            .ok_or(GraphQlRefusal::Invalid(
-                "no operation of that `operationName`",
-            ))?,
-        None if operations.len() == 1 => &operations[0],
-        None if operations.is_empty() => {
-            return Err(GraphQlRefusal::Invalid("the document has no operation"));
-        }
-        None => {
-            return Err(GraphQlRefusal::Invalid(
-                "several operations and no `operationName`",
-            ));
-        }
-    };
-    let root = match operation.operation_type() {
-        Some(t) if t.mutation_token().is_some() => "mutation",
-        Some(t) if t.subscription_token().is_some() => "subscription",
-        _ => "query",
-    };
-    let mut defaults = HashMap::new();
-    if let Some(definitions) = operation.variable_definitions() {
-        for definition in definitions.variable_definitions() {
-            let name = definition.variable().and_then(|v| v.name());
-            let value = definition
-                .default_value()
-                .and_then(|d| d.value())
-                .and_then(|v| int_of(&v));
-            if let (Some(name), Some(value)) = (name, value) {
-                defaults.insert(name.text().to_string(), value);
-            }
-        }
-    }
-    let mut walk = Walk {
-        pricing,
-        fragments: &fragments,
-        variables: request.variables.as_ref().and_then(|v| v.as_object()),
-        defaults,
-        memo: HashMap::new(),
-        visiting: Vec::new(),
-    };
-    let set = operation
-        .selection_set()
-        .ok_or(GraphQlRefusal::Invalid("an operation without a selection"))?;
-    let (cost, depth) = walk.set(&set, root, 0)?;
-    if depth > pricing.max_depth {
+    let program =
+        programs.get_or_compile(pricing, &request.query, request.operation_name.as_deref())?;
+    if program.depth > pricing.max_depth {
         return Err(GraphQlRefusal::TooDeep {
-            depth,
+            depth: program.depth,
             max_depth: pricing.max_depth,
         });
     }
-    Ok((cost, depth))
+    let variables = request.variables.as_ref().and_then(|v| v.as_object());
+    Ok((program.cost(variables), program.depth))
 }
 
 /// The query, its variables and its operation's name, as the request gives them.
@@ -201,152 +168,80 @@ fn query_of<'f>(facts: &RequestFacts<'f>) -> Result<QueryRequest<'f>, GraphQlRef
     Ok(request)
 }
 
-/// An integer literal's value, clamped to `0..=u32::MAX`.
-fn int_of(value: &cst::Value) -> Option<u64> {
-    match value {
-        cst::Value::IntValue(int) => {
-            let text = int.int_token()?.text().to_string();
-            let number: i128 = text.parse().ok()?;
-            Some(number.clamp(0, i128::from(u32::MAX)) as u64)
-        }
-        _ => None,
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// One operation's walk: fragments priced once each (a fragment spread twice costs twice,
-/// but is walked once), and a cycle of fragments refused.
-struct Walk<'a> {
-    pricing: &'a GraphQlPricing,
-    fragments: &'a HashMap<String, cst::FragmentDefinition>,
-    variables: Option<&'a serde_json::Map<String, serde_json::Value>>,
-    defaults: HashMap<String, u64>,
-    /// (cost, depth) of each fragment walked, by the field it was spread in and its name
-    /// (weights may name the enclosing field; depth counted from the fragment).
-    memo: HashMap<(String, String), (u64, u32)>,
-    /// The fragments being walked, innermost last.
-    visiting: Vec<String>,
-}
-
-impl Walk<'_> {
-    /// The cost of `set` inside field `parent`, and the deepest field it reaches (`depth`:
-    /// the fields above it).
-    fn set(
-        &mut self,
-        set: &cst::SelectionSet,
-        parent: &str,
-        depth: u32,
-    ) -> Result<(u64, u32), GraphQlRefusal> {
-        let (mut cost, mut deepest) = (0u64, depth);
-        for selection in set.selections() {
-            let (c, d) = match selection {
-                cst::Selection::Field(field) => self.field(&field, parent, depth)?,
-                cst::Selection::InlineFragment(inline) => match inline.selection_set() {
-                    Some(inner) => self.set(&inner, parent, depth)?,
-                    None => (0, depth),
-                },
-                cst::Selection::FragmentSpread(spread) => {
-                    let name = spread
-                        .fragment_name()
-                        .and_then(|n| n.name())
-                        .map(|n| n.text().to_string())
-                        .ok_or(GraphQlRefusal::Invalid("a fragment spread without a name"))?;
-                    let (c, d) = self.fragment(&name, parent)?;
-                    (c, depth + d)
-                }
-            };
-            cost = cost.saturating_add(c);
-            deepest = deepest.max(d);
-        }
-        Ok((cost, deepest))
+    fn pricing() -> GraphQlPricing {
+        let weights = [("search".to_string(), 10i64)].into_iter().collect();
+        GraphQlPricing::new(None, Some(&weights), &["nodes".to_string()], Some(20)).unwrap()
     }
 
-    fn field(
-        &mut self,
-        field: &cst::Field,
-        parent: &str,
-        depth: u32,
-    ) -> Result<(u64, u32), GraphQlRefusal> {
-        let name = field
-            .name()
-            .map(|n| n.text().to_string())
-            .ok_or(GraphQlRefusal::Invalid("a field without a name"))?;
-        let depth = depth + 1;
-        if depth as usize > MAX_NESTING {
-            return Err(GraphQlRefusal::TooDeep {
-                depth,
-                max_depth: self.pricing.max_depth,
-            });
-        }
-        let weight = self.pricing.weight(parent, &name);
-        let Some(inner) = field.selection_set() else {
-            return Ok((weight, depth));
-        };
-        let (selected, deepest) = self.set(&inner, &name, depth)?;
-        let size = self.page_size(field, &name);
-        Ok((
-            weight.saturating_add(selected.saturating_mul(size)),
-            deepest,
-        ))
+    fn variables(json: &str) -> serde_json::Map<String, serde_json::Value> {
+        serde_json::from_str(json).unwrap()
     }
 
-    /// How many items a field returns: its size argument, else the list size for a field of
-    /// `graphql_lists`, else one.
-    fn page_size(&self, field: &cst::Field, name: &str) -> u64 {
-        let mut size = None;
-        for argument in field.arguments().iter().flat_map(|a| a.arguments()) {
-            let is_size = argument
-                .name()
-                .is_some_and(|n| GraphQlPricing::is_size_argument(n.text().as_ref()));
-            if !is_size {
-                continue;
-            }
-            let value = argument.value().and_then(|v| match v {
-                cst::Value::Variable(variable) => {
-                    let name = variable.name()?.text().to_string();
-                    self.variables
-                        .and_then(|vars| vars.get(&name))
-                        .and_then(serde_json::Value::as_i64)
-                        .map(|n| n.clamp(0, i64::from(u32::MAX)) as u64)
-                        .or_else(|| self.defaults.get(&name).copied())
-                }
-                literal => int_of(&literal),
-            });
-            size = size.max(value);
+    /// One document, compiled once, priced with the variables of each request.
+    #[test]
+    fn a_document_is_compiled_once_and_priced_by_each_request_s_variables() {
+        let pricing = pricing();
+        let programs = Programs::default();
+        let query = "query Q($n: Int = 5) { search(first: $n) { nodes { id ...F } } } \
+                     fragment F on Item { a b }";
+        // search: 10 + n × (nodes: 1 + 20 × (id 1 + a 1 + b 1)) = 10 + 61n.
+        for (vars, cost) in [("{}", 10 + 61 * 5), (r#"{"n": 2}"#, 10 + 61 * 2)] {
+            let program = programs.get_or_compile(&pricing, query, None).unwrap();
+            assert_eq!(program.cost(Some(&variables(vars))), cost, "{vars}");
+            assert_eq!(program.depth, 3);
         }
-        size.unwrap_or(if self.pricing.is_list(name) {
-            self.pricing.list_size
-        } else {
-            1
-        })
+        assert_eq!(programs.map.len(), 1);
+        // A negative or huge size is clamped, a string one is ignored (the default holds).
+        let program = programs.get_or_compile(&pricing, query, None).unwrap();
+        assert_eq!(program.cost(Some(&variables(r#"{"n": -3}"#))), 10);
+        assert_eq!(program.cost(Some(&variables(r#"{"n": "7"}"#))), 10 + 61 * 5);
+        // A refusal is kept too: the same invalid document is not parsed again.
+        let refused = programs.get_or_compile(&pricing, "{ a ", None);
+        assert!(matches!(refused, Err(GraphQlRefusal::Invalid(_))));
+        assert_eq!(programs.map.len(), 2);
     }
 
-    fn fragment(&mut self, name: &str, parent: &str) -> Result<(u64, u32), GraphQlRefusal> {
-        let key = (parent.to_string(), name.to_string());
-        if let Some(&known) = self.memo.get(&key) {
-            return Ok(known);
-        }
-        if self.visiting.iter().any(|v| v == name) {
-            return Err(GraphQlRefusal::Invalid("fragments that spread each other"));
-        }
-        if self.visiting.len() >= MAX_NESTING {
-            return Err(GraphQlRefusal::TooDeep {
-                depth: MAX_NESTING as u32,
-                max_depth: self.pricing.max_depth,
-            });
-        }
-        let Some(definition) = self.fragments.get(name) else {
-            return Err(GraphQlRefusal::Invalid(
-                "a spread of a fragment not defined",
+    /// Fragments that spread each other twice, forty deep: one node each, priced in one pass
+    /// (a walk that followed every spread would take 2^40 steps), the cost saturating.
+    #[test]
+    fn fragments_spread_twice_at_every_level_compile_and_price_in_linear_time() {
+        let mut query = String::from("{ ...F0 }");
+        for i in 0..40 {
+            query.push_str(&format!(
+                " fragment F{i} on T {{ a {{ ...F{} }} b {{ ...F{} }} }}",
+                i + 1,
+                i + 1
             ));
-        };
-        let Some(set) = definition.selection_set() else {
-            return Ok((0, 0));
-        };
-        self.visiting.push(name.to_string());
-        let priced = self.set(&set, parent, 0);
-        self.visiting.pop();
-        let priced = priced?;
-        self.memo.insert(key, priced);
-        Ok(priced)
+        }
+        query.push_str(" fragment F40 on T { leaf }");
+        let program = program::compile(&pricing(), &query, None).unwrap();
+        assert!(program.len() < 1000, "{} nodes", program.len());
+        assert!(program.cost(None) > 1 << 40);
+        assert_eq!(program.depth, 41);
+    }
+
+    /// The cache stays within its bounds: past its documents, it starts afresh.
+    #[test]
+    fn the_cache_is_bounded() {
+        let pricing = pricing();
+        let programs = Programs::default();
+        for i in 0..(MAX_PROGRAMS + 10) {
+            let query = format!("{{ f{i} }}");
+            programs.get_or_compile(&pricing, &query, None).unwrap();
+            assert!(programs.map.len() <= MAX_PROGRAMS);
+        }
+        // A document past an eighth of the node budget is not kept.
+        let mut big = String::from("{ ");
+        for i in 0..(MAX_PROGRAM_NODES / 8 + 1) {
+            big.push_str(&format!("f{i} "));
+        }
+        big.push('}');
+        let before = programs.map.len();
+        assert!(programs.get_or_compile(&pricing, &big, None).is_ok());
+        assert_eq!(programs.map.len(), before);
     }
 }
