@@ -109,9 +109,11 @@ impl Decision {
 /// policy of the request denies it, or when a `count_when` policy does not count its
 /// outcome. A token of the backend's own making: a mesh node's names the lease the tokens
 /// came out of, and gives them back only to that lease.
+#[cfg(any(feature = "http", feature = "mesh"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MeshCharge(u64);
 
+#[cfg(any(feature = "http", feature = "mesh"))]
 impl MeshCharge {
     /// A charge the backend names by `token`.
     pub const fn new(token: u64) -> Self {

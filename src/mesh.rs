@@ -33,6 +33,7 @@ pub(crate) mod tally;
 pub(crate) mod timing;
 pub(crate) mod wire;
 
+pub use crate::decision::MeshCharge;
 pub use cells::{Behind, Cells};
 pub use lease::{LeaseCell, Miss};
 pub use membership::weight as rendezvous_weight;

@@ -12,6 +12,7 @@ mod redis_server;
 
 use std::path::Path;
 
+use support::login;
 use support::*;
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/policies");
@@ -189,30 +190,6 @@ async fn plans_by_a_verified_jwt_claim_hold_across_three_nodes() {
     assert_eq!(response.status(), 400);
 }
 
-/// The service behind the login route: 200 for the password "right", else 401.
-fn login_service() -> axum::Router {
-    axum::Router::new().route(
-        "/login",
-        axum::routing::post(|body: String| async move {
-            let login: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            if login["password"] == "right" {
-                http::StatusCode::OK
-            } else {
-                http::StatusCode::UNAUTHORIZED
-            }
-        }),
-    )
-}
-
-/// [`login_service`] on a loopback port of its own.
-async fn password_checker() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = login_service();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, server)
-}
-
 fn login_body(user: &str, password: &str) -> String {
     format!(r#"{{"username":"{user}","password":"{password}"}}"#)
 }
@@ -222,7 +199,7 @@ async fn login_protection_counts_failures_in_redis_across_three_nodes_and_a_rest
     let Some(redis) = redis_server::RedisServer::start("example-login") else {
         return;
     };
-    let (upstream, server) = password_checker().await;
+    let (upstream, server) = login::password_checker().await;
     let dir = tempfile::tempdir().unwrap();
     let text = example("login_protection.toml", |t| {
         t.replace("redis://127.0.0.1:6379", &redis.url()).replace(
@@ -316,7 +293,7 @@ async fn login_protection_works_the_same_through_the_tower_layer() {
     });
     let config = ratemesh::config::GatewayConfig::from_toml_str(&text, "policies.toml").unwrap();
     let layer = ratemesh::http::RateLimitLayer::new(config).unwrap();
-    let app = login_service().layer(layer);
+    let app = login::login_service().layer(layer);
     let attempt = async |from: &str, user: &str, password: &str| {
         let mut request = http::Request::post("/login")
             .header("content-type", "application/json")

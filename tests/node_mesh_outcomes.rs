@@ -6,6 +6,7 @@
 
 mod support;
 
+use support::login;
 use support::*;
 
 const POLICIES: &str = r#"
@@ -44,28 +45,9 @@ max_body_bytes = 4096
 policies = ["failed_logins_per_address", "failed_logins_per_account"]
 "#;
 
-/// The service behind the login route: 200 for the password "right", else 401.
-async fn password_checker() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    let app = axum::Router::new().route(
-        "/login",
-        axum::routing::post(|body: String| async move {
-            let login: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            if login["password"] == "right" {
-                http::StatusCode::OK
-            } else {
-                http::StatusCode::UNAUTHORIZED
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, server)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_mesh_policies_count_failed_logins_and_give_back_what_they_do_not_count() {
-    let (upstream, server) = password_checker().await;
+    let (upstream, server) = login::password_checker().await;
     let dir = tempfile::tempdir().unwrap();
     let files = write_cluster_with(dir.path(), 3, POLICIES);
     for file in &files {

@@ -114,26 +114,7 @@ impl LeaseCell {
     /// Return whether they went back.
     pub fn give_back(&self, charge: MeshCharge, tokens: u64) -> bool {
         let (holding, taken_in) = (low(charge.token()), generation(charge.token()));
-        if holding != self.holding {
-            return false;
-        }
-        let mut word = self.word.load(Ordering::Acquire);
-        loop {
-            if generation(word) != taken_in {
-                return false;
-            }
-            let next = pack(
-                generation(word),
-                low(word).saturating_add(tokens).min(MAX_LEASE_TOKENS),
-            );
-            match self
-                .word
-                .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return true,
-                Err(actual) => word = actual,
-            }
-        }
+        holding == self.holding && self.add_within(tokens, Some(taken_in))
     }
 
     /// Take `cost` tokens at `now`, as [`LeaseCell::take`]; also name the lease they came
@@ -183,8 +164,17 @@ impl LeaseCell {
     /// Add `tokens` to the current lease (a larger grant of the same window). The caller
     /// holds the node's lock: no other lease is installed meanwhile.
     pub fn add(&self, tokens: u64) {
+        self.add_within(tokens, None);
+    }
+
+    /// Add `tokens` to the current lease if its generation is `generation` (any: `None`);
+    /// return whether they were added.
+    fn add_within(&self, tokens: u64, generation_wanted: Option<u64>) -> bool {
         let mut word = self.word.load(Ordering::Acquire);
         loop {
+            if generation_wanted.is_some_and(|g| g != generation(word)) {
+                return false;
+            }
             let next = pack(
                 generation(word),
                 low(word).saturating_add(tokens).min(MAX_LEASE_TOKENS),
@@ -193,7 +183,7 @@ impl LeaseCell {
                 .word
                 .compare_exchange_weak(word, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(actual) => word = actual,
             }
         }

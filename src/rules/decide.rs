@@ -227,46 +227,41 @@ impl<'r> Passage<'r> {
         outcome.backend_unavailable = self.unavailable;
         if allowed {
             // `count_when` policies: settled by the response's status.
+            let pending = |p: usize, key: u64| Pending {
+                policy: p,
+                key,
+                charge: Charge::Key,
+                at: self.now,
+                cost: self.plan.cost,
+                sent: None,
+                route: None,
+                mesh: None,
+            };
             let counts_by_status = |p: usize| self.rules.policies[p].named.count_when.is_some();
             for (i, &(p, key)) in self.local.iter().enumerate() {
                 if counts_by_status(p) {
+                    let charge = self.charges.charge_of(i);
                     outcome.pending.push(Pending {
-                        policy: p,
-                        key,
-                        charge: self.charges.charge_of(i),
-                        at: self.now,
-                        cost: self.plan.cost,
-                        sent: None,
-                        route: None,
-                        mesh: None,
+                        charge,
+                        ..pending(p, key)
                     });
                 }
             }
             for &(p, key, sent) in &self.exact_charged {
                 if counts_by_status(p) {
+                    let route = self.rules.exact_route(self.plan.route, p);
                     outcome.pending.push(Pending {
-                        policy: p,
-                        key,
-                        charge: Charge::Key,
-                        at: self.now,
-                        cost: self.plan.cost,
                         sent: Some(sent),
-                        route: self.rules.exact_route(self.plan.route, p),
-                        mesh: None,
+                        route,
+                        ..pending(p, key)
                     });
                 }
             }
             for &(p, key, charge) in &self.mesh_charged {
                 if counts_by_status(p) {
                     outcome.pending.push(Pending {
-                        policy: p,
-                        key,
-                        charge: Charge::Key,
-                        at: self.now,
-                        cost: self.plan.cost,
-                        sent: None,
-                        route: None,
                         mesh: Some(charge),
+                        ..pending(p, key)
                     });
                 }
             }

@@ -4,6 +4,7 @@
 // Each test crate uses a different part of these helpers.
 #![allow(dead_code)]
 
+pub mod login;
 pub mod upstream;
 pub mod window;
 
