@@ -1,7 +1,8 @@
 //! Failed logins counted behind Envoy, as `deploy/envoy/login-outcomes.yaml` sends them to a
 //! `ratemesh node`'s `[envoy_rls]` port: a check that takes nothing (hits 0) before each
-//! login, and the login's outcome as its hits when its stream ends, on a local and a `redis`
-//! descriptor (Redis asked to look at a check).
+//! login, and the login's outcome as its hits when its stream ends, on a local or `mesh`
+//! descriptor and a `redis` one (Redis asked to look at a check, the mesh giving back the
+//! token a check took).
 
 mod support;
 
@@ -36,8 +37,29 @@ async fn failed_logins_are_checked_before_and_counted_when_the_stream_ends() {
     let Some(redis) = redis_server::RedisServer::start("envoy-outcomes") else {
         return;
     };
+    logins_behind_envoy(&LOGIN.replace("URL", &redis.url())).await;
+}
+
+/// The same with the account counted by the mesh: a check takes a token of the account's
+/// lease and gives it back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mesh_descriptor_is_checked_before_and_counted_when_the_stream_ends() {
+    let Some(redis) = redis_server::RedisServer::start("envoy-outcomes-mesh") else {
+        return;
+    };
+    let text = LOGIN.replace("URL", &redis.url()).replace(
+        "key = \"account\", backend = \"local\"",
+        "key = \"account\", backend = \"mesh\"",
+    );
+    assert!(text.contains("backend = \"mesh\""));
+    logins_behind_envoy(&text).await;
+}
+
+/// Logins as Envoy reports them, against the `login` domain of `policies`: alice's
+/// successes cost nothing, bob's account is over after 3 failures, an address after 5.
+async fn logins_behind_envoy(policies: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (files, rls) = rls_cluster(dir.path(), 1, &LOGIN.replace("URL", &redis.url()));
+    let (files, rls) = rls_cluster(dir.path(), 1, policies);
     let node = start(&files[0]);
     wait_healthy(&client(), &node).await;
     let mut rls_client = rls_client(rls[0]).await;
