@@ -8,6 +8,7 @@ mod cluster;
 mod credit;
 mod frames;
 mod limits;
+mod refunds;
 mod sparse_cost;
 
 use std::time::Duration;
