@@ -134,6 +134,16 @@ fn floor(c: &mut Criterion) {
     group.bench_function("hot_key/ratemesh_siphash", |b| {
         b.iter(|| black_box(siphash.check(black_box(&42u64), 1)))
     });
+    // A mesh policy's request path on a node that holds the key's lease: one
+    // compare-and-swap on the lease cell.
+    #[cfg(feature = "mesh")]
+    {
+        let cell = ratemesh::mesh::LeaseCell::new();
+        cell.renew(1 << 47, None);
+        group.bench_function("mesh_lease_take", |b| {
+            b.iter(|| black_box(cell.take(black_box(1), 1)))
+        });
+    }
     group.finish();
 }
 
