@@ -69,10 +69,9 @@ default_tier = "all"
 key_secret = "bench"
 allow_unlimited = true
 [policies.points]
-algorithm = "token-bucket"
-rate = 1000000000
-period = "1s"
-burst = 1000000000
+algorithm = "fixed-window"
+limit = 4294967294
+window = "10ms"
 [tiers.all]
 policies = []
 [[routes]]
