@@ -46,7 +46,7 @@ struct Passage<'r> {
     exact_charged: smallvec::SmallVec<[(usize, u64, std::time::Instant); 2]>,
     /// The `mesh` policies that charged the request, with what each took: what a later
     /// denial gives back.
-    mesh_charged: smallvec::SmallVec<[(usize, u64, MeshCharge); 2]>,
+    mesh_charged: smallvec::SmallVec<[(usize, u64, MeshCharge); 1]>,
 }
 
 impl<'r> Passage<'r> {

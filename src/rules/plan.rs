@@ -95,8 +95,8 @@ pub(crate) struct Plan {
     /// (policy, key) of the layers decided on this node, the tier's then the route's.
     pub(super) enforced: Keyed,
     pub(super) shadow: Keyed,
-    /// The request's `mesh` policies, in order.
-    pub(super) global: Keyed,
+    /// The request's `mesh` policies, in order (one inline: most requests pass one at most).
+    pub(super) global: smallvec::SmallVec<[(usize, u64); 1]>,
     /// The request's `redis` policies, in order.
     pub(super) exact: Keyed,
     /// The policies left out because the request lacks a part of their `by`.
@@ -192,7 +192,7 @@ impl Rules {
         };
         let enforced = keyed(|l| &l.enforced);
         let shadow = keyed(|l| &l.shadow);
-        let global = keyed(|l| &l.global);
+        let global = keyed(|l| &l.global).into_iter().collect();
         let exact = keyed(|l| &l.exact);
         if let Some(missing) = missing {
             return Planned::Before(Some(Refusal::Missing(missing)));
