@@ -89,16 +89,22 @@ fn config(text: &str) -> GatewayConfig {
     GatewayConfig::from_toml_str(text, "test.toml").unwrap()
 }
 
-fn decide(rules: &Rules) -> bool {
-    let identity = Identity::new(IdentitySource::ApiKey, "k");
-    let facts = RequestFacts {
-        identity: &identity,
+/// A GET of `path` by API key `k`.
+fn facts<'a>(identity: &'a Identity, path: &'a str) -> RequestFacts<'a> {
+    RequestFacts {
+        identity,
         tier: None,
         method: &Method::GET,
-        path: "/",
+        path,
         request: Default::default(),
-    };
-    rules.decide(&facts, 1_000_000_000_000).allowed
+    }
+}
+
+fn decide(rules: &Rules) -> bool {
+    let identity = Identity::new(IdentitySource::ApiKey, "k");
+    rules
+        .decide(&facts(&identity, "/"), 1_000_000_000_000)
+        .allowed
 }
 
 #[test]
@@ -163,13 +169,7 @@ fn a_denial_by_a_later_mesh_policy_gives_the_earlier_one_s_charge_back() {
     let mesh = fake_denying(0, Some(1));
     let rules = Rules::with_mesh(config(on_a_route), mesh.clone()).unwrap();
     let identity = Identity::new(IdentitySource::ApiKey, "k");
-    let facts = RequestFacts {
-        identity: &identity,
-        tier: None,
-        method: &Method::GET,
-        path: "/r",
-        request: Default::default(),
-    };
+    let facts = facts(&identity, "/r");
     assert!(!rules.decide(&facts, 1_000_000_000_000).allowed);
     assert_eq!(mesh.refunds.lock().unwrap().len(), 1);
 }
@@ -185,13 +185,7 @@ fn a_mesh_count_when_charge_goes_back_when_the_status_does_not_count() {
     let mesh = fake(0);
     let rules = Rules::with_mesh(config(&text), mesh.clone()).unwrap();
     let identity = Identity::new(IdentitySource::ApiKey, "k");
-    let facts = RequestFacts {
-        identity: &identity,
-        tier: None,
-        method: &Method::GET,
-        path: "/",
-        request: Default::default(),
-    };
+    let facts = facts(&identity, "/");
     for status in [200, 401, 204] {
         let outcome = rules.decide(&facts, 1_000_000_000_000);
         assert!(outcome.allowed);
