@@ -191,6 +191,11 @@ impl GatewayConfig {
                     bytes.extend_from_slice(name.as_bytes());
                 }
             }
+            // A lockout: every node must start and keep the same ones.
+            if let Some(block) = p.block_for {
+                bytes.extend_from_slice(b"block_for");
+                bytes.extend_from_slice(&crate::clock::duration_to_nanos(block).to_le_bytes());
+            }
             for n in [
                 p.policy.capacity(),
                 p.policy.interval_ns(),

@@ -25,6 +25,7 @@ pub(crate) mod cells;
 pub(crate) mod holder;
 pub(crate) mod keymap;
 pub(crate) mod lease;
+pub(crate) mod locks;
 pub(crate) mod membership;
 pub(crate) mod message;
 pub(crate) mod node;

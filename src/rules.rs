@@ -284,6 +284,22 @@ impl Rules {
                 after: names(&config),
             });
         }
+        // A mesh policy's lockout is the cluster's, started and kept by the keys' owners:
+        // every node must keep the same one.
+        for (new, old) in config
+            .mesh_policies()
+            .iter()
+            .zip(previous.config.mesh_policies())
+        {
+            if new.block_for != old.block_for {
+                return Err(RulesError::MeshReconfigure {
+                    reason: format!(
+                        "policy `{}`: its `block_for` cannot change while the nodes run: stop every node, then start them all with the new file",
+                        new.name
+                    ),
+                });
+            }
+        }
         // Limits, rates and bursts of mesh policies change live: the mesh node takes them
         // (and the new digest) once the rest of the file compiled.
         let digest = config.mesh_digest();

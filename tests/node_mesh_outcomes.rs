@@ -135,3 +135,133 @@ async fn two_mesh_policies_count_failed_logins_and_give_back_what_they_do_not_co
     assert!(returned >= 71.0, "{returned} charges went back");
     server.abort();
 }
+
+const LOCKOUT: &str = r#"
+env = "test"
+key_secret = "test-secret"
+allow_unlimited = true
+
+[identity]
+order = ["ip"]
+trusted_proxies = ["127.0.0.1"]
+
+# 3 failed logins per account in 2 seconds; the 4th locks the account out for 2 minutes.
+[policies.failed_logins_per_account]
+algorithm = "fixed-window"
+limit = 3
+window = "2s"
+backend = "mesh"
+by = ["json:/username"]
+count_when = { status = [401, 403] }
+block_for = "2m"
+
+[[routes]]
+name = "login"
+method = "POST"
+path = "/login"
+max_body_bytes = 4096
+policies = ["failed_logins_per_account"]
+"#;
+
+/// The status and `Retry-After` of a login attempt.
+async fn login_attempt(
+    client: &reqwest::Client,
+    node: &NodeProcess,
+    user: &str,
+    password: &str,
+) -> (u16, Option<u64>) {
+    let response = client
+        .post(format!("http://{}/login", node.http))
+        .header("content-type", "application/json")
+        .body(format!(
+            r#"{{"username":"{user}","password":"{password}"}}"#
+        ))
+        .send()
+        .await
+        .unwrap();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    (response.status().as_u16(), retry)
+}
+
+/// Wait until every node serves and counts three live members.
+async fn wait_three(client: &reqwest::Client, nodes: &[NodeProcess]) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for node in nodes {
+        loop {
+            let body: serde_json::Value = match client
+                .get(format!("http://{}/health", node.http))
+                .send()
+                .await
+            {
+                Ok(r) if r.status() == 200 => r.json().await.unwrap_or_default(),
+                _ => serde_json::Value::Null,
+            };
+            if body["members"] == 3 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "never 3 members");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mesh_lockout_holds_on_every_node_and_through_each_nodes_restart() {
+    let (upstream, server) = login::password_checker().await;
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster_with(dir.path(), 3, LOCKOUT);
+    for file in &files {
+        edit_file(file, |t| {
+            format!("{t}\n[[proxy]]\npath_prefix = \"/\"\nupstream = \"http://{upstream}\"\n")
+        });
+    }
+    let mut nodes: Vec<NodeProcess> = files.iter().map(|f| start(f)).collect();
+    let client = client();
+    wait_three(&client, &nodes).await;
+    // Three failures on dave's account, then the fourth attempt is denied: locked out.
+    let mut locked = None;
+    for i in 0..6 {
+        let (status, retry) = login_attempt(&client, &nodes[i % 3], "dave", "guess").await;
+        if status == 429 {
+            locked = Some((std::time::Instant::now(), retry.expect("a Retry-After")));
+            break;
+        }
+        assert_eq!(status, 401, "failure {i}");
+    }
+    let (at, first) = locked.expect("dave's account was never denied");
+    assert!(
+        (110..=120).contains(&first),
+        "Retry-After {first} of a 2m lockout"
+    );
+    // Every node denies dave for the rest of the lockout, his right password too, and
+    // says until when; each node's crash and restart keeps it.
+    let check = async |nodes: &[NodeProcess], when: &str| {
+        for (n, node) in nodes.iter().enumerate() {
+            let (status, retry) = login_attempt(&client, node, "dave", "right").await;
+            assert_eq!(status, 429, "node {} {when}", n + 1);
+            let retry = retry.expect("a Retry-After");
+            let left = first.saturating_sub(at.elapsed().as_secs());
+            assert!(
+                retry + 2 >= left && retry <= first,
+                "node {} {when}: Retry-After {retry}, {left} s left",
+                n + 1
+            );
+        }
+    };
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    check(&nodes, "after the window").await;
+    for i in 0..3 {
+        signal(&nodes[i], libc::SIGKILL);
+        exit_of(&mut nodes[i], std::time::Duration::from_secs(10)).await;
+        nodes[i] = start(&files[i]);
+        wait_three(&client, &nodes).await;
+        check(&nodes, &format!("after node {} restarted", i + 1)).await;
+    }
+    // Other accounts are not locked out.
+    let (status, _) = login_attempt(&client, &nodes[0], "erin", "right").await;
+    assert_eq!(status, 200);
+    server.abort();
+}

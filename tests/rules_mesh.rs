@@ -228,6 +228,20 @@ fn mesh_policies_need_a_mesh_and_fixed_policies() {
     let local_changed = FILE.replace("burst = 5", "burst = 6");
     let reloaded = Rules::reloaded(config(&local_changed), &rules).unwrap();
     assert!(decide(&reloaded), "the reloaded rules keep the mesh");
+    // A mesh policy's lockout is the cluster's: part of the digest, and fixed while the
+    // nodes run.
+    let locked = FILE.replace(
+        "backend = \"mesh\"",
+        "backend = \"mesh\"\nblock_for = \"15m\"",
+    );
+    assert_ne!(locked, FILE);
+    assert_ne!(config(&locked).mesh_digest(), config(FILE).mesh_digest());
+    match Rules::reloaded(config(&locked), &rules) {
+        Err(RulesError::MeshReconfigure { reason }) => {
+            assert!(reason.contains("block_for"), "{reason}")
+        }
+        other => panic!("{:?}", other.err()),
+    }
 }
 
 #[test]

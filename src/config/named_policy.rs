@@ -316,12 +316,6 @@ pub(super) fn build_policy(
                     format!("between 1s and {MAX_BLOCK_FOR:?}, got {block:?}"),
                 ));
             }
-            if raw.backend == Backend::Mesh {
-                return Err(fail(
-                    "block_for",
-                    "a mesh policy cannot lock a key out yet: use a local or `redis` policy".into(),
-                ));
-            }
             if raw.shadow {
                 return Err(fail(
                     "block_for",

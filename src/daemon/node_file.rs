@@ -657,13 +657,13 @@ impl NodeFile {
         let members: Vec<NodeId> = std::iter::once(self.id)
             .chain(self.peers.iter().map(|(id, _)| *id))
             .collect();
-        let policies = self
-            .gateway
-            .mesh_policies()
-            .iter()
-            .map(|p| p.policy)
-            .collect();
+        let mesh = self.gateway.mesh_policies();
+        let policies = mesh.iter().map(|p| p.policy).collect();
         let mut config = NodeConfig::new(self.id, members, policies);
+        config.lockouts = mesh
+            .iter()
+            .map(|p| p.block_for.map_or(0, duration_to_nanos))
+            .collect();
         config.cluster_size = self.cluster_size;
         config.max_keys = self.mesh_max_keys;
         config.first_credit = self.mesh_first_credit;

@@ -90,6 +90,7 @@ impl Exporter {
         metrics::counter!("ratemesh_mesh_wait_timeouts_total")
             .absolute(node_stats.timeouts + load(&net.late));
         metrics::counter!("ratemesh_mesh_grants_total").absolute(node_stats.grants);
+        metrics::counter!("ratemesh_mesh_lockouts_total").absolute(node_stats.lockouts);
         metrics::counter!("ratemesh_mesh_overflow_decisions_total")
             .absolute(mesh.cells().overflowed());
         metrics::counter!("ratemesh_mesh_shed_decisions_total").absolute(load(&net.shed));

@@ -577,13 +577,16 @@ impl Holding {
             self.waiting = kept;
             if let Some(min) = denied.iter().map(|w| w.cost).min() {
                 let mut until = decided_at.saturating_add(grant.retry_after);
+                // What the requests denied here meanwhile are told: as the ones denied now
+                // (a lockout's end, not the window's).
+                let retry_at = now.saturating_add(grant.retry_after);
                 if self.algorithm.counts_per_window() {
                     // A denial is about the owner's window: the next one is asked afresh,
                     // however late the answer came (a repeated answer's decision time is
                     // not known here).
                     until = until.min(expiry);
                 }
-                self.denial.set(until, min);
+                self.denial.set(until, min, retry_at);
             }
             for w in denied.iter().filter(|w| !w.prepaid) {
                 decided.push((w.id, self.denied(policy, now, grant.retry_after), None));

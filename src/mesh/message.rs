@@ -99,6 +99,37 @@ pub(crate) enum Item {
     /// The sender's own mesh policies, in their order, sent while its configuration digest
     /// differs from the receiver's (at most [`MAX_POLICIES_ANNOUNCED`]).
     Limits(Vec<PolicyLimits>),
+    /// An item of a kind added after wire version 8 ([`Ext`]). A node of that version
+    /// refuses a whole frame that carries one, so these travel in frames of their own
+    /// ([`crate::mesh::outbox`]); a later build's kinds that this one does not know are
+    /// skipped.
+    Ext(Ext),
+}
+
+/// An extension item: its kind, and its body (bincode of the kind's type, at most
+/// [`MAX_EXT_BODY_BYTES`]).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct Ext {
+    /// What the body is ([`EXT_LOCKOUT`]; others are skipped).
+    pub(crate) kind: u32,
+    /// The body.
+    pub(crate) body: Vec<u8>,
+}
+
+/// The largest body an [`Ext`] may carry.
+pub(crate) const MAX_EXT_BODY_BYTES: usize = 1024;
+
+/// [`Ext::kind`] of a [`Lockout`].
+pub(crate) const EXT_LOCKOUT: u32 = 1;
+
+/// A key locked out by its policy (`block_for`): from a key's authority to its successor
+/// or its next owner, so that the lockout outlives the authority's node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct Lockout {
+    /// The key.
+    pub(crate) key: KeyRef,
+    /// Nanoseconds the lockout still lasts when the item is made.
+    pub(crate) left_ns: u64,
 }
 
 /// The most policies one [`Item::Limits`] lists.

@@ -34,6 +34,7 @@ use crate::mesh::authority::Authority;
 use crate::mesh::cells::Cells;
 use crate::mesh::holder::{Holding, Slow};
 use crate::mesh::lease::MAX_LEASE_TOKENS;
+use crate::mesh::locks::{Locks, MAX_LOCKOUT_NS};
 use crate::mesh::membership::Membership;
 use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
 use crate::mesh::outbox::{Outbox, Transmit};
@@ -53,6 +54,7 @@ mod holdings;
 mod inspect;
 mod join;
 mod limits;
+mod lockouts;
 mod members;
 mod owner;
 mod recovery;
@@ -159,6 +161,8 @@ pub struct NodeStats {
     /// Requests for a key the node held nothing of, admitted on its first-request credit
     /// before the owner answered ([`NodeConfig::first_credit`]).
     pub credited: u64,
+    /// Lockouts (`block_for`) this node's authorities started.
+    pub lockouts: u64,
 }
 
 /// One mesh node: the sans-IO state machine a transport drives.
@@ -249,6 +253,8 @@ pub struct Node {
     join: join::Join,
     /// The node's own policies, and its peers' while their configurations differ.
     limits: limits::Enforcement,
+    /// The keys locked out (`block_for`) that this node's authorities or backups keep.
+    locks: Locks,
 }
 
 impl Node {
@@ -267,6 +273,14 @@ impl Node {
                     limit: p.capacity(),
                 });
             }
+        }
+        if config.lockouts.len() > config.policies.len()
+            || config.lockouts.iter().any(|&l| l > MAX_LOCKOUT_NS)
+        {
+            return Err(MeshError::Invalid {
+                field: "lockouts",
+                reason: "one per policy at most, each at most a week",
+            });
         }
         let max = crate::ids::MAX_NODE_ID;
         if config.id > max || config.seeds.iter().any(|&s| s > max) {
@@ -329,6 +343,7 @@ impl Node {
             deferred: deferred::Deferred::default(),
             join: join::Join::new(&config, now),
             limits: limits::Enforcement::new(config.policies.clone()),
+            locks: Locks::default(),
             config,
         };
         // Say hello (and ask for what this node should hold) at once.

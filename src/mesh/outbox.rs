@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::mesh::NodeId;
-use crate::mesh::message::{AuthorityState, Header, Item, KeyRef};
+use crate::mesh::message::{AuthorityState, Ext, Header, Item, KeyRef};
 use crate::mesh::wire::check::MAX_ITEMS;
 use crate::mesh::wire::{self, MAX_FRAME_BYTES};
 
@@ -35,6 +35,9 @@ pub struct Transmit {
 pub(crate) struct Outbox {
     datagram: Queues,
     reliable: BTreeMap<NodeId, Vec<Item>>,
+    /// Extension items ([`Item::Ext`]), sent on streams in frames of their own: a node of
+    /// the previous wire refuses a frame that carries one, and loses only them.
+    ext: BTreeMap<NodeId, Vec<Item>>,
     /// Peers owed a frame at the next flush (heartbeats), sorted and deduplicated by the
     /// flush (kept from flush to flush).
     beats: Vec<NodeId>,
@@ -63,6 +66,7 @@ impl Default for Outbox {
         Outbox {
             datagram: Queues::default(),
             reliable: BTreeMap::new(),
+            ext: BTreeMap::new(),
             beats: Vec::new(),
             deferred: BTreeMap::new(),
             carried: BTreeMap::new(),
@@ -123,6 +127,7 @@ fn urgency(item: &Item) -> u8 {
     match item {
         Item::Members(_)
         | Item::Limits(_)
+        | Item::Ext(_)
         | Item::SyncDone
         | Item::Handoff(_)
         | Item::Restore(_) => 0,
@@ -174,11 +179,18 @@ impl Outbox {
         self.reliable.entry(to).or_default().push(item);
     }
 
+    /// Queue the extension item `ext` for `to`, on a stream, in a frame that carries only
+    /// extension items.
+    pub(crate) fn push_ext(&mut self, to: NodeId, ext: Ext) {
+        self.ext.entry(to).or_default().push(Item::Ext(ext));
+    }
+
     /// Tell whether anything waits to be sent now (items the budget held back wait for the
     /// next round).
     pub(crate) fn is_empty(&self) -> bool {
         self.datagram.is_empty()
             && self.reliable.is_empty()
+            && self.ext.is_empty()
             && self.beats.is_empty()
             && self.carried.is_empty()
     }
@@ -208,7 +220,8 @@ impl Outbox {
         out: &mut Vec<Transmit>,
     ) {
         let mut frames = std::mem::take(&mut self.frames);
-        for (to, items) in std::mem::take(&mut self.reliable) {
+        let ext = std::mem::take(&mut self.ext);
+        for (to, items) in ext.into_iter().chain(std::mem::take(&mut self.reliable)) {
             let h = header(to);
             split(
                 &h,
@@ -585,6 +598,36 @@ mod tests {
         assert_eq!(items, vec![(2, Item::SyncDone)]);
         assert!(out.iter().any(|t| t.to == 3));
         assert_eq!(outbox.held_back(), 1);
+    }
+
+    #[test]
+    fn extension_items_travel_on_streams_in_frames_of_their_own() {
+        let mut outbox = Outbox::default();
+        let ext = Ext {
+            kind: 99,
+            body: vec![7; 16],
+        };
+        outbox.push(2, want(1, 3, 0));
+        outbox.push_reliable(2, Item::SyncDone);
+        outbox.push_ext(2, ext.clone());
+        outbox.push_ext(2, ext.clone());
+        let mut out = Vec::new();
+        outbox.flush(1150, header, &mut out);
+        let policies =
+            [crate::Policy::fixed_window(1000, std::time::Duration::from_secs(1)).unwrap()];
+        let frames: Vec<(bool, Vec<Item>)> = out
+            .iter()
+            .map(|t| (t.reliable, decode(&t.bytes, &policies).unwrap().items))
+            .collect();
+        let with_ext: Vec<&(bool, Vec<Item>)> = frames
+            .iter()
+            .filter(|(_, items)| items.iter().any(|i| matches!(i, Item::Ext(_))))
+            .collect();
+        assert_eq!(with_ext.len(), 1, "{frames:?}");
+        assert!(with_ext[0].0, "on a stream");
+        assert_eq!(with_ext[0].1, vec![Item::Ext(ext.clone()), Item::Ext(ext)]);
+        // The other items went as before: the want on a datagram, the sync on a stream.
+        assert_eq!(frames.len(), 3, "{frames:?}");
     }
 
     #[test]

@@ -12,6 +12,8 @@
 use bincode::config::{self, Configuration, Limit, LittleEndian, Varint};
 use bincode::{Decode, Encode};
 
+use crate::mesh::message::{Ext, MAX_EXT_BODY_BYTES};
+
 pub(crate) mod check;
 
 /// The version of the frames this build writes and reads.
@@ -166,6 +168,36 @@ pub(crate) fn decode<T: Decode<()>>(frame: &[u8]) -> Result<T, WireError> {
         });
     }
     Ok(message)
+}
+
+/// Encode an extension item's body ([`crate::mesh::message::Ext`]).
+pub(crate) fn encode_ext<T: Encode>(kind: u32, body: &T) -> Result<Ext, WireError> {
+    let mut bytes = Vec::with_capacity(encoded_len(body).min(MAX_EXT_BODY_BYTES));
+    write(body, &mut bytes)?;
+    if bytes.len() > MAX_EXT_BODY_BYTES {
+        return Err(WireError::TooLarge {
+            len: bytes.len(),
+            max: MAX_EXT_BODY_BYTES,
+        });
+    }
+    Ok(Ext { kind, body: bytes })
+}
+
+/// Decode an extension item's body as a `T`: all of it, nothing after.
+pub(crate) fn decode_ext<T: Decode<()>>(ext: &Ext) -> Result<T, WireError> {
+    let (value, consumed) =
+        bincode::decode_from_slice::<T, _>(&ext.body, LIMITED).map_err(|e| {
+            WireError::Malformed {
+                reason: e.to_string(),
+            }
+        })?;
+    if consumed != ext.body.len() {
+        return Err(WireError::TrailingBytes {
+            consumed,
+            extra: ext.body.len() - consumed,
+        });
+    }
+    Ok(value)
 }
 
 /// Return the bytes `message` takes in a frame body (without the version byte).

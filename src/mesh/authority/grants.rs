@@ -258,6 +258,30 @@ impl Authority {
         targets
     }
 
+    /// Return the holders to ask for all they hold (a lockout): every holder whose record
+    /// shows unspent tokens, at most once per `min_gap` ns.
+    pub(crate) fn recall_all(&mut self, now: Nanos, min_gap: Nanos) -> Vec<(NodeId, u64)> {
+        if now < self.recalled_at.saturating_add(min_gap) {
+            return Vec::new();
+        }
+        let targets: Vec<(NodeId, u64)> = self
+            .holders
+            .iter()
+            .filter(|h| h.incarnation != 0 && !h.closed && h.tally.unspent() > 0)
+            .map(|h| (h.node, 0))
+            .collect();
+        if !targets.is_empty() {
+            self.recalled_at = now;
+        }
+        targets
+    }
+
+    /// Stop waiting for room for anyone (a lockout): return the holders that waited, to be
+    /// answered with a denial.
+    pub(crate) fn take_waiting(&mut self) -> Vec<NodeId> {
+        self.waiting.drain(..).map(|w| w.node).collect()
+    }
+
     /// Serve the waiting requests that can be served at `now` (after returns, or a new
     /// window), and deny those past their deadline; return the answers by node.
     pub(crate) fn serve_waiting(

@@ -55,6 +55,11 @@ pub struct NodeConfig {
     /// time to fill its burst) per key: the `first` term of `docs/overshoot.md`. 0 (the
     /// default): a first request waits for the owner.
     pub first_credit: u64,
+    /// Each policy's lockout in ns (`block_for`, by the policies' index; missing or 0:
+    /// none, at most a week): once the key's authority denies a request of a key, it
+    /// grants nothing of the key for that long, cluster-wide, and the lockout outlives the
+    /// authority's node (its successor keeps it).
+    pub lockouts: Vec<Nanos>,
 }
 
 /// How a node decides the mesh policies before it has joined its cluster.
@@ -111,6 +116,7 @@ impl NodeConfig {
             while_joining: WhileJoining::LocalShare,
             digest: 0,
             first_credit: 0,
+            lockouts: Vec::new(),
         }
     }
 

@@ -11,7 +11,7 @@ use crate::mesh::message::{Grant, Item, KeyRef, Want};
 use crate::mesh::timing::Offset;
 
 /// The least time between two recalls of one key's leases.
-const RECALL_GAP_NS: Nanos = 1_000_000;
+pub(super) const RECALL_GAP_NS: Nanos = 1_000_000;
 
 impl Node {
     /// Make sure this node keeps the key's authority if it should and may; tell whether it
@@ -205,6 +205,7 @@ impl Node {
         }
         let max_wait = self.config.max_wait_ns;
         let policy = self.enforced(key);
+        let locked = self.locked(&key, now).is_some();
         let a = self.authorities.get_mut(&key).expect("made ready above");
         if a.is_stale(from, incarnation, &want) {
             // From a holding the node has since forgotten (delayed or duplicated): the
@@ -218,7 +219,10 @@ impl Node {
         let in_flight = a.in_flight(&policy, now, from, &want);
         let news = a.report(&policy, now, from, incarnation, &want, true);
         let need = want.need.saturating_sub(in_flight);
-        let answer = if need > 0 {
+        let answer = if locked {
+            // Locked out: nothing is granted; a holder that asks is denied until the end.
+            (want.need > 0 || want.refill || news).then(|| a.current(&policy, now, from))
+        } else if need > 0 {
             Some(a.request(&policy, now, from, incarnation, need, now + max_wait))
         } else if want.need > 0 {
             Some(a.current(&policy, now, from))
@@ -249,7 +253,11 @@ impl Node {
         } else {
             None
         };
-        let recall = a.recall_targets(&policy, now, RECALL_GAP_NS);
+        let recall = if locked {
+            a.recall_all(now, RECALL_GAP_NS)
+        } else {
+            a.recall_targets(&policy, now, RECALL_GAP_NS)
+        };
         self.authorities.changed(key);
         self.note_frame(key, before);
         if let Some(answer) = answer {
@@ -341,6 +349,7 @@ impl Node {
             return;
         };
         self.stats.grants += 1;
+        let retry_after = self.lockout_retry(now, key, retry_after);
         let (answers, holding) = self
             .authorities
             .get(&key)
@@ -374,13 +383,17 @@ impl Node {
 
     pub(super) fn serve_waiting(&mut self, key: KeyRef, now: Nanos) {
         self.schedule.touch(key);
+        if !self.authorities.has_waiters(key) {
+            return;
+        }
+        if self.locked(&key, now).is_some() {
+            self.enforce_lockout(now, key);
+            return;
+        }
         let policy = self.enforced(key);
         let Some(a) = self.authorities.get_mut(&key) else {
             return;
         };
-        if !a.has_waiters() {
-            return;
-        }
         let before = Some(a.frame().0);
         let answers = a.serve_waiting(&policy, now);
         self.note_frame(key, before);

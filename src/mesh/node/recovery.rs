@@ -28,6 +28,7 @@ impl Node {
             self.forget_if_gone(key);
             self.stats.handoffs_sent += 1;
             self.outbox.push_reliable(to, Item::Handoff(a.state()));
+            self.hand_lockout(now, key, to);
         }
     }
 
@@ -186,6 +187,14 @@ impl Node {
         });
         for state in restored {
             self.outbox.push_reliable(to, Item::Restore(state));
+        }
+        // The lockouts of the keys it owns or backs up (their authorities may be gone
+        // here, idle, while the lockout runs).
+        for key in self.locks.running(now) {
+            let (owner, successor) = self.membership.owner_and_successor(key.key);
+            if owner == to || successor == Some(to) {
+                self.hand_lockout(now, key, to);
+            }
         }
         self.outbox.push_reliable(to, Item::SyncDone);
     }

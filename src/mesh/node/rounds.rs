@@ -290,6 +290,7 @@ impl Node {
         }
         self.spread_members(round);
         self.limits_round();
+        self.lockout_rounds(now, round);
         // Heartbeats: every live peer hears from this node every round; dead ones every 8.
         let peers: Vec<(NodeId, bool)> = self
             .membership

@@ -8,6 +8,7 @@ mod cluster;
 mod credit;
 mod frames;
 mod limits;
+mod lockouts;
 mod refunds;
 mod sparse_cost;
 
@@ -44,6 +45,8 @@ pub(super) struct Cluster {
     /// Admissions per node (immediate and after waiting).
     admitted: Vec<u64>,
     denied: Vec<u64>,
+    /// The policy's lockout in ns (0: none), for the nodes started again.
+    lockout: u64,
 }
 
 impl Cluster {
@@ -75,6 +78,7 @@ impl Cluster {
             events: Vec::new(),
             admitted: vec![0; n],
             denied: vec![0; n],
+            lockout: 0,
         };
         c.run_ms(100);
         c
@@ -185,7 +189,9 @@ impl Cluster {
     }
 
     fn restart(&mut self, i: usize) {
-        self.nodes[i] = Some(start(i, self.n, self.now, self.policy));
+        let mut config = config(i, self.n, self.now, self.policy);
+        config.lockouts = vec![self.lockout];
+        self.nodes[i] = Some(Node::new(config, self.now).unwrap());
         self.deliver();
     }
 }

@@ -5,9 +5,10 @@
 
 use crate::mesh::NodeId;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
+use crate::mesh::locks::MAX_LOCKOUT_NS;
 use crate::mesh::message::{
-    AuthorityState, Frame, Item, MAX_ADDR_BYTES, MAX_DEAD_LISTED, MAX_MEMBERS_PER_ITEM,
-    MAX_POLICIES_ANNOUNCED, Member, PolicyLimits, Want,
+    AuthorityState, EXT_LOCKOUT, Ext, Frame, Item, Lockout, MAX_ADDR_BYTES, MAX_DEAD_LISTED,
+    MAX_EXT_BODY_BYTES, MAX_MEMBERS_PER_ITEM, MAX_POLICIES_ANNOUNCED, Member, PolicyLimits, Want,
 };
 use crate::mesh::wire::{self, WireError};
 use crate::policy::{MAX_BUCKET_DEPTH_NS, Policy};
@@ -164,5 +165,22 @@ fn check_item(item: &Item, policies: &[Policy]) -> Result<(), FrameError> {
         Item::Retired => Err(invalid("item", "is retired (never sent)")),
         Item::Members(m) => check_members(m),
         Item::Limits(l) => check_limits(l),
+        Item::Ext(ext) => check_ext(ext, policies),
     }
+}
+
+/// An extension item: a body within its bound, and, of a kind this build knows, a valid
+/// value (a kind it does not know is skipped when applied).
+fn check_ext(ext: &Ext, policies: &[Policy]) -> Result<(), FrameError> {
+    if ext.body.len() > MAX_EXT_BODY_BYTES {
+        return Err(invalid("ext.body", "too long"));
+    }
+    if ext.kind == EXT_LOCKOUT {
+        let lockout: Lockout = wire::decode_ext(ext)?;
+        policy_of(policies, lockout.key.policy)?;
+        if lockout.left_ns > MAX_LOCKOUT_NS {
+            return Err(invalid("lockout.left_ns", "longer than any lockout"));
+        }
+    }
+    Ok(())
 }

@@ -61,6 +61,7 @@ fn the_previous_releases_frames_pass_this_builds_checks_and_cover_every_item_kin
                 Item::Retired => "retired",
                 Item::Members(_) => "members",
                 Item::Limits(_) => "limits",
+                Item::Ext(_) => "ext",
             });
         }
     }
