@@ -7,7 +7,9 @@
 //! `four_policies_four_keys` compare one policy with four that each count by other parts of
 //! the request (the client, its address, the route, everybody: `by`). `denied` is the path of
 //! a request the policy denies (a 429 with its JSON body and `Retry-After`), as under an
-//! attack. `graphql_2kb` prices a GraphQL query of about 2 KB (fields, lists, a fragment,
+//! attack (retried in a day); `denied_retry_1s` the same under a bucket of 100 a second,
+//! whose denials say to retry within a second (their fields and body formatted once per
+//! policy). `graphql_2kb` prices a GraphQL query of about 2 KB (fields, lists, a fragment,
 //! variables) on its way through the layer, a document the route has seen before (compiled
 //! once, priced from the request's variables); `graphql_2kb_first_sight` one it has not
 //! (parsed and compiled).
@@ -59,6 +61,20 @@ algorithm = "token-bucket"
 rate = 1
 period = "1d"
 burst = 1
+[tiers.all]
+policies = ["a"]
+"#;
+
+/// The bucket of an attack's usual denial: 100 a second with a burst of 20, which a bench's
+/// requests empty at once (retried within a second).
+const DENY_SOON: &str = r#"
+default_tier = "all"
+key_secret = "bench"
+[policies.a]
+algorithm = "token-bucket"
+rate = 100
+period = "1s"
+burst = 20
 [tiers.all]
 policies = ["a"]
 "#;
@@ -197,6 +213,16 @@ fn layer_overhead(c: &mut Criterion) {
     group.bench_function("denied", |b| {
         b.to_async(&runtime).iter(|| async {
             let response = denying.clone().oneshot(request()).await.unwrap();
+            black_box(response.status())
+        })
+    });
+    let config = GatewayConfig::from_toml_str(DENY_SOON, "bench").unwrap();
+    let denying_soon: Router = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(config).unwrap());
+    group.bench_function("denied_retry_1s", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let response = denying_soon.clone().oneshot(request()).await.unwrap();
             black_box(response.status())
         })
     });

@@ -43,6 +43,8 @@ pub(super) struct CompiledPolicy {
     pub(super) policy_field: OnceLock<(u64, http::HeaderValue)>,
     /// The keys it locked out (`block_for`; kept across a reload with the store).
     pub(super) lockouts: Option<Arc<super::lockout::Lockouts>>,
+    /// What its denials answer, formatted at its first.
+    pub(super) denial_forms: OnceLock<&'static crate::http::headers::DenialForms>,
 }
 
 /// What a decision of a policy is counted as in `ratemesh_decisions_total`.
@@ -141,6 +143,11 @@ impl CompiledPolicy {
             policy_field: policy_field
                 .filter(|(limit, _)| *limit == decision.limit)
                 .map(|(_, value)| value.clone()),
+            denial_forms: (decision.verdict == crate::Verdict::Denied).then(|| {
+                *self
+                    .denial_forms
+                    .get_or_init(|| crate::http::headers::DenialForms::of(self.name, self.sf_name))
+            }),
         }
     }
 }
@@ -292,6 +299,7 @@ pub(super) fn compile(
                 counters: Default::default(),
                 policy_field: OnceLock::new(),
                 lockouts,
+                denial_forms: OnceLock::new(),
             }
         })
         .collect();

@@ -418,6 +418,7 @@ impl Rules {
             shadow: false,
             index: u32::MAX,
             policy_field: None,
+            denial_forms: None,
         };
         self.outcome(plan, false, 0, vec![report], 0)
     }

@@ -171,6 +171,8 @@ pub struct PolicyReport {
     /// The policy's `RateLimit-Policy` item (`"name";q=…;w=…`), formatted once, when it
     /// is this decision's.
     pub(crate) policy_field: Option<http::HeaderValue>,
+    /// What a denial by the policy answers, formatted once (on a denial).
+    pub(crate) denial_forms: Option<&'static crate::http::headers::DenialForms>,
 }
 
 /// The outcome of one request.
