@@ -2,9 +2,6 @@
 //! an attack gets (a bucket retried within a second) shares its `RateLimit` field and JSON
 //! body, formatted once per policy, where a denial retried in a day formats both.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
@@ -12,24 +9,10 @@ use ratemesh::config::GatewayConfig;
 use ratemesh::http::RateLimitLayer;
 use tower::ServiceExt;
 
-struct Counting;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+use counting_alloc::allocations;
 
 /// A bucket of `rate` per `period` with a burst of `burst`, for every client.
 fn file(rate: u64, period: &str, burst: u64) -> String {
@@ -64,11 +47,11 @@ fn per_request(text: &str) -> (f64, http::StatusCode) {
             statuses.push(app.clone().oneshot(request()).await.unwrap().status());
         }
         let requests: Vec<_> = (0..200).map(|_| request()).collect();
-        let before = ALLOCATIONS.with(Cell::get);
+        let before = allocations();
         for request in requests {
             statuses.push(app.clone().oneshot(request).await.unwrap().status());
         }
-        let count = ALLOCATIONS.with(Cell::get) - before;
+        let count = allocations() - before;
         let last = statuses[150];
         assert!(statuses[100..].iter().all(|s| *s == last), "{statuses:?}");
         (count as f64 / 200.0, last)

@@ -9,7 +9,8 @@ mod support;
 use support::login;
 use support::*;
 
-const POLICIES: &str = r#"
+/// What both files begin with: every client is its address, forwarded by the test.
+const HEAD: &str = r#"
 env = "test"
 key_secret = "test-secret"
 allow_unlimited = true
@@ -17,7 +18,9 @@ allow_unlimited = true
 [identity]
 order = ["ip"]
 trusted_proxies = ["127.0.0.1"]
+"#;
 
+const POLICIES: &str = r#"
 # 20 failed logins per address (a token bucket that refills one an hour).
 [policies.failed_logins_per_address]
 algorithm = "token-bucket"
@@ -49,7 +52,7 @@ policies = ["failed_logins_per_address", "failed_logins_per_account"]
 async fn two_mesh_policies_count_failed_logins_and_give_back_what_they_do_not_count() {
     let (upstream, server) = login::password_checker().await;
     let dir = tempfile::tempdir().unwrap();
-    let files = write_cluster_with(dir.path(), 3, POLICIES);
+    let files = write_cluster_with(dir.path(), 3, &format!("{HEAD}{POLICIES}"));
     for file in &files {
         edit_file(file, |t| {
             format!("{t}\n[[proxy]]\npath_prefix = \"/\"\nupstream = \"http://{upstream}\"\n")
@@ -61,18 +64,7 @@ async fn two_mesh_policies_count_failed_logins_and_give_back_what_they_do_not_co
         wait_healthy(&client, node).await;
     }
     let attempt = async |node: &NodeProcess, from: &str, user: &str, password: &str| {
-        client
-            .post(format!("http://{}/login", node.http))
-            .header("content-type", "application/json")
-            .header("x-forwarded-for", from)
-            .body(format!(
-                r#"{{"username":"{user}","password":"{password}"}}"#
-            ))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
+        login_attempt(&client, node, from, user, password).await.0
     };
     // Successful logins cost nothing: alice logs in 30 times from one address, over the
     // three nodes (each took a token of both policies and gave it back).
@@ -137,14 +129,6 @@ async fn two_mesh_policies_count_failed_logins_and_give_back_what_they_do_not_co
 }
 
 const LOCKOUT: &str = r#"
-env = "test"
-key_secret = "test-secret"
-allow_unlimited = true
-
-[identity]
-order = ["ip"]
-trusted_proxies = ["127.0.0.1"]
-
 # 3 failed logins per account in 2 seconds; the 4th locks the account out for 2 minutes.
 [policies.failed_logins_per_account]
 algorithm = "fixed-window"
@@ -163,16 +147,18 @@ max_body_bytes = 4096
 policies = ["failed_logins_per_account"]
 "#;
 
-/// The status and `Retry-After` of a login attempt.
+/// The status and `Retry-After` of a login attempt from address `from`.
 async fn login_attempt(
     client: &reqwest::Client,
     node: &NodeProcess,
+    from: &str,
     user: &str,
     password: &str,
 ) -> (u16, Option<u64>) {
     let response = client
         .post(format!("http://{}/login", node.http))
         .header("content-type", "application/json")
+        .header("x-forwarded-for", from)
         .body(format!(
             r#"{{"username":"{user}","password":"{password}"}}"#
         ))
@@ -212,7 +198,7 @@ async fn wait_three(client: &reqwest::Client, nodes: &[NodeProcess]) {
 async fn a_mesh_lockout_holds_on_every_node_and_through_each_nodes_restart() {
     let (upstream, server) = login::password_checker().await;
     let dir = tempfile::tempdir().unwrap();
-    let files = write_cluster_with(dir.path(), 3, LOCKOUT);
+    let files = write_cluster_with(dir.path(), 3, &format!("{HEAD}{LOCKOUT}"));
     for file in &files {
         edit_file(file, |t| {
             format!("{t}\n[[proxy]]\npath_prefix = \"/\"\nupstream = \"http://{upstream}\"\n")
@@ -224,7 +210,8 @@ async fn a_mesh_lockout_holds_on_every_node_and_through_each_nodes_restart() {
     // Three failures on dave's account, then the fourth attempt is denied: locked out.
     let mut locked = None;
     for i in 0..6 {
-        let (status, retry) = login_attempt(&client, &nodes[i % 3], "dave", "guess").await;
+        let (status, retry) =
+            login_attempt(&client, &nodes[i % 3], "192.0.2.40", "dave", "guess").await;
         if status == 429 {
             locked = Some((std::time::Instant::now(), retry.expect("a Retry-After")));
             break;
@@ -240,7 +227,7 @@ async fn a_mesh_lockout_holds_on_every_node_and_through_each_nodes_restart() {
     // says until when; each node's crash and restart keeps it.
     let check = async |nodes: &[NodeProcess], when: &str| {
         for (n, node) in nodes.iter().enumerate() {
-            let (status, retry) = login_attempt(&client, node, "dave", "right").await;
+            let (status, retry) = login_attempt(&client, node, "192.0.2.40", "dave", "right").await;
             assert_eq!(status, 429, "node {} {when}", n + 1);
             let retry = retry.expect("a Retry-After");
             let left = first.saturating_sub(at.elapsed().as_secs());
@@ -261,7 +248,7 @@ async fn a_mesh_lockout_holds_on_every_node_and_through_each_nodes_restart() {
         check(&nodes, &format!("after node {} restarted", i + 1)).await;
     }
     // Other accounts are not locked out.
-    let (status, _) = login_attempt(&client, &nodes[0], "erin", "right").await;
+    let (status, _) = login_attempt(&client, &nodes[0], "192.0.2.41", "erin", "right").await;
     assert_eq!(status, 200);
     server.abort();
 }
