@@ -199,15 +199,33 @@ async fn login_protection_counts_failures_in_redis_across_three_nodes_and_a_rest
     let Some(redis) = redis_server::RedisServer::start("example-login") else {
         return;
     };
-    let (upstream, server) = login::password_checker().await;
-    let dir = tempfile::tempdir().unwrap();
     let text = example("login_protection.toml", |t| {
         t.replace("redis://127.0.0.1:6379", &redis.url()).replace(
             "# trusted_proxies = [\"10.0.0.0/8\"]",
             "trusted_proxies = [\"127.0.0.1\"]",
         )
     });
-    let files = write_cluster_with(dir.path(), 3, &text);
+    login_protection_on_three_nodes(&text).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_protection_on_the_mesh_counts_failures_across_three_nodes_and_a_restart() {
+    let text = example("login_protection_mesh.toml", |t| {
+        t.replace(
+            "# trusted_proxies = [\"10.0.0.0/8\"]",
+            "trusted_proxies = [\"127.0.0.1\"]",
+        )
+    });
+    login_protection_on_three_nodes(&text).await;
+}
+
+/// A login protection file (`text`) on three nodes proxying `/login`: successes cost
+/// nothing, an address's 20 failures and an account's 5 lock each out for 15 minutes on every
+/// node and through a node's restart, and charge nobody else.
+async fn login_protection_on_three_nodes(text: &str) {
+    let (upstream, server) = login::password_checker().await;
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster_with(dir.path(), 3, text);
     for file in &files {
         edit_file(file, |t| {
             format!("{t}\n[[proxy]]\npath_prefix = \"/\"\nupstream = \"http://{upstream}\"\n")
@@ -268,7 +286,8 @@ async fn login_protection_counts_failures_in_redis_across_three_nodes_and_a_rest
         attempt(&nodes[2], "192.0.2.31", "carol", "right").await.0,
         200
     );
-    // The lockout is kept in Redis: a node started afresh sees it.
+    // The lockout outlives any node: a node started afresh sees it (kept in Redis, or by
+    // the key's owner and successor on the mesh).
     nodes.remove(0);
     let restarted = start(&files[0]);
     wait_healthy(&client, &restarted).await;
