@@ -393,22 +393,6 @@ impl Holding {
         Slow::Waits
     }
 
-    /// Mark the waiting request `id` admitted already (on the node's credit, see
-    /// [`crate::mesh::node::NodeConfig::first_credit`]): it still takes its tokens from the
-    /// next grants, but its decision goes nowhere. The holding is kept until `keep_until`.
-    pub(crate) fn prepay(&mut self, id: u64, keep_until: Nanos) {
-        if let Some(w) = self.waiting.iter_mut().find(|w| w.id == id) {
-            w.prepaid = true;
-        }
-        self.keep_until = self.keep_until.max(keep_until);
-    }
-
-    /// Tokens the waiting requests need beyond the reserve.
-    pub(crate) fn need(&self) -> u64 {
-        let total: u64 = self.waiting.iter().map(|w| w.cost).sum();
-        total.saturating_sub(if self.closed { 0 } else { self.reserve })
-    }
-
     /// Tell whether a want should go out now for the waiting requests (none in flight that
     /// asked for as much, or its answer is overdue).
     pub(crate) fn should_ask(&self, now: Nanos) -> bool {
@@ -596,62 +580,6 @@ impl Holding {
         }
         self.settle();
         self.see_used(now);
-    }
-
-    /// Serve waiting requests from the reserve, in order (added to `decided`).
-    fn serve(&mut self, policy: &Policy, now: Nanos, decided: &mut Vec<Decided>) {
-        if self.algorithm.counts_per_window() && (self.closed || now >= self.expiry) {
-            return;
-        }
-        // The reserve is the current lease's.
-        let charge = self.cell.charge();
-        while let Some(w) = self.waiting.front().copied() {
-            if w.cost > self.reserve {
-                break;
-            }
-            self.waiting.pop_front();
-            self.reserve -= w.cost;
-            let remaining = self.reserve + self.cell.remaining();
-            if !w.prepaid {
-                decided.push((w.id, self.allowed(policy, now, remaining), Some(charge)));
-            }
-        }
-    }
-
-    /// With nobody waiting, the reserve goes back to the cell.
-    fn settle(&mut self) {
-        if self.waiting.is_empty() && self.reserve > 0 {
-            if !self.closed {
-                self.cell.add(self.reserve);
-            }
-            self.reserve = 0;
-        }
-    }
-
-    /// Deny the waiting requests past their deadline at `now` (retry after `retry_after`);
-    /// those decided are added to `decided`.
-    pub(crate) fn timeouts(
-        &mut self,
-        policy: &Policy,
-        now: Nanos,
-        retry_after: Nanos,
-        decided: &mut Vec<Decided>,
-    ) {
-        while let Some(w) = self.waiting.front().copied() {
-            if w.deadline > now {
-                break;
-            }
-            self.waiting.pop_front();
-            if !w.prepaid {
-                decided.push((w.id, self.denied(policy, now, retry_after), None));
-            }
-            if self.waiting.is_empty() {
-                self.asking.withdraw();
-            }
-        }
-        // What the denied held back may serve those behind them.
-        self.serve(policy, now, decided);
-        self.settle();
     }
 
     /// Return the earliest instant the holder needs its node: a waiting request's deadline,

@@ -39,6 +39,9 @@ pub(super) struct CompiledPolicy {
     /// `ratemesh_decisions_total` of this policy by outcome, registered with the metrics
     /// recorder installed when the policy first decides (a request looks up no registry).
     pub(super) counters: [OnceLock<metrics::Counter>; 3],
+    /// `ratemesh_mesh_refunds_total` of this policy, kept (0) and returned (1), registered at
+    /// the first of each.
+    pub(super) mesh_refunds: [OnceLock<metrics::Counter>; 2],
     /// Its `RateLimit-Policy` item for the limit it first reported (formatted once).
     pub(super) policy_field: OnceLock<(u64, http::HeaderValue)>,
     /// The keys it locked out (`block_for`; kept across a reload with the store).
@@ -297,6 +300,7 @@ pub(super) fn compile(
                 remote,
                 index: index as u32,
                 counters: Default::default(),
+                mesh_refunds: Default::default(),
                 policy_field: OnceLock::new(),
                 lockouts,
                 denial_forms: OnceLock::new(),

@@ -339,8 +339,10 @@ impl Rules {
             return false;
         };
         let back = mesh.refund(number, key, cost, charge);
+        let name = self.policies[p].name;
         let result = if back { "returned" } else { "kept" };
-        metrics::counter!("ratemesh_mesh_refunds_total", "policy" => self.policies[p].name, "result" => result)
+        self.policies[p].mesh_refunds[usize::from(back)]
+            .get_or_init(|| metrics::counter!("ratemesh_mesh_refunds_total", "policy" => name, "result" => result))
             .increment(1);
         back
     }
