@@ -56,7 +56,7 @@ fn every_example_policy_file_loads() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 3);
+    assert_eq!(seen, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
