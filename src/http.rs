@@ -6,6 +6,7 @@
 
 mod answer;
 pub mod client;
+pub(crate) mod forms;
 mod gate;
 pub(crate) mod headers;
 pub(crate) mod identity;

@@ -10,6 +10,8 @@ use crate::rules::{Outcome, PolicyReport};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use crate::http::forms::{FORMATTED_SECONDS, rate_limited_body};
+
 /// `RateLimit-Policy`.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`.
@@ -33,64 +35,6 @@ fn list<'a>(
 ) -> Option<HeaderValue> {
     crate::http::sf::item_list(reports.map(move |r| (r.sf_name, params(r))))
 }
-
-/// What a denial by one policy answers for its usual retry and reset times, formatted once
-/// per policy name for the life of the process: the `RateLimit` item with no tokens left
-/// (`"name";r=0;t=T`) and the JSON body (`retry_after_seconds` S), for T and S below
-/// [`FORMATTED_SECONDS`]. A denial is the answer an attack gets most: it then copies shared
-/// bytes instead of formatting them.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct DenialForms {
-    ratelimit: Vec<HeaderValue>,
-    bodies: Vec<Bytes>,
-}
-
-impl DenialForms {
-    /// The forms of the policy `name` (`sf_name`: the name as a structured-field string).
-    pub(crate) fn of(name: &'static str, sf_name: &'static str) -> &'static DenialForms {
-        type Kept = std::collections::HashMap<&'static str, &'static DenialForms>;
-        static KEPT: std::sync::OnceLock<std::sync::Mutex<Kept>> = std::sync::OnceLock::new();
-        let mut kept = KEPT
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        kept.entry(name).or_insert_with(|| {
-            let forms = DenialForms {
-                // All or none: an item's place is its `t`.
-                ratelimit: (0..FORMATTED_SECONDS as u64)
-                    .map(|t| {
-                        let item = [("r", 0), ("t", t)];
-                        let value = crate::http::sf::item_list(std::iter::once((sf_name, item)))?;
-                        HeaderValue::from_maybe_shared(leak(value.as_bytes())).ok()
-                    })
-                    .collect::<Option<Vec<_>>>()
-                    .unwrap_or_default(),
-                bodies: (0..FORMATTED_SECONDS as u64)
-                    .map(|s| leak(&rate_limited_body(name, s)))
-                    .collect(),
-            };
-            Box::leak(Box::new(forms))
-        })
-    }
-
-    /// The `RateLimit` item of a denial with `t` seconds until the quota is whole.
-    fn ratelimit(&self, t: u64) -> Option<HeaderValue> {
-        self.ratelimit.get(usize::try_from(t).ok()?).cloned()
-    }
-
-    /// The JSON body of a denial that may retry in `seconds`.
-    fn body(&self, seconds: u64) -> Option<Bytes> {
-        self.bodies.get(usize::try_from(seconds).ok()?).cloned()
-    }
-}
-
-/// `bytes`, kept for the life of the process.
-fn leak(bytes: &[u8]) -> Bytes {
-    Bytes::from_static(Box::leak(Box::from(bytes)))
-}
-
-/// The most seconds [`seconds_value`] keeps formatted.
-const FORMATTED_SECONDS: usize = 128;
 
 /// `seconds` as a field value; the small values usual in `Retry-After` are formatted once
 /// and shared (a clone of a shared value allocates nothing).
@@ -194,22 +138,6 @@ pub(crate) fn denial_body(outcome: &Outcome) -> Bytes {
     rate_limited_body(denial.name, seconds).into()
 }
 
-/// `{"error":"rate_limited","policy":NAME,"retry_after_seconds":SECONDS}`.
-fn rate_limited_body(name: &str, seconds: u64) -> Vec<u8> {
-    let mut digits = itoa::Buffer::new();
-    let digits = digits.format(seconds);
-    const HEAD: &[u8] = br#"{"error":"rate_limited","policy":"#;
-    const TAIL: &[u8] = br#","retry_after_seconds":"#;
-    let mut out = Vec::with_capacity(HEAD.len() + name.len() + 2 + TAIL.len() + digits.len() + 1);
-    out.extend_from_slice(HEAD);
-    // A string's JSON text: writing into a vector cannot fail.
-    let _ = serde_json::to_writer(&mut out, name);
-    out.extend_from_slice(TAIL);
-    out.extend_from_slice(digits.as_bytes());
-    out.push(b'}');
-    out
-}
-
 /// The JSON body of a 503 when a fail-closed backend is down: the limit could not be checked,
 /// which is the service's fault, not the client's.
 pub(crate) fn unavailable_body(outcome: &Outcome) -> String {
@@ -220,32 +148,4 @@ pub(crate) fn unavailable_body(outcome: &Outcome) -> String {
         "policy": policy,
     })
     .to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_denials_forms_are_what_formatting_it_writes() {
-        let forms = DenialForms::of("login \"x\"", "\"login \\\"x\\\"\"");
-        assert!(std::ptr::eq(
-            forms,
-            DenialForms::of("login \"x\"", "\"login \\\"x\\\"\"")
-        ));
-        for s in [0, 1, 59, 127] {
-            assert_eq!(forms.body(s).unwrap(), rate_limited_body("login \"x\"", s));
-            let item = crate::http::sf::item_list(std::iter::once((
-                "\"login \\\"x\\\"\"",
-                [("r", 0), ("t", s)],
-            )))
-            .unwrap();
-            assert_eq!(forms.ratelimit(s).unwrap(), item);
-        }
-        assert_eq!(forms.body(128), None);
-        assert_eq!(forms.ratelimit(128), None);
-        let body: serde_json::Value = serde_json::from_slice(&forms.body(12).unwrap()).unwrap();
-        assert_eq!(body["policy"], "login \"x\"");
-        assert_eq!(body["retry_after_seconds"], 12);
-    }
 }

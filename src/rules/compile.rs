@@ -47,7 +47,7 @@ pub(super) struct CompiledPolicy {
     /// The keys it locked out (`block_for`; kept across a reload with the store).
     pub(super) lockouts: Option<Arc<super::lockout::Lockouts>>,
     /// What its denials answer, formatted at its first.
-    pub(super) denial_forms: OnceLock<&'static crate::http::headers::DenialForms>,
+    pub(super) denial_forms: OnceLock<&'static crate::http::forms::DenialForms>,
 }
 
 /// What a decision of a policy is counted as in `ratemesh_decisions_total`.
@@ -149,7 +149,7 @@ impl CompiledPolicy {
             denial_forms: (decision.verdict == crate::Verdict::Denied).then(|| {
                 *self
                     .denial_forms
-                    .get_or_init(|| crate::http::headers::DenialForms::of(self.name, self.sf_name))
+                    .get_or_init(|| crate::http::forms::DenialForms::of(self.name, self.sf_name))
             }),
         }
     }

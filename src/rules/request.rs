@@ -172,7 +172,7 @@ pub struct PolicyReport {
     /// is this decision's.
     pub(crate) policy_field: Option<http::HeaderValue>,
     /// What a denial by the policy answers, formatted once (on a denial).
-    pub(crate) denial_forms: Option<&'static crate::http::headers::DenialForms>,
+    pub(crate) denial_forms: Option<&'static crate::http::forms::DenialForms>,
 }
 
 /// The outcome of one request.
