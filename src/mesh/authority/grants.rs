@@ -23,7 +23,7 @@ impl Authority {
         deadline: Nanos,
     ) -> Answer {
         self.roll(policy, now);
-        if policy.algorithm().counts_per_window() && now >= self.end && now < self.next_start {
+        if self.between_windows(policy, now) {
             // After a handover, the next window starts a little later than this one ended.
             self.enqueue(policy, now, node, need, deadline);
             return Answer::Wait;
@@ -258,6 +258,13 @@ impl Authority {
         targets
     }
 
+    /// Tell whether `now` falls between a window's end and the next one's start (after a
+    /// handover the next window starts a little later): nothing is granted then, and a
+    /// request that waits past its deadline meanwhile is denied for the gap, not for room.
+    pub(crate) fn between_windows(&self, policy: &Policy, now: Nanos) -> bool {
+        policy.algorithm().counts_per_window() && now >= self.end && now < self.next_start
+    }
+
     /// Return the holders to ask for all they hold (a lockout): every holder whose record
     /// shows unspent tokens, at most once per `min_gap` ns.
     pub(crate) fn recall_all(&mut self, now: Nanos, min_gap: Nanos) -> Vec<(NodeId, u64)> {
@@ -299,7 +306,7 @@ impl Authority {
                 .iter()
                 .find(|h| h.node == w.node)
                 .map_or(0, |h| h.incarnation);
-            if policy.algorithm().counts_per_window() && now >= self.end && now < self.next_start {
+            if self.between_windows(policy, now) {
                 if now >= w.deadline {
                     let retry = self.next_start - now;
                     answers.push((

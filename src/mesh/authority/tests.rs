@@ -260,7 +260,12 @@ fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
     assert_eq!(window, 10);
     assert_eq!(end, 6 * S - 2_000_000);
     assert_eq!(b.available(&policy, 5 * S), 70);
-    // Between its end and the next start, requests wait.
+    // Between its end and the next start (within the clock error on both sides), requests
+    // wait.
+    assert!(!b.between_windows(&policy, end - 1));
+    assert!(b.between_windows(&policy, end));
+    assert!(b.between_windows(&policy, 6 * S + 1_999_999));
+    assert!(!b.between_windows(&policy, 6 * S + 2_000_000));
     assert_eq!(b.request(&policy, 6 * S, 2, 1, 1, 7 * S), Answer::Wait);
     let answers = b.serve_waiting(&policy, 6 * S + 2_000_000);
     assert_eq!(answers.len(), 1);

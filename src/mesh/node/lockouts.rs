@@ -47,6 +47,16 @@ impl Node {
         if retry_after == 0 {
             return 0;
         }
+        // A denial for the gap between two windows after a handover says nothing of the
+        // key's use: no lockout.
+        let policy = self.enforced(key);
+        if self
+            .authorities
+            .get(&key)
+            .is_some_and(|a| a.between_windows(&policy, now))
+        {
+            return retry_after;
+        }
         let Some(left) = self.locks.lock(key, now, block) else {
             return retry_after;
         };
