@@ -190,10 +190,6 @@ async fn plans_by_a_verified_jwt_claim_hold_across_three_nodes() {
     assert_eq!(response.status(), 400);
 }
 
-fn login_body(user: &str, password: &str) -> String {
-    format!(r#"{{"username":"{user}","password":"{password}"}}"#)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn login_protection_counts_failures_in_redis_across_three_nodes_and_a_restart() {
     let Some(redis) = redis_server::RedisServer::start("example-login") else {
@@ -237,19 +233,7 @@ async fn login_protection_on_three_nodes(text: &str) {
         wait_healthy(&client, node).await;
     }
     let attempt = async |node: &NodeProcess, from: &str, user: &str, password: &str| {
-        let response = client
-            .post(format!("http://{}/login", node.http))
-            .header("content-type", "application/json")
-            .header("x-forwarded-for", from)
-            .body(login_body(user, password))
-            .send()
-            .await
-            .unwrap();
-        let retry = response
-            .headers()
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
-        (response.status().as_u16(), retry)
+        login::attempt(&client, node, from, user, password).await
     };
     // Successful logins cost nothing: alice logs in 30 times.
     for i in 0..30 {
@@ -316,7 +300,7 @@ async fn login_protection_works_the_same_through_the_tower_layer() {
     let attempt = async |from: &str, user: &str, password: &str| {
         let mut request = http::Request::post("/login")
             .header("content-type", "application/json")
-            .body(axum::body::Body::from(login_body(user, password)))
+            .body(axum::body::Body::from(login::body(user, password)))
             .unwrap();
         let peer: SocketAddr = format!("{from}:4000").parse().unwrap();
         request

@@ -64,7 +64,7 @@ async fn two_mesh_policies_count_failed_logins_and_give_back_what_they_do_not_co
         wait_healthy(&client, node).await;
     }
     let attempt = async |node: &NodeProcess, from: &str, user: &str, password: &str| {
-        login_attempt(&client, node, from, user, password).await.0
+        login::attempt(&client, node, from, user, password).await.0
     };
     // Successful logins cost nothing: alice logs in 30 times from one address, over the
     // three nodes (each took a token of both policies and gave it back).
@@ -147,31 +147,6 @@ max_body_bytes = 4096
 policies = ["failed_logins_per_account"]
 "#;
 
-/// The status and `Retry-After` of a login attempt from address `from`.
-async fn login_attempt(
-    client: &reqwest::Client,
-    node: &NodeProcess,
-    from: &str,
-    user: &str,
-    password: &str,
-) -> (u16, Option<u64>) {
-    let response = client
-        .post(format!("http://{}/login", node.http))
-        .header("content-type", "application/json")
-        .header("x-forwarded-for", from)
-        .body(format!(
-            r#"{{"username":"{user}","password":"{password}"}}"#
-        ))
-        .send()
-        .await
-        .unwrap();
-    let retry = response
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
-    (response.status().as_u16(), retry)
-}
-
 /// Wait until every node serves and counts three live members.
 async fn wait_three(client: &reqwest::Client, nodes: &[NodeProcess]) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -211,7 +186,7 @@ async fn a_mesh_lockout_holds_on_every_node_and_through_each_nodes_restart() {
     let mut locked = None;
     for i in 0..6 {
         let (status, retry) =
-            login_attempt(&client, &nodes[i % 3], "192.0.2.40", "dave", "guess").await;
+            login::attempt(&client, &nodes[i % 3], "192.0.2.40", "dave", "guess").await;
         if status == 429 {
             locked = Some((std::time::Instant::now(), retry.expect("a Retry-After")));
             break;
@@ -227,7 +202,8 @@ async fn a_mesh_lockout_holds_on_every_node_and_through_each_nodes_restart() {
     // says until when; each node's crash and restart keeps it.
     let check = async |nodes: &[NodeProcess], when: &str| {
         for (n, node) in nodes.iter().enumerate() {
-            let (status, retry) = login_attempt(&client, node, "192.0.2.40", "dave", "right").await;
+            let (status, retry) =
+                login::attempt(&client, node, "192.0.2.40", "dave", "right").await;
             assert_eq!(status, 429, "node {} {when}", n + 1);
             let retry = retry.expect("a Retry-After");
             let left = first.saturating_sub(at.elapsed().as_secs());
@@ -248,7 +224,7 @@ async fn a_mesh_lockout_holds_on_every_node_and_through_each_nodes_restart() {
         check(&nodes, &format!("after node {} restarted", i + 1)).await;
     }
     // Other accounts are not locked out.
-    let (status, _) = login_attempt(&client, &nodes[0], "192.0.2.41", "erin", "right").await;
+    let (status, _) = login::attempt(&client, &nodes[0], "192.0.2.41", "erin", "right").await;
     assert_eq!(status, 200);
     server.abort();
 }
