@@ -39,8 +39,8 @@ pub use cells::{Behind, Cells};
 pub use lease::{LeaseCell, Miss};
 pub use membership::weight as rendezvous_weight;
 pub use node::{
-    Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event, LeaseState, Leased, Leases, MeshError, Node,
-    NodeConfig, NodeStats, WhileJoining,
+    ASK_APP, ASK_KEY, ASK_RESET, AdminMessage, Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event,
+    KeyView, LeaseState, Leased, Leases, MeshError, Node, NodeConfig, NodeStats, WhileJoining,
 };
 pub use outbox::Transmit;
 pub use wire::WireError;

@@ -31,6 +31,7 @@
 //! back the frames its peers hear it by.
 
 pub(crate) mod accept;
+mod admin;
 pub mod certs;
 pub(crate) mod dial;
 mod driver;
@@ -54,6 +55,7 @@ use crate::decision::{MeshAnswer, MeshCharge, MeshDecision};
 use crate::mesh::node::{MeshError, Node, NodeConfig};
 use crate::mesh::{Behind, Cells, NodeId};
 pub use crate::net::accept::{Refusal, Refusals};
+pub use crate::net::admin::{AdminError, Question};
 use crate::net::dial::Failure;
 use crate::net::driver::Driver;
 pub use crate::net::tls::{NodeTls, TlsError, TlsExpiry, node_tls};
@@ -181,6 +183,9 @@ struct Inner {
     connected: HashSet<NodeId>,
     /// When a frame last arrived from each peer.
     heard: HashMap<NodeId, Instant>,
+    /// The admin API's questions to peers waiting for their answer, and where questions
+    /// from peers go ([`MeshNet::admin_questions`]).
+    admin: admin::AdminWaiters,
 }
 
 pub(crate) struct NetShared {
@@ -330,6 +335,7 @@ impl MeshNet {
                 waiters: HashMap::new(),
                 connected: HashSet::new(),
                 heard: HashMap::new(),
+                admin: admin::AdminWaiters::default(),
             }),
             wake: tokio::sync::Notify::new(),
             closed: AtomicBool::new(false),

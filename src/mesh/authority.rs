@@ -36,6 +36,7 @@ use crate::policy::{Algorithm, Policy};
 
 mod grants;
 mod records;
+mod reset;
 
 pub(crate) use records::{holding_id, is_retired};
 
@@ -97,6 +98,10 @@ pub(crate) struct Authority {
     next_start: Nanos,
     /// Sliding window: the previous window's count (upper bound).
     previous: u64,
+    /// Windows: tokens of the current window a reset forgave (`authority::reset`), and of
+    /// the previous window (sliding windows weigh it).
+    forgiven: u64,
+    forgiven_before: u64,
     /// Buckets: free tokens in ns of refill, as of `level_at`.
     level_ns: u64,
     level_at: Nanos,
@@ -132,6 +137,8 @@ impl Authority {
             end: (window + 1) * w,
             next_start: (window + 1) * w,
             previous: 0,
+            forgiven: 0,
+            forgiven_before: 0,
             level_ns: policy.window_ns(),
             level_at: now,
             capped_since: None,
@@ -189,6 +196,8 @@ impl Authority {
             end,
             next_start,
             previous: state.previous,
+            forgiven: 0,
+            forgiven_before: 0,
             level_ns: state.level_ns.min(policy.window_ns()),
             level_at,
             capped_since: None,
@@ -407,12 +416,23 @@ impl Authority {
         }
     }
 
-    /// Tokens leased in the current window (windows).
+    /// Tokens leased in the current window (windows), less what a reset forgave.
     fn allocated(&self) -> u64 {
+        self.leased_in_window().saturating_sub(self.forgiven)
+    }
+
+    /// Tokens leased in the current window (windows), all of them.
+    fn leased_in_window(&self) -> u64 {
         self.holders
             .iter()
             .map(|h| h.tally.granted.saturating_sub(h.tally.returned))
             .sum()
+    }
+
+    /// The previous window's count as the sliding window weighs it, less what a reset
+    /// forgave.
+    fn counted_previous(&self) -> u64 {
+        self.previous.saturating_sub(self.forgiven_before)
     }
 
     fn refill(&mut self, policy: &Policy, now: Nanos) {
@@ -457,6 +477,8 @@ impl Authority {
         } else {
             0
         };
+        self.forgiven_before = if skipped == 0 { self.forgiven } else { 0 };
+        self.forgiven = 0;
         for h in &mut self.holders {
             h.previous_held = if skipped == 0 { held(h) } else { 0 };
             // A departed holder's count (its record kept under a ghost id) is all there is.
@@ -495,7 +517,7 @@ impl Authority {
                 self.roll(policy, now);
                 // The central algorithm's test, with the leases as the window's count.
                 let elapsed = now.saturating_sub(self.start);
-                sliding_window::room(limit, policy.window_ns(), self.previous, elapsed)
+                sliding_window::room(limit, policy.window_ns(), self.counted_previous(), elapsed)
                     .saturating_sub(self.allocated())
             }
             // A bucket (the node takes no other algorithm).

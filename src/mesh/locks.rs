@@ -44,6 +44,11 @@ impl Locks {
         (lock.until > now).then(|| lock.until - now)
     }
 
+    /// End `key`'s lockout (a reset); tell whether one was kept.
+    pub(crate) fn clear(&mut self, key: &KeyRef) -> bool {
+        self.locks.remove(key).is_some()
+    }
+
     /// Lock `key` out from `now` for `block` ns, unless a lockout of it runs; return the
     /// time left of the lockout in force (`None`: the table is full of running lockouts).
     pub(crate) fn lock(&mut self, key: KeyRef, now: Nanos, block: Nanos) -> Option<Nanos> {

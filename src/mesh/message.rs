@@ -117,7 +117,7 @@ pub(crate) struct Ext {
 }
 
 /// The largest body an [`Ext`] may carry.
-pub(crate) const MAX_EXT_BODY_BYTES: usize = 1024;
+pub(crate) const MAX_EXT_BODY_BYTES: usize = 16 * 1024;
 
 /// [`Ext::kind`] of a [`Lockout`].
 pub(crate) const EXT_LOCKOUT: u32 = 1;
@@ -130,6 +130,51 @@ pub(crate) struct Lockout {
     pub(crate) key: KeyRef,
     /// Nanoseconds the lockout still lasts when the item is made.
     pub(crate) left_ns: u64,
+}
+
+/// [`Ext::kind`] of an [`Ask`].
+pub(crate) const EXT_ASK: u32 = 2;
+
+/// [`Ext::kind`] of a [`Reply`].
+pub(crate) const EXT_REPLY: u32 = 3;
+
+/// [`Ext::kind`] of a [`Reset`].
+pub(crate) const EXT_RESET: u32 = 4;
+
+/// A question from one node to another (the admin API's calls that span the cluster): a
+/// kind the mesh answers itself (a key's state or reset, from its owner) or one it hands
+/// to the program that embeds it ([`crate::mesh::AdminMessage`]).
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct Ask {
+    /// The asker's number for it, which the reply names.
+    pub(crate) id: u64,
+    /// What is asked ([`crate::mesh::ASK_KEY`], [`crate::mesh::ASK_RESET`], or a kind of
+    /// the embedding program's from [`crate::mesh::ASK_APP`] on).
+    pub(crate) kind: u32,
+    /// The question.
+    pub(crate) body: Vec<u8>,
+}
+
+/// The answer to an [`Ask`].
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct Reply {
+    /// The [`Ask::id`] answered.
+    pub(crate) id: u64,
+    /// The answer (empty: the question was not understood).
+    pub(crate) body: Vec<u8>,
+}
+
+/// A key reset by its authority (the admin API): from the authority to its successor, so
+/// that the successor drops the key's lockout and, should it take the key over in the same
+/// window, forgives what the reset forgave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub(crate) struct Reset {
+    /// The key.
+    pub(crate) key: KeyRef,
+    /// The window the reset was in (0 for buckets).
+    pub(crate) window: u64,
+    /// Tokens of that window the reset forgave.
+    pub(crate) forgiven: u64,
 }
 
 /// The most policies one [`Item::Limits`] lists.

@@ -45,6 +45,7 @@ use holdings::Holdings;
 use schedule::Schedule;
 use transfers::Transfers;
 
+mod admin;
 mod authorities;
 mod backups;
 mod config;
@@ -62,6 +63,7 @@ mod rounds;
 mod schedule;
 mod transfers;
 
+pub use admin::{ASK_APP, ASK_KEY, ASK_RESET, AdminMessage, KeyView};
 pub use config::{DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, MeshError, NodeConfig, WhileJoining};
 pub use inspect::{LeaseState, Leased, Leases};
 
@@ -163,6 +165,8 @@ pub struct NodeStats {
     pub credited: u64,
     /// Lockouts (`block_for`) this node's authorities started.
     pub lockouts: u64,
+    /// Keys this node's authorities reset (the admin API).
+    pub resets: u64,
 }
 
 /// One mesh node: the sans-IO state machine a transport drives.
@@ -255,6 +259,8 @@ pub struct Node {
     limits: limits::Enforcement,
     /// The keys locked out (`block_for`) that this node's authorities or backups keep.
     locks: Locks,
+    /// Questions and answers of the admin API for the embedding program.
+    admin: admin::AdminQueue,
 }
 
 impl Node {
@@ -344,6 +350,7 @@ impl Node {
             join: join::Join::new(&config, now),
             limits: limits::Enforcement::new(config.policies.clone()),
             locks: Locks::default(),
+            admin: admin::AdminQueue::default(),
             config,
         };
         // Say hello (and ask for what this node should hold) at once.

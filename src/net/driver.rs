@@ -448,6 +448,9 @@ impl Driver {
             while let Some(t) = inner.node.poll_transmit() {
                 transmits.push(t);
             }
+            while let Some(message) = inner.node.poll_admin() {
+                inner.admin.deliver(message);
+            }
             let mut events = Vec::new();
             while let Some(e) = inner.node.poll_event() {
                 match e {

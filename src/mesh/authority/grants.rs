@@ -434,11 +434,12 @@ impl Authority {
             Algorithm::SlidingWindow => {
                 let allocated = self.allocated();
                 let w = policy.window_ns();
-                if allocated + need > limit || self.previous == 0 {
+                let previous = self.counted_previous();
+                if allocated + need > limit || previous == 0 {
                     self.next_start.saturating_sub(now)
                 } else {
                     let room = limit - allocated - need;
-                    let e = sliding_window::fits_at(w, self.previous, room);
+                    let e = sliding_window::fits_at(w, previous, room);
                     (self.start + e).saturating_sub(now)
                 }
             }

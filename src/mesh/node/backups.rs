@@ -13,6 +13,9 @@ pub(super) struct Backup {
     /// The peer that sent it (the key's owner).
     pub(super) from: NodeId,
     pub(super) state: AuthorityState,
+    /// A reset the owner told of: its window and the tokens it forgave
+    /// ([`crate::mesh::authority::Authority::forgive`] on a takeover).
+    pub(super) reset: Option<(u64, u64)>,
     /// The key's owner and successor, as last ranked.
     rank: RankMemo,
 }
@@ -33,6 +36,9 @@ impl Backups {
                 // each use.
                 let b = kept.get_mut();
                 if b.from != from || b.state.version <= state.version {
+                    if b.from != from {
+                        b.reset = None;
+                    }
                     b.from = from;
                     b.state = state;
                 }
@@ -41,9 +47,17 @@ impl Backups {
                 slot.insert(Backup {
                     from,
                     state,
+                    reset: None,
                     rank: RankMemo::default(),
                 });
             }
+        }
+    }
+
+    /// The owner of `key` reset it in `window`, forgiving `forgiven` tokens.
+    pub(super) fn forgive(&mut self, key: &KeyRef, window: u64, forgiven: u64) {
+        if let Some(b) = self.map.get_mut(key) {
+            b.reset = Some((window, forgiven));
         }
     }
 

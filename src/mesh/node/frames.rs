@@ -133,7 +133,7 @@ impl Node {
                 Item::Retired => {}
                 Item::Members(list) => self.on_members(now, from, &list),
                 Item::Limits(limits) => self.on_limits(from, limits),
-                Item::Ext(ext) => self.on_ext(now, ext),
+                Item::Ext(ext) => self.on_ext(now, from, ext),
             }
         }
         Ok(())

@@ -114,8 +114,9 @@ impl Node {
     }
 
     /// An extension item from a peer at `now` (a kind this build does not know is skipped).
-    pub(super) fn on_ext(&mut self, now: Nanos, ext: Ext) {
+    pub(super) fn on_ext(&mut self, now: Nanos, from: NodeId, ext: Ext) {
         if ext.kind != EXT_LOCKOUT {
+            self.on_admin_ext(now, from, &ext);
             return;
         }
         let Ok(lockout) = wire::decode_ext::<Lockout>(&ext) else {

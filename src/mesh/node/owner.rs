@@ -57,10 +57,15 @@ impl Node {
         let idle = self.backup_is_idle(&key, now);
         let backup = self.backups.remove(&key).filter(|_| !idle);
         let authority = match backup {
-            Some(Backup { from, state, .. }) => {
+            Some(Backup {
+                from, state, reset, ..
+            }) => {
                 self.stats.promotions += 1;
                 let offset = self.offset_or_guess(from, now);
                 let mut a = Authority::from_state(&state, &policy, offset, now);
+                if let Some((window, forgiven)) = reset {
+                    a.forgive(window, forgiven);
+                }
                 let membership = &self.membership;
                 a.retire_departed(&policy, |node, run| membership.is_live_run(node, run));
                 a

@@ -4,6 +4,7 @@
 //! key's budget on without admitting more than the limit; frames fit a datagram; a sparse
 //! key's lone request costs the items the cost model counts.
 
+mod admin;
 mod cluster;
 mod credit;
 mod frames;

@@ -7,8 +7,9 @@ use crate::mesh::NodeId;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::locks::MAX_LOCKOUT_NS;
 use crate::mesh::message::{
-    AuthorityState, EXT_LOCKOUT, Ext, Frame, Item, Lockout, MAX_ADDR_BYTES, MAX_DEAD_LISTED,
-    MAX_EXT_BODY_BYTES, MAX_MEMBERS_PER_ITEM, MAX_POLICIES_ANNOUNCED, Member, PolicyLimits, Want,
+    Ask, AuthorityState, EXT_ASK, EXT_LOCKOUT, EXT_REPLY, EXT_RESET, Ext, Frame, Item, Lockout,
+    MAX_ADDR_BYTES, MAX_DEAD_LISTED, MAX_EXT_BODY_BYTES, MAX_MEMBERS_PER_ITEM,
+    MAX_POLICIES_ANNOUNCED, Member, PolicyLimits, Reply, Reset, Want,
 };
 use crate::mesh::wire::{self, WireError};
 use crate::policy::{MAX_BUCKET_DEPTH_NS, Policy};
@@ -180,6 +181,19 @@ fn check_ext(ext: &Ext, policies: &[Policy]) -> Result<(), FrameError> {
         policy_of(policies, lockout.key.policy)?;
         if lockout.left_ns > MAX_LOCKOUT_NS {
             return Err(invalid("lockout.left_ns", "longer than any lockout"));
+        }
+    }
+    if ext.kind == EXT_ASK {
+        let _: Ask = wire::decode_ext(ext)?;
+    }
+    if ext.kind == EXT_REPLY {
+        let _: Reply = wire::decode_ext(ext)?;
+    }
+    if ext.kind == EXT_RESET {
+        let reset: Reset = wire::decode_ext(ext)?;
+        let policy = policy_of(policies, reset.key.policy)?;
+        if reset.forgiven > policy.capacity() {
+            return Err(invalid("reset.forgiven", "more than the policy's limit"));
         }
     }
     Ok(())

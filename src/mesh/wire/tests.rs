@@ -298,6 +298,33 @@ fn extension_items_are_checked_and_the_previous_release_refuses_only_their_frame
             other => panic!("{what}: {other:?}"),
         }
     }
+    // The admin API's: a reset of a policy this node has, forgiving no more than its limit.
+    let reset = |policy: u32, forgiven: u64| {
+        super::encode_ext(
+            crate::mesh::message::EXT_RESET,
+            &crate::mesh::message::Reset {
+                key: KeyRef { policy, key: 7 },
+                window: 3,
+                forgiven,
+            },
+        )
+        .unwrap()
+    };
+    assert!(decode_frame(&ext_frame(vec![Item::Ext(reset(0, 10))]), &policies).is_ok());
+    for (bad, what) in [
+        (reset(1, 1), "key.policy"),
+        (reset(0, 11), "reset.forgiven"),
+    ] {
+        match decode_frame(&ext_frame(vec![Item::Ext(bad)]), &policies) {
+            Err(FrameError::Invalid { what: got, .. }) => assert_eq!(got, what),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    let ask = Ext {
+        kind: crate::mesh::message::EXT_ASK,
+        body: vec![0xff; 3],
+    };
+    assert!(decode_frame(&ext_frame(vec![Item::Ext(ask)]), &policies).is_err());
     let mut trailing = good.clone();
     trailing.body.push(0);
     assert!(matches!(

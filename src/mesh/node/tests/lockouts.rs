@@ -8,12 +8,12 @@ use crate::Decision;
 const S: u64 = 1_000_000_000;
 
 /// Ten requests a second per key.
-fn second_policy() -> Policy {
+pub(super) fn second_policy() -> Policy {
     Policy::global_fixed_window(10, Duration::from_secs(1)).unwrap()
 }
 
 /// A cluster whose policy locks a key out for `block` ns once denied.
-fn with_lockout(n: usize, policy: Policy, block: u64) -> Cluster {
+pub(super) fn with_lockout(n: usize, policy: Policy, block: u64) -> Cluster {
     let mut c = Cluster::with(n, policy);
     c.lockout = block;
     for i in 0..n {
@@ -26,7 +26,7 @@ fn with_lockout(n: usize, policy: Policy, block: u64) -> Cluster {
 }
 
 /// Decide one request for `key` on node `i`, waiting for the owner if it must.
-fn decision(c: &mut Cluster, i: usize, key: u64) -> Decision {
+pub(super) fn decision(c: &mut Cluster, i: usize, key: u64) -> Decision {
     let id = match c.decide(i, key) {
         Admit::Now(d, _) => return d,
         Admit::Wait(id) => id,
@@ -48,7 +48,7 @@ fn decision(c: &mut Cluster, i: usize, key: u64) -> Decision {
 
 /// Lock `key` out: its limit on node 1, then one more, denied; return when it was denied
 /// and its retry time.
-fn lock(c: &mut Cluster, key: u64) -> (u64, u64) {
+pub(super) fn lock(c: &mut Cluster, key: u64) -> (u64, u64) {
     for n in 0..10 {
         assert!(
             decision(c, 1, key).is_allowed(),
