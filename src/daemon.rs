@@ -28,6 +28,7 @@ mod envoy_rls;
 mod forward_auth;
 pub(crate) mod node_file;
 mod proxy;
+mod questions;
 mod reload;
 mod server;
 mod signals;
@@ -293,6 +294,7 @@ impl RunningNode {
             traces,
         } = self;
         let server = Server::start(listener, app, limits);
+        let questions = questions::serve(Arc::clone(&state.mesh), layer.clone());
         let mut admin = admin.map(|(listener, settings)| {
             AdminServer::start(
                 listener,
@@ -370,6 +372,7 @@ impl RunningNode {
         // Give the leases back and hand this node's keys to their next owners, so the
         // others carry on at once instead of waiting to declare this node dead.
         state.mesh.leave().await;
+        questions.abort();
         #[cfg(feature = "otel")]
         if let Some(traces) = traces {
             // The exporter's last batch blocks while it is sent.

@@ -448,6 +448,28 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> Store<K, S> {
         }
     }
 
+    /// Forget `key` whatever its state, as if it had never been seen (a reset): its next
+    /// request finds the whole limit. Return whether the store kept it.
+    pub fn forget<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let limits = &self.limits;
+        let removed = match &self.table {
+            Table::TokenBucket(words)
+            | Table::Gcra(words)
+            | Table::FixedWindow(words)
+            | Table::LeakyBucket(words) => return words.forget(limits, key),
+            Table::SlidingWindow(cells) => cells.map.remove(key).is_some(),
+            Table::SlidingLog(cells) => cells.map.remove(key).is_some(),
+        };
+        if removed {
+            limits.keys.fetch_sub(1, Ordering::Relaxed);
+        }
+        removed
+    }
+
     /// Remove every key that is idle at `now`; return how many were removed.
     ///
     /// Takes each shard's write lock in turn, so call it from a background task, not per

@@ -18,6 +18,7 @@ mod envoy;
 mod graphql;
 mod jwt;
 mod key;
+mod keys;
 mod lockout;
 mod plan;
 mod request;
@@ -46,6 +47,7 @@ use jwt::JwtVerifier;
 pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub(crate) use key::address_text;
+pub(crate) use keys::{Backend, KeyAddress};
 #[cfg(feature = "otel")]
 pub(crate) use plan::PlanSummary;
 pub(crate) use plan::Planned;

@@ -76,6 +76,18 @@ pub trait ExactLimits: Send + Sync {
         cost: u64,
         sent: Instant,
     ) -> RefundFuture<'a>;
+
+    /// Forget what exact policy number `policy` counts for `key` (and `route`): a reset
+    /// (the admin API), after which the key has its whole limit. Resolves to whether
+    /// anything was counted. The default cannot.
+    fn reset<'a>(&'a self, policy: u32, key: u64, route: Option<&'a str>) -> RefundFuture<'a> {
+        let _ = (policy, key, route);
+        Box::pin(async {
+            Err(ExactError::new(std::io::Error::other(
+                "this exact backend cannot reset a key",
+            )))
+        })
+    }
 }
 
 /// The outcome of an exact decision, saying which path decided.

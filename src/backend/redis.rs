@@ -243,6 +243,22 @@ impl RedisLimiter {
         }
     }
 
+    /// Forget what Redis counts for `key` (its count or bucket, a sliding log's sequence, a
+    /// lockout): a reset, after which the key has its whole limit. Return whether anything
+    /// was kept.
+    pub async fn reset(&self, key: &str) -> Result<bool, BackendError> {
+        let mut command = Cmd::with_capacity(4, 16 + 3 * key.len());
+        command
+            .arg("DEL")
+            .arg(key)
+            .arg([key.as_bytes(), b":seq"].concat())
+            .arg([key.as_bytes(), b":lock"].concat());
+        match self.query(command).await? {
+            Value::Int(n) => Ok(n > 0),
+            other => Err(BackendError::Reply(format!("{other:?}"))),
+        }
+    }
+
     /// Build `EVALSHA sha numkeys key [key:seq] [key:lock] now interval capacity cost
     /// [block]` in one buffer (the request path's only allocations: the command's two
     /// vectors).

@@ -116,6 +116,15 @@ impl ExactLimits for RedisLimits {
         })
     }
 
+    /// In Redis; tokens a node's cache holds stay there (Redis counted them when it gave
+    /// them), and a cached "empty until" answer holds until its time.
+    fn reset<'a>(&'a self, policy: u32, key: u64, route: Option<&'a str>) -> RefundFuture<'a> {
+        Box::pin(async move {
+            let (named, rkey) = self.keyed(policy, key, route).map_err(ExactError::new)?;
+            named.limiter.reset(&rkey).await.map_err(ExactError::new)
+        })
+    }
+
     /// Straight to Redis, with or without a token cache: a cache holds only buckets' tokens,
     /// which Redis counted when it granted them, so a token given back there is exact.
     fn refund<'a>(

@@ -1,7 +1,8 @@
 //! `ratemesh ctl`: calls to a node's `[admin]` port, with a bearer token from the
 //! environment (`RATEMESH_TOKEN`) or a file (`--token-file`), never from the command line:
-//! `config` and `members` (what the node runs with), `decide` (the decision API). Tables by
-//! default, the node's JSON with `--json`.
+//! `config` and `members` (what the node runs with), `decide` (the decision API), `keys get`
+//! and `keys reset` (a key across the cluster). Tables by default, the node's JSON with
+//! `--json`.
 
 use std::time::Duration;
 
@@ -44,6 +45,41 @@ enum Call {
         #[arg(long, default_value_t = 1)]
         cost: u64,
     },
+    /// A key's state across the cluster, or its reset: `keys get|reset POLICY NAME=VALUE…`
+    /// (the attributes a request would carry, as for `decide`).
+    Keys {
+        #[command(subcommand)]
+        call: KeyCall,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCall {
+    /// The key's limit, what is left, and where (its owner and leases; each node's count).
+    Get {
+        policy: String,
+        attributes: Vec<String>,
+    },
+    /// Give the key one fresh limit, cluster-wide (its lockout ends too).
+    Reset {
+        policy: String,
+        attributes: Vec<String>,
+    },
+}
+
+/// `NAME=VALUE` pairs as the decision API's attributes.
+fn attributes(pairs: &[String]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut named = serde_json::Map::new();
+    for pair in pairs {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair}: write NAME=VALUE"))?;
+        named.insert(
+            name.to_string(),
+            serde_json::Value::String(value.to_string()),
+        );
+    }
+    Ok(named)
 }
 
 pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -62,20 +98,25 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
             attributes,
             cost,
         } => {
-            let mut named = serde_json::Map::new();
-            for pair in attributes {
-                let (name, value) = pair
-                    .split_once('=')
-                    .ok_or_else(|| format!("{pair}: write NAME=VALUE"))?;
-                named.insert(
-                    name.to_string(),
-                    serde_json::Value::String(value.to_string()),
-                );
-            }
+            let named = self::attributes(attributes)?;
             let call = serde_json::json!({"requests": [
                 {"policy": policy, "attributes": named, "cost": cost}
             ]});
             ("POST", "/v1/decide", Some(call.to_string()))
+        }
+        Call::Keys {
+            call: KeyCall::Get { policy, attributes },
+        } => {
+            let call =
+                serde_json::json!({"policy": policy, "attributes": self::attributes(attributes)?});
+            ("GET", "/v1/keys", Some(call.to_string()))
+        }
+        Call::Keys {
+            call: KeyCall::Reset { policy, attributes },
+        } => {
+            let call =
+                serde_json::json!({"policy": policy, "attributes": self::attributes(attributes)?});
+            ("POST", "/v1/keys/reset", Some(call.to_string()))
         }
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -86,7 +127,11 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
             .await
             .map_err(|_| format!("{}: no answer within {CALL_TIMEOUT:?}", args.admin))?
     })?;
-    if status != 200 {
+    if status != 200 && !(args.json && answer.get("key").is_some()) {
+        if answer.get("key").is_some() {
+            // A partial answer (a node did not answer): what is known, then the error.
+            print_key(&answer);
+        }
         let message = answer["message"].as_str().unwrap_or("");
         return Err(format!(
             "{status}: {} {message}",
@@ -102,6 +147,7 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
         Call::Config => print_config(&answer),
         Call::Members => print_members(&answer),
         Call::Decide { .. } => print_decision(&answer["responses"][0])?,
+        Call::Keys { .. } => print_key(&answer),
     }
     Ok(())
 }
@@ -188,6 +234,60 @@ fn print_members(answer: &serde_json::Value) {
                 "differs"
             },
         );
+    }
+}
+
+fn print_key(answer: &serde_json::Value) {
+    let ms = |v: &serde_json::Value| v.as_u64().unwrap_or(0) as f64 / 1000.0;
+    println!(
+        "{} key {} ({}): {} of {} left, whole again in {:.3}s{}{}",
+        answer["policy"].as_str().unwrap_or("?"),
+        answer["key"].as_str().unwrap_or("?"),
+        answer["backend"].as_str().unwrap_or("?"),
+        answer["remaining"],
+        answer["limit"],
+        ms(&answer["reset_after_ms"]),
+        match answer["lockout_ms"].as_u64() {
+            Some(ms) if ms > 0 => format!(", locked out for {:.3}s", ms as f64 / 1000.0),
+            _ => String::new(),
+        },
+        if answer["reset"] == true {
+            " (reset)"
+        } else {
+            ""
+        },
+    );
+    if let Some(owner) = answer["owner"].as_u64() {
+        println!(
+            "owner node {owner}: {} free, {} leased, {} used",
+            answer["available"], answer["leased"], answer["used"]
+        );
+        println!("{:>6} {:>10} {:>10}", "node", "leased", "used");
+        for h in answer["holders"].as_array().into_iter().flatten() {
+            println!("{:>6} {:>10} {:>10}", h["node"], h["leased"], h["used"]);
+        }
+    }
+    if let Some(nodes) = answer["nodes"].as_array() {
+        println!(
+            "{:>6} {:>10} {:>10} {:>10}",
+            "node", "left", "reset_s", "lockout_s"
+        );
+        for n in nodes {
+            println!(
+                "{:>6} {:>10} {:>10.3} {:>10.3}",
+                n["node"],
+                n["remaining"],
+                ms(&n["reset_after_ms"]),
+                ms(&n["lockout_ms"])
+            );
+        }
+        for n in answer["unreachable"].as_array().into_iter().flatten() {
+            println!(
+                "{:>6} no answer: {}",
+                n["node"],
+                n["message"].as_str().unwrap_or("")
+            );
+        }
     }
 }
 

@@ -30,6 +30,8 @@ use crate::http::RateLimitLayer;
 use crate::net::MeshNet;
 use crate::rules::{Attributes, DirectError};
 
+mod keys;
+
 /// The most requests one decision call may carry.
 const MAX_BATCH: usize = 1000;
 
@@ -83,6 +85,8 @@ impl AdminServer {
         let router = Router::new()
             .route("/v1/decide", post(decide))
             .route("/v1/config", get(config))
+            .route("/v1/keys", get(keys::get))
+            .route("/v1/keys/reset", post(keys::reset))
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(Arc::clone(&state));
         let addr = listener

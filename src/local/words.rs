@@ -278,6 +278,29 @@ impl<K: Hash + Eq + Send + Sync, S: BuildHasher + Clone> WordCells<K, S> {
         retired
     }
 
+    /// Forget `key` whatever its state (a reset): its cell, and its shared cell if it moved
+    /// (retired first, so a thread's shortcut to it finds the key afresh). Return whether
+    /// the store kept it.
+    pub(super) fn forget<Q>(&self, limits: &Bookkeeping, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let Some((_, cell)) = self.cells.map.remove(key) else {
+            return false;
+        };
+        limits.keys.fetch_sub(1, Ordering::Relaxed);
+        if cell.load() == RETIRED
+            && let Some((_, shared)) = self.shared.remove(key)
+        {
+            shared.cell().retire();
+            self.hot_keys.fetch_sub(1, Ordering::Relaxed);
+            self.filter_stale.store(true, Ordering::Relaxed);
+            self.rebuild_filter_if_stale();
+        }
+        true
+    }
+
     /// Remove every idle key; return how many were removed.
     pub(super) fn sweep(&self, limits: &Bookkeeping, now: Nanos) -> usize {
         let policy = &limits.policy;
@@ -378,5 +401,12 @@ mod tests {
         // A refund through the map reaches the shared cell.
         store.refund(&5, Charge::Key, SECOND, 2);
         assert_eq!(store.decide(&5, SECOND, 0).remaining, 1000 - checks - 1);
+        // Forgotten (a reset): the shortcut finds the shared cell retired, and the key is
+        // fresh, through the shortcut and the map.
+        assert!(store.forget(&5));
+        assert_eq!((store.len(), store.stats().hot_keys), (0, 0));
+        assert!(through_shortcut(&store, 5).is_none());
+        assert_eq!(store.decide(&5, SECOND, 1).remaining, 999);
+        assert!(!store.forget(&6));
     }
 }

@@ -181,17 +181,6 @@ impl MeshNet {
         self.shared.wake.notify_one();
     }
 
-    /// The live members, this node included.
-    pub fn live_members(&self) -> Vec<NodeId> {
-        self.with_node(|n| {
-            n.members()
-                .into_iter()
-                .filter(|&(_, alive)| alive)
-                .map(|(id, _)| id)
-                .collect()
-        })
-    }
-
     async fn await_answer(
         &self,
         answer: oneshot::Receiver<(NodeId, Vec<u8>)>,

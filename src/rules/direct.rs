@@ -81,22 +81,7 @@ impl Rules {
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, DirectError> {
-        let p = self
-            .policies
-            .iter()
-            .position(|c| c.name == policy)
-            .ok_or_else(|| DirectError::UnknownPolicy(policy.to_string()))?;
-        let rebuilt = self.rebuild(attributes)?;
-        let route = match &rebuilt.route {
-            None => None,
-            Some(name) => Some(
-                self.routes
-                    .iter()
-                    .position(|r| r.name == name)
-                    .ok_or_else(|| DirectError::UnknownRoute(name.clone()))?,
-            ),
-        };
-        let key = self.direct_key(p, route, &rebuilt)?;
+        let (p, route, key) = self.direct_address(policy, attributes)?;
         let compiled = &self.policies[p];
         let capacity = compiled.named.policy.capacity();
         if cost > capacity {
@@ -150,6 +135,32 @@ impl Rules {
         };
         self.count(&compiled.report(decision));
         Ok(decision)
+    }
+
+    /// Policy `policy`'s index, the route the attributes name, and the key a request with
+    /// them gets.
+    pub(super) fn direct_address(
+        &self,
+        policy: &str,
+        attributes: &Attributes,
+    ) -> Result<(usize, Option<usize>, u64), DirectError> {
+        let p = self
+            .policies
+            .iter()
+            .position(|c| c.name == policy)
+            .ok_or_else(|| DirectError::UnknownPolicy(policy.to_string()))?;
+        let rebuilt = self.rebuild(attributes)?;
+        let route = match &rebuilt.route {
+            None => None,
+            Some(name) => Some(
+                self.routes
+                    .iter()
+                    .position(|r| r.name == name)
+                    .ok_or_else(|| DirectError::UnknownRoute(name.clone()))?,
+            ),
+        };
+        let key = self.direct_key(p, route, &rebuilt)?;
+        Ok((p, route, key))
     }
 
     /// The key of policy `p` for `rebuilt` (under `route`, when given), as a request with

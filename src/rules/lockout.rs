@@ -28,6 +28,11 @@ impl Lockouts {
         (until > now).then(|| until - now)
     }
 
+    /// End `key`'s lockout (a reset); tell whether it had one.
+    pub(super) fn clear(&self, key: u64) -> bool {
+        self.until.remove(&key).is_some()
+    }
+
     /// Lock `key` out from `now` for the policy's `block_for`; return the time it lasts
     /// (`None`: the table is full of lockouts still running).
     pub(super) fn lock(&self, key: u64, now: Nanos) -> Option<Nanos> {

@@ -55,7 +55,11 @@ fn the_owner_tells_a_keys_state_and_a_reset_gives_one_fresh_limit() {
     assert_eq!(after.used, 0, "{after:?}");
     assert_eq!(after.available + after.leased, 10, "{after:?}");
     assert_eq!(admitted(&mut c, key, &[0, 1, 2], 40), 10);
-    assert_eq!(c.node(0).stats().resets, 1);
+    // Again: another fresh limit.
+    let again = ask(&mut c, 1, key, ASK_RESET);
+    assert_eq!(again.available + again.leased, 10, "{again:?}");
+    assert_eq!(admitted(&mut c, key, &[1, 2], 40), 10);
+    assert_eq!(c.node(0).stats().resets, 2);
     // A key nobody used: fresh.
     let fresh = ask(&mut c, 0, key + 1, ASK_KEY);
     assert!(!fresh.known);
