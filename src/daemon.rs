@@ -27,6 +27,7 @@ mod certificates;
 mod envoy_rls;
 mod forward_auth;
 pub(crate) mod node_file;
+mod overrides;
 mod proxy;
 mod questions;
 mod reload;
@@ -104,12 +105,17 @@ pub enum DaemonError {
     /// The signal handlers could not be installed.
     #[error("installing the signal handlers: {0}")]
     Signals(std::io::Error),
+    /// The state directory (`state_dir`) could not be opened.
+    #[error("the node's state_dir: {0}")]
+    State(String),
 }
 
 /// What the HTTP handlers share.
 struct NodeState {
     id: u64,
     mesh: Arc<MeshNet>,
+    /// The admin API's overrides (replicated, on disk).
+    overrides: Arc<overrides::Overrides>,
     draining: AtomicBool,
     metrics: telemetry::Exporter,
     policies: PolicyReloader,
@@ -188,9 +194,13 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         Some(settings) => Some((envoy_rls::bind(settings).await?, settings.clone())),
         None => None,
     };
+    let overrides = overrides::Overrides::open(file.id, Some(&file.state_dir))
+        .map_err(|e| DaemonError::State(e.to_string()))?;
+    overrides.apply_all(&layer.rules(), layer.now_ns());
     let state = Arc::new(NodeState {
         id: file.id,
         mesh,
+        overrides: Arc::new(overrides),
         draining: AtomicBool::new(false),
         metrics,
         policies: PolicyReloader::new(
@@ -294,16 +304,22 @@ impl RunningNode {
             traces,
         } = self;
         let server = Server::start(listener, app, limits);
-        let questions = questions::serve(Arc::clone(&state.mesh), layer.clone());
+        let questions = questions::serve(
+            Arc::clone(&state.mesh),
+            layer.clone(),
+            Arc::clone(&state.overrides),
+        );
         let mut admin = admin.map(|(listener, settings)| {
             AdminServer::start(
                 listener,
                 &settings,
                 layer.clone(),
                 Arc::clone(&state.mesh),
+                Arc::clone(&state.overrides),
                 state.id,
             )
         });
+        let reloaded = layer.clone();
         let rls =
             envoy_rls.map(|(listener, settings)| RlsServer::start(listener, &settings, layer));
 
@@ -317,6 +333,8 @@ impl RunningNode {
                 signal = signals.next() => match signal {
                     Signal::Hangup => {
                         state.policies.reload();
+                        // A policy changed by the reload counts afresh: its overrides again.
+                        state.overrides.apply_all(&reloaded.rules(), reloaded.now_ns());
                         certificates.refresh(&state.mesh, true);
                     }
                     stop => break stop,
@@ -372,7 +390,9 @@ impl RunningNode {
         // Give the leases back and hand this node's keys to their next owners, so the
         // others carry on at once instead of waiting to declare this node dead.
         state.mesh.leave().await;
-        questions.abort();
+        for task in questions {
+            task.abort();
+        }
         #[cfg(feature = "otel")]
         if let Some(traces) = traces {
             // The exporter's last batch blocks while it is sent.

@@ -413,6 +413,26 @@ impl Policy {
         }
     }
 
+    /// The same policy with a limit (a bucket's burst) of `limit` for one key (an override
+    /// of the admin API): a window keeps its length, a bucket the time it takes to fill
+    /// from empty (its rate scales with the burst).
+    pub(crate) fn with_limit(&self, limit: u64) -> Result<Policy, PolicyError> {
+        let limit = positive("limit", limit)?;
+        let max = match self.algorithm {
+            Algorithm::SlidingLog => MAX_SLIDING_LOG_LIMIT,
+            _ if self.algorithm.is_rate_based() => self.window_ns(),
+            _ => MAX_WINDOW_LIMIT,
+        };
+        let limit = at_most("limit", limit, max)?;
+        let window_ns = self.window_ns();
+        Ok(Policy::from_parts(
+            self.algorithm,
+            limit,
+            (window_ns / limit).max(1),
+            window_ns,
+        ))
+    }
+
     /// Return the algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm

@@ -20,6 +20,7 @@ mod jwt;
 mod key;
 mod keys;
 mod lockout;
+mod overrides;
 mod plan;
 mod request;
 
@@ -48,6 +49,7 @@ pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub(crate) use key::address_text;
 pub(crate) use keys::{Backend, KeyAddress};
+pub(crate) use overrides::OverrideError;
 #[cfg(feature = "otel")]
 pub(crate) use plan::PlanSummary;
 pub(crate) use plan::Planned;

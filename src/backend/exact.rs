@@ -77,6 +77,12 @@ pub trait ExactLimits: Send + Sync {
         sent: Instant,
     ) -> RefundFuture<'a>;
 
+    /// Enforce `policy` (an override's limit) on `key` of exact policy number `policy_number`
+    /// from now on, or (`None`) the policy's own limits again. The default ignores it.
+    fn set_override(&self, policy_number: u32, key: u64, policy: Option<crate::policy::Policy>) {
+        let _ = (policy_number, key, policy);
+    }
+
     /// Forget what exact policy number `policy` counts for `key` (and `route`): a reset
     /// (the admin API), after which the key has its whole limit. Resolves to whether
     /// anything was counted. The default cannot.

@@ -33,6 +33,13 @@ pub trait GlobalLimits: Send + Sync {
         let _ = (policies, digest);
         Err("this mesh cannot change its policies while it runs".to_owned())
     }
+
+    /// Enforce a limit of `limit` on `key` under mesh policy number `policy` from now on
+    /// (an override of the admin API), or (`None`) the policy's own again. The default
+    /// ignores it.
+    fn set_override(&self, policy: u32, key: u64, limit: Option<u64>) {
+        let _ = (policy, key, limit);
+    }
 }
 
 pub use crate::decision::{MeshAnswer, MeshCharge, MeshDecision};
@@ -50,5 +57,9 @@ impl GlobalLimits for crate::net::MeshNet {
 
     fn reconfigure(&self, policies: &[Policy], digest: u64) -> Result<(), String> {
         crate::net::MeshNet::reconfigure(self, policies.to_vec(), digest).map_err(|e| e.to_string())
+    }
+
+    fn set_override(&self, policy: u32, key: u64, limit: Option<u64>) {
+        crate::net::MeshNet::set_override(self, policy, key, limit);
     }
 }

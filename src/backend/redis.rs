@@ -143,6 +143,20 @@ impl RedisLimiter {
         })
     }
 
+    /// The same script, lockout and connection with `policy` (another limit or rate of the
+    /// same algorithm: an override of one key).
+    pub(crate) fn with_policy(&self, policy: Policy) -> Result<RedisLimiter, BackendError> {
+        let unit_ns = if policy.algorithm().is_rate_based() {
+            policy.interval_ns() / 1000 * 1000
+        } else {
+            policy.window_ns()
+        };
+        let mut limiter = self.clone();
+        limiter.policy = policy;
+        limiter.unit_us = (unit_ns / 1000).max(1);
+        Ok(limiter)
+    }
+
     /// Lock a key out for `block` once the policy denies it (`block_for`): its requests
     /// are then denied, uncounted, until the lockout ends, kept in Redis beside the key's
     /// counters (`…:lock`), so every gateway sees it and it survives their restarts.

@@ -23,6 +23,9 @@ pub struct RedisLimits {
     env: String,
     /// In the order of [`GatewayConfig::redis_policies`].
     policies: Vec<RedisPolicy>,
+    /// Keys decided with a limit of their own (the admin API's overrides): by policy number
+    /// and key, the policy's script with the override's limit (no token cache).
+    overrides: dashmap::DashMap<(u32, u64), RedisLimiter>,
 }
 
 impl std::fmt::Debug for RedisLimits {
@@ -66,6 +69,7 @@ impl RedisLimits {
         Ok(Some(RedisLimits {
             env: config.env.clone(),
             policies,
+            overrides: dashmap::DashMap::new(),
         }))
     }
 
@@ -92,6 +96,11 @@ impl RedisLimits {
         cost: u64,
     ) -> Result<Decision, BackendError> {
         let (named, rkey) = self.keyed(policy, key, route)?;
+        if !self.overrides.is_empty()
+            && let Some(limiter) = self.overrides.get(&(policy, key))
+        {
+            return limiter.check(&rkey, cost).await;
+        }
         match &named.cache {
             Some(cache) => cache.check(&rkey, cost).await,
             None => named.limiter.check(&rkey, cost).await,
@@ -114,6 +123,27 @@ impl ExactLimits for RedisLimits {
                 .map(|decision| ExactAnswer::new(decision, sent))
                 .map_err(ExactError::new)
         })
+    }
+
+    fn set_override(&self, policy_number: u32, key: u64, policy: Option<crate::policy::Policy>) {
+        let Some(named) = self.policies.get(policy_number as usize) else {
+            return;
+        };
+        match policy {
+            None => {
+                self.overrides.remove(&(policy_number, key));
+            }
+            Some(policy) => match named.limiter.with_policy(policy) {
+                Ok(limiter) => {
+                    self.overrides.insert((policy_number, key), limiter);
+                }
+                Err(error) => tracing::warn!(
+                    policy = named.name,
+                    %error,
+                    "override not applied in Redis"
+                ),
+            },
+        }
     }
 
     /// In Redis; tokens a node's cache holds stay there (Redis counted them when it gave
@@ -140,6 +170,12 @@ impl ExactLimits for RedisLimits {
             // The charge was made after `sent` and before now (a microsecond more covers
             // the rounding).
             let within_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+            if let Some(limiter) = self.overrides.get(&(policy, key)) {
+                return limiter
+                    .refund(&rkey, cost, within_us.saturating_add(1))
+                    .await
+                    .map_err(ExactError::new);
+            }
             named
                 .limiter
                 .refund(&rkey, cost, within_us.saturating_add(1))

@@ -51,6 +51,39 @@ enum Call {
         #[command(subcommand)]
         call: KeyCall,
     },
+    /// Limits of their own for keys, until a time, on every node: `overrides set|list|rm`.
+    Overrides {
+        #[command(subcommand)]
+        call: OverrideCall,
+    },
+}
+
+#[derive(Subcommand)]
+enum OverrideCall {
+    /// `set POLICY NAME=VALUE… --limit N --for 24h [--reason TEXT]` (or `--until` an RFC
+    /// 3339 instant).
+    Set {
+        policy: String,
+        attributes: Vec<String>,
+        #[arg(long)]
+        limit: u64,
+        #[arg(long = "for")]
+        for_: Option<String>,
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// The overrides in force (of one policy with `--policy`).
+    List {
+        #[arg(long)]
+        policy: Option<String>,
+    },
+    /// `rm POLICY NAME=VALUE…`: the key's policy limit again.
+    Rm {
+        policy: String,
+        attributes: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -118,6 +151,48 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
                 serde_json::json!({"policy": policy, "attributes": self::attributes(attributes)?});
             ("POST", "/v1/keys/reset", Some(call.to_string()))
         }
+        Call::Overrides {
+            call:
+                OverrideCall::Set {
+                    policy,
+                    attributes,
+                    limit,
+                    for_,
+                    until,
+                    reason,
+                },
+        } => {
+            let mut call = serde_json::json!({"policy": policy, "attributes": self::attributes(attributes)?, "limit": limit, "reason": reason});
+            if let Some(d) = for_ {
+                call["for"] = serde_json::json!(d);
+            }
+            if let Some(at) = until {
+                call["until"] = serde_json::json!(at);
+            }
+            ("PUT", "/v1/overrides", Some(call.to_string()))
+        }
+        Call::Overrides {
+            call: OverrideCall::List { policy },
+        } => match policy {
+            Some(p) => (
+                "GET",
+                leak(format!(
+                    "/v1/overrides?{}",
+                    form_urlencoded::Serializer::new(String::new())
+                        .append_pair("policy", p)
+                        .finish()
+                )),
+                None,
+            ),
+            None => ("GET", "/v1/overrides", None),
+        },
+        Call::Overrides {
+            call: OverrideCall::Rm { policy, attributes },
+        } => {
+            let call =
+                serde_json::json!({"policy": policy, "attributes": self::attributes(attributes)?});
+            ("DELETE", "/v1/overrides", Some(call.to_string()))
+        }
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -148,6 +223,25 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
         Call::Members => print_members(&answer),
         Call::Decide { .. } => print_decision(&answer["responses"][0])?,
         Call::Keys { .. } => print_key(&answer),
+        Call::Overrides {
+            call: OverrideCall::List { .. },
+        } => print_overrides(answer["overrides"].as_array().map_or(&[][..], |v| v)),
+        Call::Overrides { .. } => {
+            print_overrides(std::slice::from_ref(&answer));
+            let pending = answer["pending"].as_array().map_or(0, Vec::len);
+            println!(
+                "taken by nodes {}{}",
+                answer["nodes"],
+                if pending > 0 {
+                    format!(
+                        "; {} will pull it (no answer): {}",
+                        pending, answer["pending"]
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
     }
     Ok(())
 }
@@ -233,6 +327,36 @@ fn print_members(answer: &serde_json::Value) {
             } else {
                 "differs"
             },
+        );
+    }
+}
+
+/// A path made once for the life of the command.
+fn leak(path: String) -> &'static str {
+    Box::leak(path.into_boxed_str())
+}
+
+fn print_overrides(list: &[serde_json::Value]) {
+    println!(
+        "{:<20} {:<16} {:>10} {:<22} {:<12} reason",
+        "policy", "key", "limit", "until (UTC)", "by"
+    );
+    for o in list {
+        let until = o["until_ms"]
+            .as_i64()
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+            .map_or_else(
+                || "(removed)".to_string(),
+                |t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+            );
+        println!(
+            "{:<20} {:<16} {:>10} {:<22} {:<12} {}",
+            o["policy"].as_str().unwrap_or("?"),
+            o["key"].as_str().unwrap_or("?"),
+            o["limit"],
+            until,
+            o["by"].as_str().unwrap_or(""),
+            o["reason"].as_str().unwrap_or(""),
         );
     }
 }

@@ -31,6 +31,7 @@ use crate::net::MeshNet;
 use crate::rules::{Attributes, DirectError};
 
 mod keys;
+mod overrides;
 
 /// The most requests one decision call may carry.
 const MAX_BATCH: usize = 1000;
@@ -62,6 +63,7 @@ pub(crate) async fn bind(settings: &Admin) -> Result<tokio::net::TcpListener, Da
 struct AdminState {
     layer: RateLimitLayer,
     mesh: Arc<MeshNet>,
+    overrides: Arc<crate::daemon::overrides::Overrides>,
     id: u64,
     /// Callers by name with their tokens, swapped whole when the token file changes.
     tokens: arc_swap::ArcSwap<Vec<(String, String)>>,
@@ -74,11 +76,13 @@ impl AdminServer {
         settings: &Admin,
         layer: RateLimitLayer,
         mesh: Arc<MeshNet>,
+        overrides: Arc<crate::daemon::overrides::Overrides>,
         id: u64,
     ) -> AdminServer {
         let state = Arc::new(AdminState {
             layer,
             mesh,
+            overrides,
             id,
             tokens: arc_swap::ArcSwap::from_pointee(settings.tokens.clone()),
         });
@@ -87,6 +91,12 @@ impl AdminServer {
             .route("/v1/config", get(config))
             .route("/v1/keys", get(keys::get))
             .route("/v1/keys/reset", post(keys::reset))
+            .route(
+                "/v1/overrides",
+                get(overrides::list)
+                    .put(overrides::set)
+                    .delete(overrides::remove),
+            )
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(Arc::clone(&state));
         let addr = listener

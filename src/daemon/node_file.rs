@@ -8,6 +8,7 @@
 //! http = "127.0.0.1:8101"          # the gateway, /metrics and /health (or `[http] addr`)
 //! gossip_interval = "20ms"
 //! policy_file = "policies.toml"    # relative to this file; the same file on every node
+//! state_dir = "state/node-1"       # what survives restarts (overrides); default state/node-ID
 //! drain_grace = "5s"               # on SIGTERM: /health says 503 while serving, this long
 //! drain = "5s"                     # then: finish in-flight requests for at most this
 //! mesh_max_keys = 1000000          # mesh keys a node holds; beyond, its share alone decides
@@ -164,6 +165,8 @@ pub struct NodeFile {
     pub tls: TlsFiles,
     /// The policy file's path.
     pub policy_file: PathBuf,
+    /// Where the node keeps what must survive its restarts (the admin API's overrides).
+    pub state_dir: PathBuf,
     /// The policy file.
     pub gateway: GatewayConfig,
     /// The SHA-256 of the policy file's bytes, in hex.
@@ -230,6 +233,7 @@ struct RawNodeFile {
     join_timeout: Option<Spanned<String>>,
     while_joining: Option<Spanned<String>>,
     policy_file: Spanned<String>,
+    state_dir: Option<Spanned<String>>,
     tls: Spanned<RawTls>,
     #[serde(default)]
     peers: Vec<Spanned<RawPeer>>,
@@ -584,6 +588,10 @@ impl NodeFile {
                 format!("no file at {}", policy_file.display()),
             ));
         }
+        let state_dir = match &raw.state_dir {
+            Some(dir) => relative(dir.get_ref()),
+            None => relative(&format!("state/node-{id}")),
+        };
         let proxies = upstreams::proxy_routes(&source, &raw.proxy)?;
         let forward_auth = raw
             .forward_auth
@@ -641,6 +649,7 @@ impl NodeFile {
             gossip_budget_bytes_per_s,
             tls,
             policy_file,
+            state_dir,
             gateway,
             policy_sha256,
             proxies,

@@ -1,17 +1,52 @@
 //! The questions peers ask this node for the admin API, over the mesh (`net::admin`),
 //! answered from the node's own rules whether or not it has an `[admin]` port: a local
-//! policy's key on this node (read, or reset), and the heaviest keys of a policy here.
+//! policy's key on this node (read, or reset), overrides to take, and a page of this node's
+//! overrides (the pull of `daemon::overrides`' anti-entropy, which runs here too).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::daemon::overrides::{Overrides, PAGE, Record};
 use crate::http::RateLimitLayer;
-use crate::mesh::ASK_APP;
+use crate::mesh::{ASK_APP, NodeId};
 use crate::net::{MeshNet, Question};
 
 /// A local policy's key on the node asked: read it, or reset it ([`LocalKeyAsk`]).
 pub(crate) const ASK_LOCAL_KEY: u32 = ASK_APP + 1;
+
+/// Overrides to take (a JSON list of records), answered with how many changed the table.
+pub(crate) const ASK_OVERRIDES: u32 = ASK_APP + 2;
+
+/// A page of the node's overrides ([`PullAsk`]), unless its table's digest is the asker's.
+pub(crate) const ASK_OVERRIDES_PAGE: u32 = ASK_APP + 3;
+
+/// How often a node pulls a random peer's overrides.
+const PULL_EVERY: Duration = Duration::from_secs(10);
+
+/// How long a question waits for its answer.
+pub(crate) const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A page of overrides asked for.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PullAsk {
+    /// The asker's digest: equal, the answer is `{"same": true}`.
+    digest: u64,
+    after: Option<(String, u64)>,
+}
+
+/// A page of overrides.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Page {
+    #[serde(default)]
+    same: bool,
+    #[serde(default)]
+    records: Vec<Record>,
+    #[serde(default)]
+    more: bool,
+}
 
 /// A local policy's key, as asked of a node.
 #[derive(Debug, Serialize, Deserialize)]
@@ -32,21 +67,156 @@ pub(crate) struct LocalKeyAnswer {
     pub(crate) lockout_ms: u64,
 }
 
-/// Answer the questions peers ask, until the node stops (the task is aborted with it).
-pub(crate) fn serve(mesh: Arc<MeshNet>, layer: RateLimitLayer) -> tokio::task::JoinHandle<()> {
+/// Answer the questions peers ask, and pull a random peer's overrides every 10 s (applying
+/// what changed, dropping what ended), until the node stops (the tasks are aborted).
+pub(crate) fn serve(
+    mesh: Arc<MeshNet>,
+    layer: RateLimitLayer,
+    overrides: Arc<Overrides>,
+) -> [tokio::task::JoinHandle<()>; 2] {
     let mut questions = mesh.admin_questions();
-    tokio::spawn(async move {
-        while let Some(question) = questions.recv().await {
-            let body = answer(&layer, &question);
-            mesh.answer(&question, body);
+    let answering = {
+        let (mesh, layer, overrides) = (Arc::clone(&mesh), layer.clone(), Arc::clone(&overrides));
+        tokio::spawn(async move {
+            while let Some(question) = questions.recv().await {
+                let body = answer(&layer, &overrides, &question);
+                mesh.answer(&question, body);
+            }
+        })
+    };
+    let pulling = tokio::spawn(async move {
+        let mut every = tokio::time::interval(PULL_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let now = layer.now_ns();
+            let rules = layer.rules();
+            for (policy, key) in overrides.sweep(now / 1_000_000) {
+                let _ = rules.set_override(&policy, key, None, now);
+            }
+            rules.sweep_overrides(now);
+            let me = mesh.with_node(|n| n.config().id);
+            let peers: Vec<NodeId> = mesh
+                .with_node(|n| n.members())
+                .into_iter()
+                .filter(|&(id, alive)| alive && id != me)
+                .map(|(id, _)| id)
+                .collect();
+            if peers.is_empty() {
+                continue;
+            }
+            let peer = peers[fastrand::usize(..peers.len())];
+            pull(&mesh, &layer, &overrides, peer).await;
         }
-    })
+    });
+    [answering, pulling]
+}
+
+/// Take `peer`'s overrides that this node lacks, page by page.
+async fn pull(mesh: &MeshNet, layer: &RateLimitLayer, overrides: &Overrides, peer: NodeId) {
+    let mut after = None;
+    loop {
+        let ask = PullAsk {
+            digest: overrides.digest(),
+            after: after.clone(),
+        };
+        let body = serde_json::to_vec(&ask).unwrap_or_default();
+        let Ok(answer) = mesh.ask(peer, ASK_OVERRIDES_PAGE, body, ASK_TIMEOUT).await else {
+            return;
+        };
+        let Ok(page) = serde_json::from_slice::<Page>(&answer) else {
+            return;
+        };
+        if page.same {
+            return;
+        }
+        after = page.records.last().map(|r| (r.policy.clone(), r.key));
+        take(layer, overrides, page.records);
+        if !page.more || after.is_none() {
+            return;
+        }
+    }
+}
+
+/// Merge `records` into the table (on disk first) and apply those that changed it; return
+/// how many did.
+pub(crate) fn take(layer: &RateLimitLayer, overrides: &Overrides, records: Vec<Record>) -> usize {
+    match overrides.merge(records, true) {
+        Ok(changed) => {
+            let rules = layer.rules();
+            let now = layer.now_ns();
+            for record in &changed {
+                Overrides::apply(&rules, record, now);
+            }
+            changed.len()
+        }
+        Err(error) => {
+            tracing::error!(%error, "overrides not taken");
+            0
+        }
+    }
+}
+
+/// Send `records` to every live member but this node: the members that took them, and
+/// those that did not answer (they pull them later).
+pub(crate) async fn send_overrides(
+    mesh: &Arc<MeshNet>,
+    records: &[Record],
+) -> (Vec<NodeId>, Vec<NodeId>) {
+    let me = mesh.with_node(|n| n.config().id);
+    let body = serde_json::to_vec(records).unwrap_or_default();
+    let mut asks = tokio::task::JoinSet::new();
+    for (node, alive) in mesh.with_node(|n| n.members()) {
+        if node == me || !alive {
+            continue;
+        }
+        let (mesh, body) = (Arc::clone(mesh), body.clone());
+        asks.spawn(async move { (node, mesh.ask(node, ASK_OVERRIDES, body, ASK_TIMEOUT).await) });
+    }
+    let (mut took, mut missed) = (vec![me], Vec::new());
+    while let Some(Ok((node, answer))) = asks.join_next().await {
+        match answer {
+            Ok(_) => took.push(node),
+            Err(_) => missed.push(node),
+        }
+    }
+    took.sort_unstable();
+    missed.sort_unstable();
+    (took, missed)
 }
 
 /// The answer to `question` (JSON; `{"error": …}` for one this node cannot answer).
-fn answer(layer: &RateLimitLayer, question: &Question) -> Vec<u8> {
+fn answer(layer: &RateLimitLayer, overrides: &Overrides, question: &Question) -> Vec<u8> {
     let refused = |why: &str| serde_json::json!({ "error": why }).to_string().into_bytes();
     match question.kind {
+        ASK_OVERRIDES => match serde_json::from_slice::<Vec<Record>>(&question.body) {
+            Ok(records) if records.len() <= PAGE => {
+                let changed = take(layer, overrides, records);
+                serde_json::json!({ "changed": changed })
+                    .to_string()
+                    .into_bytes()
+            }
+            _ => refused("bad_question"),
+        },
+        ASK_OVERRIDES_PAGE => {
+            let Ok(ask) = serde_json::from_slice::<PullAsk>(&question.body) else {
+                return refused("bad_question");
+            };
+            let page = if ask.after.is_none() && ask.digest == overrides.digest() {
+                Page {
+                    same: true,
+                    ..Page::default()
+                }
+            } else {
+                let (records, more) = overrides.page(ask.after.as_ref(), PAGE);
+                Page {
+                    same: false,
+                    records,
+                    more,
+                }
+            };
+            serde_json::to_vec(&page).unwrap_or_default()
+        }
         ASK_LOCAL_KEY => {
             let Ok(ask) = serde_json::from_slice::<LocalKeyAsk>(&question.body) else {
                 return refused("bad_question");

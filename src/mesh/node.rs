@@ -417,11 +417,13 @@ impl Node {
     /// The policy the state of `key` (its authority, its holding) is enforced with now:
     /// such state exists only for a policy the node has, and their number never changes.
     fn enforced(&self, key: KeyRef) -> Policy {
-        self.limits.enforced()[key.policy as usize]
+        self.limits
+            .of_key(&key)
+            .unwrap_or_else(|| self.limits.enforced()[key.policy as usize])
     }
 
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
-        let policy = self.policy(key.policy)?;
+        let policy = self.limits.of_key(&key)?;
         Some(
             self.holdings
                 .get_or_make(key, &policy, self.stats.rounds, &self.cells),
@@ -585,7 +587,7 @@ impl Node {
     }
 
     fn on_grant(&mut self, now: Nanos, from: NodeId, grant: Grant) {
-        let Some(policy) = self.policy(grant.key.policy) else {
+        let Some(policy) = self.limits.of_key(&grant.key) else {
             return;
         };
         let expiry = if policy.algorithm().counts_per_window() {
@@ -652,7 +654,7 @@ impl Node {
                 && !self.is_idle_backup(key, b, now)
         });
         for key in orphaned {
-            let (Some(b), Some(policy)) = (self.backups.remove(&key), self.policy(key.policy))
+            let (Some(b), Some(policy)) = (self.backups.remove(&key), self.limits.of_key(&key))
             else {
                 continue;
             };

@@ -181,6 +181,17 @@ impl MeshNet {
         self.shared.wake.notify_one();
     }
 
+    /// Enforce `limit` on `key` of mesh policy `policy` from now on, or (`None`) the
+    /// policy's own limit again (see [`crate::mesh::Node::set_override`]).
+    pub fn set_override(&self, policy: u32, key: u64, limit: Option<u64>) {
+        {
+            let mut inner = self.shared.inner.lock();
+            let now = self.shared.clock.now_ns();
+            inner.node.set_override(now, policy, key, limit);
+        }
+        self.shared.wake.notify_one();
+    }
+
     async fn await_answer(
         &self,
         answer: oneshot::Receiver<(NodeId, Vec<u8>)>,

@@ -48,6 +48,8 @@ pub(super) struct CompiledPolicy {
     pub(super) lockouts: Option<Arc<super::lockout::Lockouts>>,
     /// What its denials answer, formatted at its first.
     pub(super) denial_forms: OnceLock<&'static crate::http::forms::DenialForms>,
+    /// Its keys' overrides (the admin API; kept across a reload with the store).
+    pub(super) overrides: Arc<super::overrides::PolicyOverrides>,
 }
 
 /// What a decision of a policy is counted as in `ratemesh_decisions_total`.
@@ -272,6 +274,9 @@ pub(super) fn compile(
         .map(|(index, named)| {
             let previous = previous.and_then(|old| old.iter().find(|old| old.named == *named));
             let kept = previous.map(|old| Arc::clone(&old.store));
+            let overrides = previous
+                .map(|old| Arc::clone(&old.overrides))
+                .unwrap_or_default();
             let lockouts = named.block_for.map(|block| {
                 previous
                     .and_then(|old| old.lockouts.clone())
@@ -304,6 +309,7 @@ pub(super) fn compile(
                 policy_field: OnceLock::new(),
                 lockouts,
                 denial_forms: OnceLock::new(),
+                overrides,
             }
         })
         .collect();

@@ -74,9 +74,9 @@ impl<'r> Passage<'r> {
                     reports.push(policy.report(decision));
                     return decision;
                 }
-                let mut decision = policy
-                    .store
-                    .decide_charge(&key, at, plan.cost, true, charge);
+                let mut decision = policy.with_store(key, now, |store| {
+                    store.decide_charge(&key, at, plan.cost, true, charge)
+                });
                 if decision.verdict == Verdict::Denied
                     && let Some(left) = policy.lockouts.as_ref().and_then(|l| l.lock(key, now))
                 {
@@ -350,9 +350,8 @@ impl Rules {
     /// Give back `cost` that layer `(p, key)` took from `charge` at `now`.
     fn refund(&self, (p, key): (usize, u64), charge: Charge, cost: u64, now: Nanos) {
         let policy = &self.policies[p];
-        policy
-            .store
-            .refund(&key, charge, policy.local_now(now), cost);
+        let at = policy.local_now(now);
+        policy.with_store(key, now, |store| store.refund(&key, charge, at, cost));
     }
 
     fn count_shadow(&self, plan: &Plan, now: Nanos) -> Vec<PolicyReport> {
@@ -360,7 +359,8 @@ impl Rules {
             .iter()
             .map(|&(p, key)| {
                 let policy = &self.policies[p];
-                policy.report(policy.store.decide(&key, policy.local_now(now), plan.cost))
+                let at = policy.local_now(now);
+                policy.report(policy.with_store(key, now, |s| s.decide(&key, at, plan.cost)))
             })
             .collect()
     }

@@ -94,10 +94,9 @@ impl Rules {
                 } else {
                     let at = compiled.local_now(now);
                     let mut charge = Charge::Key;
-                    let mut decision =
-                        compiled
-                            .store
-                            .decide_charge(&key, at, cost, true, &mut charge);
+                    let mut decision = compiled.with_store(key, now, |store| {
+                        store.decide_charge(&key, at, cost, true, &mut charge)
+                    });
                     if !decision.is_allowed()
                         && let Some(left) =
                             compiled.lockouts.as_ref().and_then(|l| l.lock(key, now))

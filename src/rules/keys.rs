@@ -95,9 +95,9 @@ impl Rules {
         let at = compiled.local_now(now);
         let lockouts = compiled.lockouts.as_ref();
         let lockout_ns = lockouts.and_then(|l| l.left(key, now)).unwrap_or(0);
-        let decision = compiled.store.decide(&key, at, 0);
+        let decision = compiled.with_store(key, now, |s| s.decide(&key, at, 0));
         let known = if reset {
-            let forgot = compiled.store.forget(&key);
+            let forgot = compiled.store.forget(&key) | compiled.forget_overridden(key);
             lockouts.is_some_and(|l| l.clear(key)) || forgot
         } else {
             decision.remaining < decision.limit || lockout_ns > 0

@@ -6,7 +6,6 @@
 //! node; in Redis), counted and logged with who asked.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
@@ -16,22 +15,20 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{AdminState, authenticate, json as answer};
-use crate::daemon::questions::{ASK_LOCAL_KEY, LocalKeyAnswer, LocalKeyAsk};
+use crate::daemon::questions::{ASK_LOCAL_KEY, ASK_TIMEOUT, LocalKeyAnswer, LocalKeyAsk};
 use crate::rules::{Attributes, Backend, DirectError, KeyAddress};
 
-/// How long a question to another node waits for its answer.
-const ASK_TIMEOUT: Duration = Duration::from_secs(2);
-
+/// A key as a call names it.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct KeyCall {
-    policy: String,
+pub(super) struct KeyCall {
+    pub(super) policy: String,
     #[serde(default)]
-    attributes: Attributes,
+    pub(super) attributes: Attributes,
 }
 
 /// Read the call's key: the JSON body if there is one, else the query.
-fn key_call(query: Option<&str>, body: &[u8]) -> Result<KeyCall, String> {
+pub(super) fn key_call(query: Option<&str>, body: &[u8]) -> Result<KeyCall, String> {
     if !body.is_empty() {
         return serde_json::from_slice(body).map_err(|e| e.to_string());
     }
@@ -50,14 +47,14 @@ fn key_call(query: Option<&str>, body: &[u8]) -> Result<KeyCall, String> {
     })
 }
 
-fn error(status: StatusCode, kind: &str, message: impl std::fmt::Display) -> Response {
+pub(super) fn error(status: StatusCode, kind: &str, message: impl std::fmt::Display) -> Response {
     answer(
         status,
         json!({"error": kind, "message": message.to_string()}),
     )
 }
 
-fn direct_error(e: &DirectError) -> Response {
+pub(super) fn direct_error(e: &DirectError) -> Response {
     let (status, kind) = match e {
         DirectError::UnknownPolicy(_) => (StatusCode::NOT_FOUND, "unknown_policy"),
         DirectError::UnknownRoute(_) => (StatusCode::NOT_FOUND, "unknown_route"),

@@ -105,10 +105,26 @@ impl Authorities {
     }
 
     /// The limits of policy number `index` changed from `old` to `new`.
-    pub(super) fn limits_changed(&mut self, index: u32, old: &Policy, new: &Policy) {
+    pub(super) fn limits_changed(
+        &mut self,
+        index: u32,
+        old: &Policy,
+        new: &Policy,
+        overrides: &std::collections::HashMap<KeyRef, u64>,
+    ) {
         for (key, a) in self.map.iter_mut() {
+            // A key with an override keeps its own limit; a bucket's rate follows its
+            // policy's only through the override's scaling.
             if key.policy == index {
-                a.limits_changed(old, new);
+                match overrides.get(key) {
+                    Some(&limit) => {
+                        let (Ok(o), Ok(n)) = (old.with_limit(limit), new.with_limit(limit)) else {
+                            continue;
+                        };
+                        a.limits_changed(&o, &n);
+                    }
+                    None => a.limits_changed(old, new),
+                }
                 if a.mark_dirty() {
                     self.changed.push(*key);
                 }
@@ -116,11 +132,17 @@ impl Authorities {
         }
     }
 
-    /// Forget what `node` held of every key (it died, left or restarted); `policies`: the
-    /// enforced policies.
-    pub(super) fn forget_holder(&mut self, policies: &[Policy], node: NodeId) {
+    /// Forget what `node` held of every key (it died, left or restarted); `policy_of`: the
+    /// policy each key is enforced with.
+    pub(super) fn forget_holder(
+        &mut self,
+        policy_of: impl Fn(&KeyRef) -> Option<Policy>,
+        node: NodeId,
+    ) {
         for (key, a) in self.map.iter_mut() {
-            a.forget_holder(&policies[key.policy as usize], node);
+            if let Some(policy) = policy_of(key) {
+                a.forget_holder(&policy, node);
+            }
         }
     }
 
@@ -190,7 +212,7 @@ mod tests {
         assert_eq!(sent.len(), 3);
         // A change of policy 1's limits changes its authorities only.
         let raised = Policy::fixed_window(20, Duration::from_secs(1)).unwrap();
-        authorities.limits_changed(1, &policy, &raised);
+        authorities.limits_changed(1, &policy, &raised, &Default::default());
         authorities.backups(|key, _| sent.push(key.key));
         assert_eq!(sent[3..], [1, 3, 5]);
         let dropped = authorities.drop_idle(|key, _| key.key > 4);

@@ -11,13 +11,14 @@
 //! old and new limits, on every node, and never a sum or a mix of the two; a raised limit
 //! applies once every live member runs it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{Event, MeshError, Node};
+use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::holder::Holding;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
-use crate::mesh::message::{Item, PolicyLimits};
+use crate::mesh::message::{Item, KeyRef, PolicyLimits};
 use crate::policy::Policy;
 
 /// The policies a node was given, and its peers' where their configurations differ.
@@ -31,6 +32,8 @@ pub(super) struct Enforcement {
     digests: BTreeMap<NodeId, u64>,
     /// The peers whose digest differs from this node's, with the limits they announced.
     differ: BTreeMap<NodeId, Option<Vec<PolicyLimits>>>,
+    /// Keys enforced with a limit of their own (the admin API's overrides).
+    overrides: HashMap<KeyRef, u64>,
 }
 
 impl Enforcement {
@@ -44,6 +47,20 @@ impl Enforcement {
     /// The policies enforced now.
     pub(super) fn enforced(&self) -> &[Policy] {
         &self.enforced
+    }
+
+    /// The policy `key` is enforced with now: its policy's, or its override's limit
+    /// (a window keeps its length, a bucket its time to fill); `None` for a policy the node
+    /// does not have.
+    pub(super) fn of_key(&self, key: &KeyRef) -> Option<Policy> {
+        let policy = *self.enforced.get(key.policy as usize)?;
+        if self.overrides.is_empty() {
+            return Some(policy);
+        }
+        Some(match self.overrides.get(key) {
+            Some(&limit) => policy.with_limit(limit).unwrap_or(policy),
+            None => policy,
+        })
     }
 }
 
@@ -188,6 +205,39 @@ impl Node {
 
     /// Enforce, for each policy, the lowest limit of this node's and the live differing
     /// peers' (those of the same algorithm and window).
+    /// Enforce `limit` on `key` of mesh policy `policy` from `now` on, or (`None`) the
+    /// policy's own limit again: the key's authority here grants by it (what it counted
+    /// stays counted), and its holding asks again. Return whether the node has the policy.
+    pub fn set_override(&mut self, now: Nanos, policy: u32, key: u64, limit: Option<u64>) -> bool {
+        let key = KeyRef { policy, key };
+        let Some(old) = self.limits.of_key(&key) else {
+            return false;
+        };
+        match limit {
+            Some(limit) => {
+                self.limits
+                    .overrides
+                    .insert(key, limit.clamp(1, MAX_LEASE_TOKENS));
+            }
+            None => {
+                self.limits.overrides.remove(&key);
+            }
+        }
+        let new = self.enforced(key);
+        if new != old {
+            if let Some(a) = self.authorities.get_mut(&key) {
+                a.limits_changed(&old, &new);
+                a.mark_dirty();
+            }
+            if let Some(h) = self.holdings.get_mut(&key) {
+                h.limits_changed();
+            }
+            self.stats.policy_changes += 1;
+            self.serve_waiting(key, now);
+        }
+        true
+    }
+
     fn apply_limits(&mut self) {
         for index in 0..self.config.policies.len() {
             let own = self.config.policies[index];
@@ -210,7 +260,8 @@ impl Node {
             self.limits.enforced[index] = enforced;
             self.cells.set_policy(index, &enforced);
             let index = index as u32;
-            self.authorities.limits_changed(index, &old, &enforced);
+            self.authorities
+                .limits_changed(index, &old, &enforced, &self.limits.overrides);
             self.holdings.for_each(Some(index), Holding::limits_changed);
             self.stats.policy_changes += 1;
         }

@@ -47,7 +47,7 @@ impl Node {
             // authority, has what it granted.
             return false;
         }
-        let Some(policy) = self.policy(key.policy) else {
+        let Some(policy) = self.limits.of_key(&key) else {
             return false;
         };
         // A backup whose authority would be idle by now holds nothing a fresh one does not,

@@ -49,7 +49,7 @@ impl Node {
     ) {
         let key = state.key;
         self.schedule.touch(key);
-        let Some(policy) = self.policy(key.policy) else {
+        let Some(policy) = self.limits.of_key(&key) else {
             return;
         };
         self.backups.remove(&key);
@@ -227,7 +227,7 @@ impl Node {
                             .min(self.config.dead_after_rounds * self.config.gossip_interval_ns);
                         self.transfers.departed(p, now, now.saturating_add(wait));
                     }
-                    self.authorities.forget_holder(self.limits.enforced(), p);
+                    self.authorities.forget_holder(|k| self.limits.of_key(k), p);
                     // What it was to hand back is lost with it.
                     self.transfers.peer_gone(p);
                 }
@@ -249,7 +249,7 @@ impl Node {
                 }
                 Change::Restarted(p) => {
                     self.events.push_back(Event::PeerRestarted(p));
-                    self.authorities.forget_holder(self.limits.enforced(), p);
+                    self.authorities.forget_holder(|k| self.limits.of_key(k), p);
                     self.transfers.peer_restarted(p);
                 }
             }

@@ -154,10 +154,12 @@ impl Node {
     /// An authority no key's round looked at is dropped once it holds nothing worth keeping
     /// (the one thing its round would do).
     fn drop_idle_authorities(&mut self, now: Nanos) {
-        let enforced = self.limits.enforced();
-        let idle = self
-            .authorities
-            .drop_idle(|key, a| a.is_idle(&enforced[key.policy as usize], now));
+        let limits = &self.limits;
+        let idle = self.authorities.drop_idle(|key, a| {
+            limits
+                .of_key(key)
+                .is_some_and(|policy| a.is_idle(&policy, now))
+        });
         for key in idle {
             self.forget_if_gone(key);
         }
@@ -238,7 +240,7 @@ impl Node {
     }
 
     pub(super) fn is_idle_backup(&self, key: &KeyRef, b: &Backup, now: Nanos) -> bool {
-        self.policy(key.policy).is_some_and(|policy| {
+        self.limits.of_key(key).is_some_and(|policy| {
             let offset = self.offset_or_guess(b.from, now);
             Authority::state_is_idle(&b.state, &policy, offset, now)
         })

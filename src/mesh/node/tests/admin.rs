@@ -134,3 +134,32 @@ fn questions_for_the_program_reach_it_and_its_answers_come_back() {
         Some((id, 0))
     );
 }
+
+#[test]
+fn an_override_gives_one_key_a_limit_of_its_own() {
+    let policy = Policy::global_fixed_window(10, Duration::from_secs(60)).unwrap();
+    let mut c = Cluster::with(3, policy);
+    c.run_ms(100);
+    let key = c.key_owned_by(0);
+    let other = c.key_owned_by(0) ^ 1;
+    let now = c.now;
+    for i in 0..3 {
+        assert!(c.node(i).set_override(now, 0, key, Some(15)));
+    }
+    assert!(!c.node(0).set_override(now, 7, key, Some(15)), "no such policy");
+    assert_eq!(admitted(&mut c, key, &[1, 2], 40), 15);
+    assert_eq!(ask(&mut c, 1, key, ASK_KEY).limit, 15);
+    assert_eq!(admitted(&mut c, other, &[1, 2], 20), 10, "other keys keep the policy's");
+    // Lowered below what was used: nothing more this window.
+    let now = c.now;
+    for i in 0..3 {
+        c.node(i).set_override(now, 0, key, Some(12));
+    }
+    assert_eq!(admitted(&mut c, key, &[0, 1, 2], 10), 0);
+    // Removed: the policy's 10, which the 15 used exceed.
+    let now = c.now;
+    for i in 0..3 {
+        c.node(i).set_override(now, 0, key, None);
+    }
+    assert_eq!(ask(&mut c, 2, key, ASK_KEY).limit, 10);
+}
