@@ -33,6 +33,7 @@ mod questions;
 mod reload;
 mod server;
 mod signals;
+mod snapshots;
 mod telemetry;
 
 #[cfg(feature = "fuzzing")]
@@ -114,6 +115,9 @@ pub enum DaemonError {
 struct NodeState {
     id: u64,
     mesh: Arc<MeshNet>,
+    /// Long-window counts on disk.
+    snapshots: Arc<snapshots::Snapshots>,
+    snapshot_interval: Duration,
     /// The admin API's overrides (replicated, on disk).
     overrides: Arc<overrides::Overrides>,
     draining: AtomicBool,
@@ -172,6 +176,18 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         })
         .await?,
     );
+    // Read back what was saved before a restart, before the node recovers its keys.
+    let snapshots = snapshots::Snapshots::open(&file.state.dir).map_err(DaemonError::State)?;
+    let saved = snapshots
+        .read()
+        .map_err(|e| DaemonError::State(e.to_string()))?;
+    let restored = mesh.restore_saved(saved);
+    if restored > 0 {
+        tracing::info!(
+            keys = restored,
+            "long-window counts read back from the state directory"
+        );
+    }
     mesh.add_seeds(file.seeds.clone(), file.seed_refresh);
     let layer = RateLimitLayer::with_mesh(file.gateway.clone(), Arc::clone(&mesh) as _).map_err(
         |source| DaemonError::Rules {
@@ -194,12 +210,14 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
         Some(settings) => Some((envoy_rls::bind(settings).await?, settings.clone())),
         None => None,
     };
-    let overrides = overrides::Overrides::open(file.id, Some(&file.state_dir))
+    let overrides = overrides::Overrides::open(file.id, Some(&file.state.dir))
         .map_err(|e| DaemonError::State(e.to_string()))?;
     overrides.apply_all(&layer.rules(), layer.now_ns());
     let state = Arc::new(NodeState {
         id: file.id,
         mesh,
+        snapshots: Arc::new(snapshots),
+        snapshot_interval: file.state.snapshot_interval,
         overrides: Arc::new(overrides),
         draining: AtomicBool::new(false),
         metrics,
@@ -304,6 +322,8 @@ impl RunningNode {
             traces,
         } = self;
         let server = Server::start(listener, app, limits);
+        let snapshotting =
+            Arc::clone(&state.snapshots).spawn(Arc::clone(&state.mesh), state.snapshot_interval);
         let questions = questions::serve(
             Arc::clone(&state.mesh),
             layer.clone(),
@@ -389,6 +409,9 @@ impl RunningNode {
         }
         // Give the leases back and hand this node's keys to their next owners, so the
         // others carry on at once instead of waiting to declare this node dead.
+        // The last snapshot, with the counts of the drain, before the keys are handed on.
+        snapshotting.abort();
+        state.snapshots.write_changes(&state.mesh).await;
         state.mesh.leave().await;
         for task in questions {
             task.abort();

@@ -17,6 +17,7 @@
 //! ```
 
 pub use crate::daemon::node_file::{
-    Admin, EnvoyRls, ForwardAuth, Forwarded, HttpSettings, NodeFile, ProxyRoute, TlsFiles, Traces,
+    Admin, EnvoyRls, ForwardAuth, Forwarded, HttpSettings, NodeFile, ProxyRoute, State, TlsFiles,
+    Traces,
 };
 pub use crate::daemon::{DaemonError, RunningNode, check, start};

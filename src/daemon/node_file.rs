@@ -8,7 +8,6 @@
 //! http = "127.0.0.1:8101"          # the gateway, /metrics and /health (or `[http] addr`)
 //! gossip_interval = "20ms"
 //! policy_file = "policies.toml"    # relative to this file; the same file on every node
-//! state_dir = "state/node-1"       # what survives restarts (overrides); default state/node-ID
 //! drain_grace = "5s"               # on SIGTERM: /health says 503 while serving, this long
 //! drain = "5s"                     # then: finish in-flight requests for at most this
 //! mesh_max_keys = 1000000          # mesh keys a node holds; beyond, its share alone decides
@@ -43,6 +42,9 @@
 //! # path = "/v1/check"
 //! # [envoy_rls]                    # Envoy's rate limit service API over gRPC (see [`envoy_rls`])
 //! # listen = "127.0.0.1:8081"
+//! # [state]                        # what outlives the process ([`state`]; defaults shown)
+//! # dir = "state/node-1"
+//! # snapshot_interval = "1s"
 //! # [traces]                       # OpenTelemetry spans over OTLP (feature `otel`; [`traces`])
 //! # otlp_endpoint = "http://127.0.0.1:4317"
 //!
@@ -61,6 +63,7 @@ mod admin;
 mod envoy_rls;
 mod http;
 mod ordinal;
+mod state;
 mod traces;
 mod upstreams;
 
@@ -86,6 +89,7 @@ pub use envoy_rls::EnvoyRls;
 pub use http::HttpSettings;
 pub(crate) use http::RESERVED_FDS;
 use http::{RawHttp, http_settings};
+pub use state::State;
 pub use traces::Traces;
 pub use upstreams::{ForwardAuth, Forwarded, ProxyRoute};
 
@@ -165,8 +169,8 @@ pub struct NodeFile {
     pub tls: TlsFiles,
     /// The policy file's path.
     pub policy_file: PathBuf,
-    /// Where the node keeps what must survive its restarts (the admin API's overrides).
-    pub state_dir: PathBuf,
+    /// Where the node keeps what must survive its restarts (`[state]`).
+    pub state: State,
     /// The policy file.
     pub gateway: GatewayConfig,
     /// The SHA-256 of the policy file's bytes, in hex.
@@ -233,7 +237,7 @@ struct RawNodeFile {
     join_timeout: Option<Spanned<String>>,
     while_joining: Option<Spanned<String>>,
     policy_file: Spanned<String>,
-    state_dir: Option<Spanned<String>>,
+    state: Option<Spanned<state::RawState>>,
     tls: Spanned<RawTls>,
     #[serde(default)]
     peers: Vec<Spanned<RawPeer>>,
@@ -588,10 +592,7 @@ impl NodeFile {
                 format!("no file at {}", policy_file.display()),
             ));
         }
-        let state_dir = match &raw.state_dir {
-            Some(dir) => relative(dir.get_ref()),
-            None => relative(&format!("state/node-{id}")),
-        };
+        let state = state::state(&source, raw.state.as_ref(), id, base)?;
         let proxies = upstreams::proxy_routes(&source, &raw.proxy)?;
         let forward_auth = raw
             .forward_auth
@@ -649,7 +650,7 @@ impl NodeFile {
             gossip_budget_bytes_per_s,
             tls,
             policy_file,
-            state_dir,
+            state,
             gateway,
             policy_sha256,
             proxies,

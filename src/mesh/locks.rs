@@ -99,6 +99,11 @@ impl Locks {
         self.running(now)
     }
 
+    /// When `key`'s lockout ends, if one is kept (ended or not).
+    pub(crate) fn until(&self, key: &KeyRef) -> Option<Nanos> {
+        self.locks.get(key).map(|lock| lock.until)
+    }
+
     /// The keys locked out at `now`.
     pub(crate) fn running(&self, now: Nanos) -> Vec<KeyRef> {
         self.locks

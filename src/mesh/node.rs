@@ -61,11 +61,13 @@ mod owner;
 mod recovery;
 mod rounds;
 mod schedule;
+mod snapshots;
 mod transfers;
 
 pub use admin::{ASK_APP, ASK_KEY, ASK_RESET, AdminMessage, KeyView};
 pub use config::{DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, MeshError, NodeConfig, WhileJoining};
 pub use inspect::{LeaseState, Leased, Leases};
+pub use snapshots::{LONG_WINDOW_NS, SavedKey};
 
 /// How a request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +169,8 @@ pub struct NodeStats {
     pub lockouts: u64,
     /// Keys this node's authorities reset (the admin API).
     pub resets: u64,
+    /// Authorities begun from a state saved before a restart ([`Node::restore_saved`]).
+    pub snapshots_restored: u64,
 }
 
 /// One mesh node: the sans-IO state machine a transport drives.
@@ -261,6 +265,8 @@ pub struct Node {
     locks: Locks,
     /// Questions and answers of the admin API for the embedding program.
     admin: admin::AdminQueue,
+    /// What was saved for a restart of every node, and read back.
+    snapshots: snapshots::Snapshots,
 }
 
 impl Node {
@@ -351,6 +357,7 @@ impl Node {
             limits: limits::Enforcement::new(config.policies.clone()),
             locks: Locks::default(),
             admin: admin::AdminQueue::default(),
+            snapshots: snapshots::Snapshots::default(),
             config,
         };
         // Say hello (and ask for what this node should hold) at once.

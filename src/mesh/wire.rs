@@ -170,6 +170,33 @@ pub(crate) fn decode<T: Decode<()>>(frame: &[u8]) -> Result<T, WireError> {
     Ok(message)
 }
 
+/// Encode a value kept on disk (a snapshot): bincode as on the wire, without the frame's
+/// version byte, at most [`MAX_FRAME_BYTES`].
+pub(crate) fn encode_saved<T: Encode>(value: &T) -> Result<Vec<u8>, WireError> {
+    let mut bytes = Vec::with_capacity(encoded_len(value).min(MAX_FRAME_BYTES));
+    bincode::encode_into_std_write(value, &mut bytes, LIMITED).map_err(|e| {
+        WireError::Malformed {
+            reason: e.to_string(),
+        }
+    })?;
+    Ok(bytes)
+}
+
+/// Decode a value [`encode_saved`] made: all of it, nothing after.
+pub(crate) fn decode_saved<T: Decode<()>>(bytes: &[u8]) -> Result<T, WireError> {
+    let (value, consumed) =
+        bincode::decode_from_slice::<T, _>(bytes, LIMITED).map_err(|e| WireError::Malformed {
+            reason: e.to_string(),
+        })?;
+    if consumed != bytes.len() {
+        return Err(WireError::TrailingBytes {
+            consumed,
+            extra: bytes.len() - consumed,
+        });
+    }
+    Ok(value)
+}
+
 /// Encode an extension item's body ([`crate::mesh::message::Ext`]).
 pub(crate) fn encode_ext<T: Encode>(kind: u32, body: &T) -> Result<Ext, WireError> {
     let mut bytes = Vec::with_capacity(encoded_len(body).min(MAX_EXT_BODY_BYTES));

@@ -192,6 +192,20 @@ impl MeshNet {
         self.shared.wake.notify_one();
     }
 
+    /// What changed among the long-window counts worth saving
+    /// ([`crate::mesh::Node::snapshot_changes`]).
+    pub fn snapshot_changes(&self) -> Vec<crate::mesh::SavedKey> {
+        let now = self.shared.clock.now_ns();
+        self.shared.inner.lock().node.snapshot_changes(now)
+    }
+
+    /// Take back what was saved before a restart ([`crate::mesh::Node::restore_saved`]);
+    /// return how many keys were taken.
+    pub fn restore_saved(&self, saved: Vec<crate::mesh::SavedKey>) -> usize {
+        let now = self.shared.clock.now_ns();
+        self.shared.inner.lock().node.restore_saved(saved, now)
+    }
+
     async fn await_answer(
         &self,
         answer: oneshot::Receiver<(NodeId, Vec<u8>)>,

@@ -71,6 +71,10 @@ impl Node {
                 a
             }
             None => match self.earlier_owner(key.key) {
+                // A restart of every node: what this node saved, where nobody had the key.
+                None if self.snapshots_hold(&key) => self
+                    .take_restored(&key, &policy, now)
+                    .unwrap_or_else(|| Authority::fresh(key, &policy, now)),
                 Some(by) => {
                     let offset = self.offset_or_guess(by, now);
                     Authority::fresh_after(key, &policy, offset, now)

@@ -276,6 +276,7 @@ impl Node {
         let round = self.schedule.round();
         if round.is_multiple_of(64) {
             self.shrink();
+            self.sweep_restored(now);
         }
         if round.is_multiple_of(16) {
             self.drop_idle_backups(now);

@@ -11,6 +11,7 @@ mod frames;
 mod limits;
 mod lockouts;
 mod refunds;
+mod snapshots;
 mod sparse_cost;
 
 use std::time::Duration;

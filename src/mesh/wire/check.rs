@@ -100,7 +100,7 @@ fn check_want(w: &Want, policies: &[Policy]) -> Result<(), FrameError> {
     Ok(())
 }
 
-fn check_state(s: &AuthorityState, policies: &[Policy]) -> Result<(), FrameError> {
+pub(crate) fn check_state(s: &AuthorityState, policies: &[Policy]) -> Result<(), FrameError> {
     policy_of(policies, s.key.policy)?;
     if s.holders.len() > MAX_HOLDERS {
         return Err(invalid("state.holders", "too many"));

@@ -146,10 +146,17 @@ fn an_override_gives_one_key_a_limit_of_its_own() {
     for i in 0..3 {
         assert!(c.node(i).set_override(now, 0, key, Some(15)));
     }
-    assert!(!c.node(0).set_override(now, 7, key, Some(15)), "no such policy");
+    assert!(
+        !c.node(0).set_override(now, 7, key, Some(15)),
+        "no such policy"
+    );
     assert_eq!(admitted(&mut c, key, &[1, 2], 40), 15);
     assert_eq!(ask(&mut c, 1, key, ASK_KEY).limit, 15);
-    assert_eq!(admitted(&mut c, other, &[1, 2], 20), 10, "other keys keep the policy's");
+    assert_eq!(
+        admitted(&mut c, other, &[1, 2], 20),
+        10,
+        "other keys keep the policy's"
+    );
     // Lowered below what was used: nothing more this window.
     let now = c.now;
     for i in 0..3 {
