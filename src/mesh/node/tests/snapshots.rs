@@ -45,10 +45,10 @@ fn a_days_count_comes_back_after_every_node_restarts() {
         c.crash(i);
     }
     c.run_ms(500);
-    for i in 0..3 {
+    for (i, saved) in saved.into_iter().enumerate() {
         c.restart(i);
         let now = c.now;
-        c.node(i).restore_saved(saved[i].clone(), now);
+        c.node(i).restore_saved(saved, now);
     }
     c.run_ms(300);
     // The restarted nodes number their requests afresh.
