@@ -137,8 +137,8 @@ pub struct RunningNode {
     layer: RateLimitLayer,
     /// The `[envoy_rls]` port, bound, and its settings.
     envoy_rls: Option<(tokio::net::TcpListener, EnvoyRls)>,
-    /// The `[admin]` port, bound, and its settings.
-    admin: Option<(tokio::net::TcpListener, Admin)>,
+    /// The `[admin]` ports, bound, and their settings.
+    admin: Option<(admin::AdminListeners, Admin)>,
     certificates: Certificates,
     /// Where request spans go, flushed when the node stops.
     #[cfg(feature = "otel")]
@@ -296,8 +296,9 @@ impl RunningNode {
 
     /// Return the `[admin]` port's address, if the node has one.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin.as_ref().map(|(listener, _)| {
-            listener
+        self.admin.as_ref().map(|(listeners, _)| {
+            listeners
+                .http
                 .local_addr()
                 .expect("a bound listener has an address")
         })
@@ -329,9 +330,9 @@ impl RunningNode {
             layer.clone(),
             Arc::clone(&state.overrides),
         );
-        let mut admin = admin.map(|(listener, settings)| {
+        let mut admin = admin.map(|(listeners, settings)| {
             AdminServer::start(
-                listener,
+                listeners,
                 &settings,
                 layer.clone(),
                 Arc::clone(&state.mesh),

@@ -148,8 +148,12 @@ async fn applications_ask_the_node_and_share_its_counters() {
             "allowed"
         ]
     );
-    // A body that is not a call: 400.
+    // A body that is not a call, or more than 1,000 requests: 400.
     let (status, body) = decide(TOKEN, serde_json::json!({"requests": "all"})).await;
+    assert_eq!((status, body["error"].as_str()), (400, Some("bad_request")));
+    let carol =
+        serde_json::json!({"policy": "per_account", "attributes": {"header:x-account": "carol"}});
+    let (status, body) = decide(TOKEN, serde_json::json!({"requests": vec![carol; 1001]})).await;
     assert_eq!((status, body["error"].as_str()), (400, Some("bad_request")));
 
     // The configuration in force: this node, the policies, the members.

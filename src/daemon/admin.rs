@@ -12,6 +12,11 @@
 //!   "retry_after_ms": …}, …]}`, or `{"error": …, "message": …}` for a request that cannot be
 //!   decided (unknown policy or route, a bad attribute, a part the policy counts by missing,
 //!   Redis unavailable under `fail_mode = "closed"`).
+//!
+//! With `grpc_listen`, a gRPC port of its own answers the same decisions
+//! (`ratemesh.decide.v1.Decide/Decide` of `docs/decide.proto`, [`grpc`]) with the same
+//! tokens, started and stopped with the admin port; both forms decide a call's checks in one
+//! loop ([`batch`]).
 
 use std::sync::Arc;
 
@@ -19,7 +24,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use serde::Deserialize;
 use tokio::sync::oneshot;
@@ -28,13 +33,11 @@ use crate::daemon::DaemonError;
 use crate::daemon::node_file::Admin;
 use crate::http::RateLimitLayer;
 use crate::net::MeshNet;
-use crate::rules::{Attributes, DirectError};
 
+mod batch;
+mod grpc;
 mod keys;
 mod overrides;
-
-/// The most requests one decision call may carry.
-const MAX_BATCH: usize = 1000;
 
 /// The largest body of a call.
 const MAX_BODY_BYTES: usize = 1 << 20;
@@ -43,21 +46,35 @@ const MAX_BODY_BYTES: usize = 1 << 20;
 pub(crate) struct AdminServer {
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
+    /// The decision API's gRPC port, if `grpc_listen` is set.
+    grpc: Option<grpc::GrpcServer>,
     state: Arc<AdminState>,
     settings: Admin,
     /// The token file's modification time when last read.
     read_at: Option<std::time::SystemTime>,
 }
 
-/// Bind the `[admin]` port.
-pub(crate) async fn bind(settings: &Admin) -> Result<tokio::net::TcpListener, DaemonError> {
-    tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .map_err(|source| DaemonError::Listen {
-            what: "the admin port",
-            addr: settings.listen,
-            source,
-        })
+/// The `[admin]` ports, bound.
+pub(crate) struct AdminListeners {
+    /// The admin port (HTTP).
+    pub(crate) http: tokio::net::TcpListener,
+    /// The decision API's gRPC port (`grpc_listen`).
+    grpc: Option<tokio::net::TcpListener>,
+}
+
+/// Bind the `[admin]` port and, with `grpc_listen`, the decision API's gRPC port.
+pub(crate) async fn bind(settings: &Admin) -> Result<AdminListeners, DaemonError> {
+    let listen = |what: &'static str, addr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| DaemonError::Listen { what, addr, source })
+    };
+    let http = listen("the admin port", settings.listen).await?;
+    let grpc = match settings.grpc_listen {
+        Some(addr) => Some(listen("the decision API's gRPC port", addr).await?),
+        None => None,
+    };
+    Ok(AdminListeners { http, grpc })
 }
 
 struct AdminState {
@@ -70,9 +87,10 @@ struct AdminState {
 }
 
 impl AdminServer {
-    /// Serve the admin port on `listener` with `layer`'s rules and counters.
+    /// Serve the admin port (and its gRPC port) on `listeners` with `layer`'s rules and
+    /// counters.
     pub(crate) fn start(
-        listener: tokio::net::TcpListener,
+        listeners: AdminListeners,
         settings: &Admin,
         layer: RateLimitLayer,
         mesh: Arc<MeshNet>,
@@ -99,6 +117,11 @@ impl AdminServer {
             )
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
             .with_state(Arc::clone(&state));
+        let AdminListeners {
+            http: listener,
+            grpc,
+        } = listeners;
+        let grpc = grpc.map(|listener| grpc::GrpcServer::start(listener, Arc::clone(&state)));
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
@@ -118,6 +141,7 @@ impl AdminServer {
         AdminServer {
             stop,
             task,
+            grpc,
             state,
             settings: settings.clone(),
             read_at,
@@ -151,8 +175,12 @@ impl AdminServer {
     /// Stop accepting; the returned future completes when the calls in flight are answered.
     pub(crate) fn stop(self) -> impl std::future::Future<Output = ()> {
         let _ = self.stop.send(());
+        let grpc = self.grpc.map(grpc::GrpcServer::stop);
         async move {
             let _ = self.task.await;
+            if let Some(grpc) = grpc {
+                grpc.await;
+            }
         }
     }
 }
@@ -188,24 +216,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The body of `POST /v1/decide`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DecideCall {
-    requests: Vec<DecideRequest>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DecideRequest {
-    policy: String,
-    #[serde(default)]
-    attributes: Attributes,
-    #[serde(default = "one")]
-    cost: u64,
-}
-
-fn one() -> u64 {
-    1
+    requests: Vec<batch::Check>,
 }
 
 fn json(status: StatusCode, body: serde_json::Value) -> Response {
@@ -218,6 +233,13 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response {
     response
 }
 
+/// Log and count a call refused for want of a known bearer token.
+fn refused(call: &'static str) {
+    tracing::warn!(target: "ratemesh::admin", call, "refused: no known bearer token");
+    metrics::counter!("ratemesh_admin_calls_total", "call" => call, "result" => "unauthorized")
+        .increment(1);
+}
+
 /// The caller's name, or the `401` that refuses the call (logged and counted).
 fn authenticate(
     state: &AdminState,
@@ -227,9 +249,7 @@ fn authenticate(
     if let Some(who) = caller(state, headers) {
         return Ok(who);
     }
-    tracing::warn!(target: "ratemesh::admin", call, "refused: no known bearer token");
-    metrics::counter!("ratemesh_admin_calls_total", "call" => call, "result" => "unauthorized")
-        .increment(1);
+    refused(call);
     let mut response = json(
         StatusCode::UNAUTHORIZED,
         serde_json::json!({"error": "unauthorized", "message": "give a bearer token of the node's admin token file"}),
@@ -313,57 +333,34 @@ async fn decide(
     let call: DecideCall = match serde_json::from_slice(&body) {
         Ok(call) => call,
         Err(error) => {
-            tracing::info!(target: "ratemesh::admin", who, path = "/v1/decide", %error, "bad request");
-            metrics::counter!("ratemesh_admin_calls_total", "call" => "decide", "result" => "bad_request").increment(1);
+            let message = error.to_string();
+            batch::malformed(&who, "decide", &message);
             return json(
                 StatusCode::BAD_REQUEST,
-                serde_json::json!({"error": "bad_request", "message": error.to_string()}),
+                serde_json::json!({"error": "bad_request", "message": message}),
             );
         }
     };
-    if call.requests.len() > MAX_BATCH {
-        metrics::counter!("ratemesh_admin_calls_total", "call" => "decide", "result" => "bad_request").increment(1);
-        return json(
-            StatusCode::BAD_REQUEST,
-            serde_json::json!({"error": "bad_request", "message": format!("at most {MAX_BATCH} requests in one call")}),
-        );
+    let requests = call.requests.len();
+    match batch::decide(&state.layer, call.requests.into_iter().map(Ok)).await {
+        Ok(answers) => {
+            batch::answered(&who, "decide", requests);
+            let responses: Vec<serde_json::Value> =
+                answers.iter().map(batch::Answer::to_json).collect();
+            json(
+                StatusCode::OK,
+                serde_json::json!({ "responses": responses }),
+            )
+        }
+        Err(too_many) => {
+            let message = too_many.message("requests");
+            batch::malformed(&who, "decide", &message);
+            json(
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({"error": "bad_request", "message": message}),
+            )
+        }
     }
-    let rules = state.layer.rules();
-    let mut responses = Vec::with_capacity(call.requests.len());
-    for request in &call.requests {
-        let now = state.layer.now_ns();
-        let answer = match rules
-            .decide_direct(&request.policy, &request.attributes, request.cost, now)
-            .await
-        {
-            Ok(d) => serde_json::json!({
-                "allowed": d.is_allowed(),
-                "limit": d.limit,
-                "remaining": d.remaining,
-                "reset_after_ms": d.reset_after_ns.div_ceil(1_000_000),
-                "retry_after_ms": d.retry_after_ns.div_ceil(1_000_000),
-            }),
-            Err(error) => {
-                let kind = match &error {
-                    DirectError::UnknownPolicy(_) => "unknown_policy",
-                    DirectError::UnknownRoute(_) => "unknown_route",
-                    DirectError::BadAttribute(..) => "bad_attribute",
-                    DirectError::Missing { .. } => "missing_part",
-                    DirectError::Unavailable(_) => "unavailable",
-                };
-                serde_json::json!({"error": kind, "message": error.to_string()})
-            }
-        };
-        responses.push(answer);
-    }
-    tracing::info!(target: "ratemesh::admin", who, path = "/v1/decide", requests = call.requests.len(), "answered");
-    metrics::counter!("ratemesh_admin_calls_total", "call" => "decide", "result" => "ok")
-        .increment(1);
-    json(
-        StatusCode::OK,
-        serde_json::json!({ "responses": responses }),
-    )
-    .into_response()
 }
 
 #[cfg(test)]

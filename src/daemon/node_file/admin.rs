@@ -5,6 +5,7 @@
 //! [admin]
 //! listen = "127.0.0.1:8090"
 //! token_file = "admin-tokens"        # lines `NAME TOKEN`; a token of at least 32 bytes
+//! grpc_listen = "127.0.0.1:8091"     # optional: the decision API over gRPC, same tokens
 //! ```
 
 use std::net::SocketAddr;
@@ -30,6 +31,8 @@ pub struct Admin {
     pub token_file: PathBuf,
     /// Callers by name, each with its token.
     pub(crate) tokens: Vec<(String, String)>,
+    /// The address of the decision API's gRPC port, if any.
+    pub(crate) grpc_listen: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -37,6 +40,7 @@ impl std::fmt::Debug for Admin {
         f.debug_struct("Admin")
             .field("listen", &self.listen)
             .field("token_file", &self.token_file)
+            .field("grpc_listen", &self.grpc_listen)
             .field(
                 "callers",
                 &self.tokens.iter().map(|(n, _)| n).collect::<Vec<_>>(),
@@ -50,6 +54,7 @@ impl std::fmt::Debug for Admin {
 pub(super) struct RawAdmin {
     listen: String,
     token_file: String,
+    grpc_listen: Option<String>,
 }
 
 /// Validate `[admin]` and read its token file; `http` is the node's HTTP address and `dir`
@@ -65,6 +70,12 @@ pub(super) fn admin(
     let at = |key: &str| source.line_of_key(span.clone(), key);
     let listen = super::envoy_rls::own_port(&raw.listen, http, "127.0.0.1:8090")
         .map_err(|reason| source.error(at("listen"), "admin.listen", reason))?;
+    let grpc_listen = raw
+        .grpc_listen
+        .as_deref()
+        .map(|text| grpc_port(text, http, listen))
+        .transpose()
+        .map_err(|reason| source.error(at("grpc_listen"), "admin.grpc_listen", reason))?;
     let token_file = dir.join(&raw.token_file);
     let fail = |reason: String| source.error(at("token_file"), "admin.token_file", reason);
     let text = std::fs::read_to_string(&token_file)
@@ -76,7 +87,24 @@ pub(super) fn admin(
         listen,
         token_file,
         tokens,
+        grpc_listen,
     })
+}
+
+/// Read `grpc_listen`: an address beside the node's HTTP port (`http`) and the admin port
+/// (`admin`), taking neither.
+fn grpc_port(text: &str, http: SocketAddr, admin: SocketAddr) -> Result<SocketAddr, String> {
+    let addr = super::envoy_rls::own_port(text, http, "127.0.0.1:8091")?;
+    if addr == admin
+        || (addr.port() == admin.port()
+            && addr.port() != 0
+            && super::envoy_rls::overlaps(addr, admin))
+    {
+        return Err(format!(
+            "{addr} is the admin port's address (`listen`); give the gRPC port its own"
+        ));
+    }
+    Ok(addr)
 }
 
 impl Admin {

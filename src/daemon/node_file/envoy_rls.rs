@@ -85,6 +85,6 @@ pub(super) fn own_port(text: &str, http: SocketAddr, example: &str) -> Result<So
 
 /// Tell whether two addresses with one port would take the same TCP port (one of them on
 /// every interface, or both on the same one).
-fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
+pub(super) fn overlaps(a: SocketAddr, b: SocketAddr) -> bool {
     a.ip().is_unspecified() || b.ip().is_unspecified() || a.ip() == b.ip()
 }
