@@ -40,8 +40,8 @@ pub use lease::{LeaseCell, Miss};
 pub use membership::weight as rendezvous_weight;
 pub use node::{
     ASK_APP, ASK_KEY, ASK_RESET, AdminMessage, Admit, DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, Event,
-    KeyView, LONG_WINDOW_NS, LeaseState, Leased, Leases, MeshError, Node, NodeConfig, NodeStats,
-    SavedKey, WhileJoining,
+    KeyView, LeaseState, Leased, Leases, MeshError, Node, NodeConfig, NodeStats, SavedKey,
+    WhileJoining,
 };
 pub use outbox::Transmit;
 pub use wire::WireError;

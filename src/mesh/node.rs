@@ -67,7 +67,7 @@ mod transfers;
 pub use admin::{ASK_APP, ASK_KEY, ASK_RESET, AdminMessage, KeyView};
 pub use config::{DEFAULT_GOSSIP_BUDGET_BYTES_PER_S, MeshError, NodeConfig, WhileJoining};
 pub use inspect::{LeaseState, Leased, Leases};
-pub use snapshots::{LONG_WINDOW_NS, SavedKey};
+pub use snapshots::SavedKey;
 
 /// How a request went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

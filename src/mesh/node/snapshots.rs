@@ -22,7 +22,7 @@ use crate::mesh::wire;
 use crate::policy::Policy;
 
 /// Windows (and buckets' times to fill) this long or longer are saved.
-pub const LONG_WINDOW_NS: Nanos = 3600 * 1_000_000_000;
+pub(crate) const LONG_WINDOW_NS: Nanos = 3600 * 1_000_000_000;
 
 /// One key as saved: its authority's state and its lockout, or (`bytes: None`) that the
 /// node keeps nothing of it any more (drop what was saved).
