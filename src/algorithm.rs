@@ -5,6 +5,8 @@
 //! compare-and-swap. The sliding-window counter and the sliding log keep a small struct.
 //! [`KeyMachine`] wraps any of them for one key, for tests, simulations and replays.
 
+#[cfg(feature = "http")]
+pub(crate) mod calendar;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;

@@ -416,6 +416,7 @@ impl Policy {
     /// The same policy with a limit (a bucket's burst) of `limit` for one key (an override
     /// of the admin API): a window keeps its length, a bucket the time it takes to fill
     /// from empty (its rate scales with the burst).
+    #[cfg(any(feature = "mesh", feature = "node"))]
     pub(crate) fn with_limit(&self, limit: u64) -> Result<Policy, PolicyError> {
         let limit = positive("limit", limit)?;
         let max = match self.algorithm {

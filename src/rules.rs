@@ -18,6 +18,7 @@ mod envoy;
 mod graphql;
 mod jwt;
 mod key;
+#[cfg(feature = "node")]
 mod keys;
 mod lockout;
 mod overrides;
@@ -48,7 +49,9 @@ use jwt::JwtVerifier;
 pub use jwt::{Claims, Rejection};
 use key::KeyModel;
 pub(crate) use key::address_text;
+#[cfg(feature = "node")]
 pub(crate) use keys::{Backend, KeyAddress};
+#[cfg(feature = "node")]
 pub(crate) use overrides::OverrideError;
 #[cfg(feature = "otel")]
 pub(crate) use plan::PlanSummary;

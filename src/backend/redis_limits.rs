@@ -15,6 +15,9 @@ struct RedisPolicy {
     name: String,
     limiter: RedisLimiter,
     cache: Option<TokenCache>,
+    /// A calendar policy's clock: its scripts are given the instant on it (from this
+    /// machine's clock) instead of reading Redis `TIME`.
+    warp: Option<crate::algorithm::calendar::Warp>,
 }
 
 /// The `redis` policies of a policy file on the deployment its `[redis]` section names: what
@@ -25,7 +28,7 @@ pub struct RedisLimits {
     policies: Vec<RedisPolicy>,
     /// Keys decided with a limit of their own (the admin API's overrides): by policy number
     /// and key, the policy's script with the override's limit (no token cache).
-    overrides: dashmap::DashMap<(u32, u64), RedisLimiter>,
+    overrides: dashmap::DashMap<(u32, u64), std::sync::Arc<RedisLimiter>>,
 }
 
 impl std::fmt::Debug for RedisLimits {
@@ -63,6 +66,10 @@ impl RedisLimits {
                     name: named.name.clone(),
                     limiter,
                     cache,
+                    warp: named
+                        .calendar
+                        .clone()
+                        .map(crate::algorithm::calendar::Warp::new),
                 })
             })
             .collect::<Result<_, BackendError>>()?;
@@ -96,9 +103,18 @@ impl RedisLimits {
         cost: u64,
     ) -> Result<Decision, BackendError> {
         let (named, rkey) = self.keyed(policy, key, route)?;
-        if !self.overrides.is_empty()
-            && let Some(limiter) = self.overrides.get(&(policy, key))
-        {
+        let overridden = self.overridden(policy, key);
+        let limiter = overridden.as_deref().unwrap_or(&named.limiter);
+        if let Some(warp) = &named.warp {
+            let warped = warp.at(wall_clock_ns());
+            let mut d = limiter
+                .check_at(&rkey, cost, Some(warped.now / 1000))
+                .await?;
+            d.reset_after_ns = warped.real(d.reset_after_ns);
+            d.retry_after_ns = warped.real(d.retry_after_ns);
+            return Ok(d);
+        }
+        if overridden.is_some() {
             return limiter.check(&rkey, cost).await;
         }
         match &named.cache {
@@ -106,6 +122,24 @@ impl RedisLimits {
             None => named.limiter.check(&rkey, cost).await,
         }
     }
+
+    /// The override's script of `key`, if it has one (cloned out of the map: no lock is held
+    /// while Redis answers).
+    fn overridden(&self, policy: u32, key: u64) -> Option<std::sync::Arc<RedisLimiter>> {
+        if self.overrides.is_empty() {
+            return None;
+        }
+        self.overrides
+            .get(&(policy, key))
+            .map(|l| std::sync::Arc::clone(&l))
+    }
+}
+
+/// This machine's clock, in ns since the UNIX epoch (a calendar policy's scripts run on it).
+fn wall_clock_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 impl ExactLimits for RedisLimits {
@@ -135,7 +169,8 @@ impl ExactLimits for RedisLimits {
             }
             Some(policy) => match named.limiter.with_policy(policy) {
                 Ok(limiter) => {
-                    self.overrides.insert((policy_number, key), limiter);
+                    self.overrides
+                        .insert((policy_number, key), std::sync::Arc::new(limiter));
                 }
                 Err(error) => tracing::warn!(
                     policy = named.name,
@@ -170,14 +205,21 @@ impl ExactLimits for RedisLimits {
             // The charge was made after `sent` and before now (a microsecond more covers
             // the rounding).
             let within_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
-            if let Some(limiter) = self.overrides.get(&(policy, key)) {
+            let overridden = self.overridden(policy, key);
+            let limiter = overridden.as_deref().unwrap_or(&named.limiter);
+            if let Some(warp) = &named.warp {
+                let warped = warp.at(wall_clock_ns());
                 return limiter
-                    .refund(&rkey, cost, within_us.saturating_add(1))
+                    .refund_at(
+                        &rkey,
+                        cost,
+                        within_us.saturating_add(1),
+                        Some(warped.now / 1000),
+                    )
                     .await
                     .map_err(ExactError::new);
             }
-            named
-                .limiter
+            limiter
                 .refund(&rkey, cost, within_us.saturating_add(1))
                 .await
                 .map_err(ExactError::new)

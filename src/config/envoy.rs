@@ -473,6 +473,7 @@ impl Walk<'_, '_> {
             fail_mode: FailMode::default(),
             shadow: d.shadow_mode,
             time_zone: None,
+            calendar: None,
             token_cache: None,
             by: None,
             on_missing: Default::default(),

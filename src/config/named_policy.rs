@@ -52,6 +52,9 @@ pub struct NamedPolicy {
     pub shadow: bool,
     /// Windows start at midnight in this zone (fixed windows); `None` = UTC.
     pub time_zone: Option<TimeZone>,
+    /// Windows are calendar periods (`calendar` with `time_zone`): days, ISO weeks, months
+    /// or years of the zone's calendar.
+    pub(crate) calendar: Option<crate::algorithm::calendar::CalendarWindow>,
     /// A per-node cache of tokens granted by Redis (`redis` buckets only); `None` = off.
     pub token_cache: Option<TokenCacheConfig>,
     /// What it counts by (`by`); `None`: the client, and for a route's policies the client
@@ -129,7 +132,14 @@ pub(super) fn build_policy(
             | AlgorithmName::LeakyBucketPolice
             | AlgorithmName::LeakyBucketShape
     );
+    let calendar: Option<crate::algorithm::calendar::Calendar> = match &raw.calendar {
+        None => None,
+        Some(text) => Some(text.parse().map_err(
+            |e: crate::algorithm::calendar::ParseCalendarError| fail("calendar", e.to_string()),
+        )?),
+    };
     let policy = if rate_based {
+        unused("calendar", calendar.is_some())?;
         unused("limit", raw.limit.is_some())?;
         unused("window", raw.window.is_some())?;
         let rate = required("rate", raw.rate)?;
@@ -161,7 +171,28 @@ pub(super) fn build_policy(
             unused(key, present)?;
         }
         let limit = required("limit", raw.limit)?;
-        let window = duration("window", &raw.window)?;
+        let window = match calendar {
+            Some(calendar) => {
+                if raw.window.is_some() {
+                    return Err(fail(
+                        "window",
+                        "give `calendar` (a calendar period) or `window` (a length), not both"
+                            .into(),
+                    ));
+                }
+                if !matches!(
+                    raw.algorithm,
+                    AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow
+                ) {
+                    return Err(fail(
+                        "calendar",
+                        "calendar periods are for fixed-window and sliding-window policies".into(),
+                    ));
+                }
+                Duration::from_nanos(calendar.nominal_ns())
+            }
+            None => duration("window", &raw.window)?,
+        };
         let global = raw.backend == Backend::Mesh;
         match raw.algorithm {
             AlgorithmName::FixedWindow if global => Policy::global_fixed_window(limit, window),
@@ -176,7 +207,25 @@ pub(super) fn build_policy(
         fail(key, error.to_string())
     })?;
 
+    let calendar = match calendar {
+        None => None,
+        Some(calendar) => {
+            if raw.backend == Backend::Mesh {
+                return Err(fail(
+                    "calendar",
+                    "calendar periods are counted by `local` and `redis` policies".into(),
+                ));
+            }
+            let zone = raw.time_zone.as_deref().unwrap_or("UTC");
+            Some(
+                crate::algorithm::calendar::CalendarWindow::from_zone_name(calendar, zone)
+                    .map_err(|e| fail("time_zone", e.to_string()))?,
+            )
+        }
+    };
     let time_zone = match &raw.time_zone {
+        // The calendar's.
+        Some(_) if calendar.is_some() => None,
         None => None,
         Some(zone) => {
             if policy.algorithm() != Algorithm::FixedWindow {
@@ -265,10 +314,10 @@ pub(super) fn build_policy(
                     ),
                 ));
             }
-            if raw.time_zone.is_some() {
+            if raw.time_zone.is_some() && calendar.is_none() {
                 return Err(fail(
                     "time_zone",
-                    "time zones are not supported by the `redis` backend (its windows are UTC)"
+                    "time zones are not supported by the `redis` backend's windows of a length                      (they are UTC); its `calendar` periods take one"
                         .into(),
                 ));
             }
@@ -340,6 +389,7 @@ pub(super) fn build_policy(
         fail_mode: raw.fail_mode,
         shadow: raw.shadow,
         time_zone,
+        calendar,
         token_cache,
         by,
         on_missing: raw.on_missing.unwrap_or_default(),
@@ -455,6 +505,7 @@ pub(super) struct RawPolicy {
     #[serde(default)]
     shadow: bool,
     time_zone: Option<String>,
+    calendar: Option<String>,
     token_cache: Option<RawTokenCache>,
     by: Option<Vec<String>>,
     on_missing: Option<OnMissing>,

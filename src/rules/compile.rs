@@ -9,11 +9,12 @@ use jiff::Timestamp;
 
 use super::RulesError;
 use super::request::PolicyReport;
+use crate::algorithm::calendar::Warped;
 use crate::clock::Nanos;
 use crate::config::{Backend, GatewayConfig, NamedPolicy};
 use crate::decision::Decision;
 use crate::limiter::MAX_POLICIES;
-use crate::local::{DEFAULT_MAX_KEYS, Store};
+use crate::local::{Charge, DEFAULT_MAX_KEYS, Store};
 use crate::policy::Algorithm;
 
 /// Where a policy that is not decided on this node alone is decided, and its number there.
@@ -48,6 +49,8 @@ pub(super) struct CompiledPolicy {
     pub(super) lockouts: Option<Arc<super::lockout::Lockouts>>,
     /// What its denials answer, formatted at its first.
     pub(super) denial_forms: OnceLock<&'static crate::http::forms::DenialForms>,
+    /// A calendar policy's clock (`calendar`).
+    pub(super) warp: Option<crate::algorithm::calendar::Warp>,
     /// Its keys' overrides (the admin API; kept across a reload with the store).
     pub(super) overrides: Arc<super::overrides::PolicyOverrides>,
 }
@@ -109,9 +112,51 @@ pub(super) fn count(
 }
 
 impl CompiledPolicy {
-    /// `now` on this policy's time axis: shifted by the zone's UTC offset, so that a fixed
-    /// window of a day starts at local midnight.
+    /// `now` on this policy's time axis: a calendar period's clock
+    /// ([`crate::algorithm::calendar::Warp`]), or shifted by the zone's UTC offset, so that a
+    /// fixed window of a day starts at local midnight.
     pub(super) fn local_now(&self, now: Nanos) -> Nanos {
+        self.local_time(now).0
+    }
+
+    /// `now` on this policy's time axis, and (calendar periods) how to map durations back.
+    fn local_time(&self, now: Nanos) -> (Nanos, Option<Warped>) {
+        if let Some(warp) = &self.warp {
+            let warped = warp.at(now);
+            return (warped.now, Some(warped));
+        }
+        (self.zoned_now(now), None)
+    }
+
+    /// Decide `cost` for `key` at `now` on this node's counters (the key's override's while
+    /// one runs), on the policy's time axis; set `charge` to what it took.
+    pub(super) fn decide_local(
+        &self,
+        key: u64,
+        now: Nanos,
+        cost: u64,
+        reserve: bool,
+        charge: &mut Charge,
+    ) -> Decision {
+        let (at, warped) = self.local_time(now);
+        let mut decision = self.with_store(key, now, |store| {
+            store.decide_charge(&key, at, cost, reserve, charge)
+        });
+        if let Some(w) = warped {
+            decision.reset_after_ns = w.real(decision.reset_after_ns);
+            decision.retry_after_ns = w.real(decision.retry_after_ns);
+        }
+        decision
+    }
+
+    /// Give back `cost` that a decision of [`CompiledPolicy::decide_local`] took from
+    /// `charge`, at `now`.
+    pub(super) fn refund_local(&self, key: u64, charge: Charge, now: Nanos, cost: u64) {
+        let at = self.local_now(now);
+        self.with_store(key, now, |store| store.refund(&key, charge, at, cost));
+    }
+
+    fn zoned_now(&self, now: Nanos) -> Nanos {
         match &self.named.time_zone {
             None => now,
             Some(zone) => {
@@ -310,6 +355,10 @@ pub(super) fn compile(
                 lockouts,
                 denial_forms: OnceLock::new(),
                 overrides,
+                warp: named
+                    .calendar
+                    .clone()
+                    .map(crate::algorithm::calendar::Warp::new),
             }
         })
         .collect();

@@ -66,7 +66,6 @@ impl<'r> Passage<'r> {
             |i, charge| {
                 let (p, key) = local[i];
                 let policy = &rules.policies[p];
-                let at = policy.local_now(now);
                 // A key locked out (`block_for`) is denied until its lockout ends, uncharged.
                 if let Some(left) = policy.lockouts.as_ref().and_then(|l| l.left(key, now)) {
                     let limit = policy.named.policy.capacity();
@@ -74,9 +73,7 @@ impl<'r> Passage<'r> {
                     reports.push(policy.report(decision));
                     return decision;
                 }
-                let mut decision = policy.with_store(key, now, |store| {
-                    store.decide_charge(&key, at, plan.cost, true, charge)
-                });
+                let mut decision = policy.decide_local(key, now, plan.cost, true, charge);
                 if decision.verdict == Verdict::Denied
                     && let Some(left) = policy.lockouts.as_ref().and_then(|l| l.lock(key, now))
                 {
@@ -349,9 +346,7 @@ impl Rules {
 
     /// Give back `cost` that layer `(p, key)` took from `charge` at `now`.
     fn refund(&self, (p, key): (usize, u64), charge: Charge, cost: u64, now: Nanos) {
-        let policy = &self.policies[p];
-        let at = policy.local_now(now);
-        policy.with_store(key, now, |store| store.refund(&key, charge, at, cost));
+        self.policies[p].refund_local(key, charge, now, cost);
     }
 
     fn count_shadow(&self, plan: &Plan, now: Nanos) -> Vec<PolicyReport> {
@@ -359,8 +354,8 @@ impl Rules {
             .iter()
             .map(|&(p, key)| {
                 let policy = &self.policies[p];
-                let at = policy.local_now(now);
-                policy.report(policy.with_store(key, now, |s| s.decide(&key, at, plan.cost)))
+                let mut charge = Charge::Key;
+                policy.report(policy.decide_local(key, now, plan.cost, true, &mut charge))
             })
             .collect()
     }

@@ -92,11 +92,8 @@ impl Rules {
                 if let Some(left) = compiled.lockouts.as_ref().and_then(|l| l.left(key, now)) {
                     Decision::denied(capacity, 0, left, left)
                 } else {
-                    let at = compiled.local_now(now);
                     let mut charge = Charge::Key;
-                    let mut decision = compiled.with_store(key, now, |store| {
-                        store.decide_charge(&key, at, cost, true, &mut charge)
-                    });
+                    let mut decision = compiled.decide_local(key, now, cost, true, &mut charge);
                     if !decision.is_allowed()
                         && let Some(left) =
                             compiled.lockouts.as_ref().and_then(|l| l.lock(key, now))

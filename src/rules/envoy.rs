@@ -286,11 +286,9 @@ impl<'r> Run<'r> {
         let rules = self.rules;
         for pending in std::mem::take(&mut self.local) {
             let policy = &rules.policies[pending.policy];
-            let at = policy.local_now(self.now);
             let mut charge = Charge::Key;
-            let decision = policy.with_store(pending.key, self.now, |store| {
-                store.decide_charge(&pending.key, at, pending.cost, true, &mut charge)
-            });
+            let decision =
+                policy.decide_local(pending.key, self.now, pending.cost, true, &mut charge);
             if decision.is_allowed() && pending.cost > 0 {
                 self.charged.push((pending, charge));
             }
@@ -314,10 +312,7 @@ impl<'r> Run<'r> {
         }
         for (pending, charge) in std::mem::take(&mut self.charged).into_iter().rev() {
             let policy = &self.rules.policies[pending.policy];
-            let at = policy.local_now(self.now);
-            policy.with_store(pending.key, self.now, |store| {
-                store.refund(&pending.key, charge, at, pending.cost)
-            });
+            policy.refund_local(pending.key, charge, self.now, pending.cost);
             let status = &mut self.statuses[pending.slot];
             status.remaining = status
                 .remaining
@@ -433,9 +428,7 @@ impl<'r> Run<'r> {
         for pending in std::mem::take(&mut self.shadow) {
             let policy = &self.rules.policies[pending.policy];
             let cost = if admitted { pending.cost } else { 0 };
-            let at = policy.local_now(self.now);
-            let decision =
-                policy.with_store(pending.key, self.now, |s| s.decide(&pending.key, at, cost));
+            let decision = policy.decide_local(pending.key, self.now, cost, true, &mut Charge::Key);
             let status = &mut self.statuses[pending.slot];
             status.remaining = decision.remaining;
             status.reset_after_ns = Some(decision.reset_after_ns.max(decision.retry_after_ns));

@@ -92,10 +92,9 @@ impl Rules {
             .policies
             .iter()
             .find(|c| c.name == policy && c.remote.is_none())?;
-        let at = compiled.local_now(now);
         let lockouts = compiled.lockouts.as_ref();
         let lockout_ns = lockouts.and_then(|l| l.left(key, now)).unwrap_or(0);
-        let decision = compiled.with_store(key, now, |s| s.decide(&key, at, 0));
+        let decision = compiled.decide_local(key, now, 0, true, &mut crate::local::Charge::Key);
         let known = if reset {
             let forgot = compiled.store.forget(&key) | compiled.forget_overridden(key);
             lockouts.is_some_and(|l| l.clear(key)) || forgot

@@ -29,6 +29,7 @@ impl Lockouts {
     }
 
     /// End `key`'s lockout (a reset); tell whether it had one.
+    #[cfg(feature = "node")]
     pub(super) fn clear(&self, key: u64) -> bool {
         self.until.remove(&key).is_some()
     }

@@ -12,10 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 
-use super::Rules;
-use super::compile::{CompiledPolicy, Remote};
+use super::compile::CompiledPolicy;
+#[cfg(feature = "node")]
+use super::{Rules, compile::Remote};
 use crate::clock::Nanos;
 use crate::local::Store;
+#[cfg(feature = "node")]
 use crate::policy::PolicyError;
 
 /// One key's override on this node.
@@ -34,6 +36,7 @@ pub(super) struct PolicyOverrides {
 }
 
 /// Why an override could not be applied.
+#[cfg(feature = "node")]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum OverrideError {
     /// No policy of that name.
@@ -64,6 +67,7 @@ impl CompiledPolicy {
     }
 
     /// Forget `key`'s counts under its override too (a reset); tell whether it had one.
+    #[cfg(feature = "node")]
     pub(super) fn forget_overridden(&self, key: u64) -> bool {
         self.overrides
             .map
@@ -72,6 +76,7 @@ impl CompiledPolicy {
     }
 
     /// Drop the overrides that ended by `now`.
+    #[cfg(feature = "node")]
     fn sweep_overrides(&self, now: Nanos) {
         if self.overrides.count.load(Ordering::Relaxed) != 0 {
             self.overrides.map.retain(|_, o| o.until > now);
@@ -82,6 +87,7 @@ impl CompiledPolicy {
     }
 }
 
+#[cfg(feature = "node")]
 impl Rules {
     /// Enforce `limit` on `key` of policy `policy` until `until` (UNIX ns), or (`None`) the
     /// policy's own limit again, from `now`.
