@@ -240,7 +240,7 @@ async fn overrides_reach_every_node_and_survive_restarts() {
     assert_eq!(status, 404);
 
     // Every node stopped, then started again: the overrides are read back from each
-    // node's state_dir, and enforced (the mesh key's count started afresh).
+    // node's state directory, and enforced.
     for node in &nodes {
         signal(node, libc::SIGTERM);
     }
@@ -261,7 +261,10 @@ async fn overrides_reach_every_node_and_survive_restarts() {
     .await;
     assert_eq!(listed(&list).len(), 3, "{list}");
     let all: Vec<&NodeProcess> = nodes.iter().collect();
-    assert_eq!(admitted(&client, &all, &vip, &fresh, 12).await, 8);
+    // The local key's count started afresh: its override's 6 again (not the policy's 3).
+    assert_eq!(admitted(&client, &all[1..2], &keyed, &big, 8).await, 6);
+    // The mesh key's hour came back from the snapshots: its 8 are used.
+    assert_eq!(admitted(&client, &all, &vip, &fresh, 4).await, 0);
 
     // Removed: the policy's limit again, on every node.
     let (status, removed) = call(
