@@ -151,6 +151,8 @@ pub mod sim;
 mod sync;
 #[cfg(all(test, feature = "mesh"))]
 mod testing;
+#[cfg(feature = "http")]
+mod top;
 
 /// Entry points for fuzz targets (`tests/fuzz/`, feature `fuzzing`): not part of the supported API,
 /// and changed as the fuzz targets need.

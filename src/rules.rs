@@ -24,6 +24,7 @@ mod lockout;
 mod overrides;
 mod plan;
 mod request;
+pub(crate) mod top;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -196,6 +196,61 @@ async fn keys_are_read_and_reset_across_the_cluster() {
     let (status, odd) = admin.get("policy=per_key&api_key=%00%FF%E2%82%AC%0A").await;
     assert_eq!((status, odd["remaining"].as_u64()), (200, Some(5)), "{odd}");
 
+    // Who is hammering us: one account denied 27 times on node 2, another 3 times, a third
+    // never; the first is the top key, the one `/v1/keys` names for it.
+    let node2 = [&nodes[1]];
+    for (account, n) in [("hot", 30), ("warm", 6), ("calm", 2)] {
+        for i in 0..n {
+            admitted(&client, &node2, &format!("sk_{account}_{i}"), account, 1).await;
+        }
+    }
+    let (status, top) = admin
+        .call(
+            "GET",
+            "/v1/top?policy=per_account&by=denied&n=3",
+            None,
+            TOKEN,
+        )
+        .await;
+    assert_eq!(status, 200, "{top}");
+    let (_, hot) = admin.get("policy=per_account&header:x-account=hot").await;
+    let (_, warm) = admin.get("policy=per_account&header:x-account=warm").await;
+    assert_eq!(top["keys"][0]["key"], hot["key"], "{top}");
+    assert_eq!(top["keys"][0]["count"], 27, "{top}");
+    assert_eq!(top["keys"][1]["key"], warm["key"], "{top}");
+    assert_eq!(top["nodes"], json!([1, 2, 3]), "{top}");
+    let out = Command::new(BIN)
+        .args([
+            "ctl",
+            "--admin",
+            &addr.to_string(),
+            "top",
+            "--policy",
+            "per_account",
+        ])
+        .env("RATEMESH_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains(hot["key"].as_str().unwrap()),
+        "{text}"
+    );
+    assert_eq!(
+        admin
+            .call("GET", "/v1/top?policy=nope", None, TOKEN)
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        admin
+            .call("GET", "/v1/top?policy=per_account&n=0", None, TOKEN)
+            .await
+            .0,
+        400
+    );
+
     // `ratemesh ctl keys`.
     let out = Command::new(BIN)
         .args([

@@ -51,6 +51,18 @@ enum Call {
         #[command(subcommand)]
         call: KeyCall,
     },
+    /// A policy's heaviest keys over the last 5 to 10 minutes, across the cluster.
+    Top {
+        /// The policy.
+        #[arg(long)]
+        policy: String,
+        /// `denied` or `admitted`.
+        #[arg(long, default_value = "denied")]
+        by: String,
+        /// How many keys (1 to 100).
+        #[arg(long, default_value_t = 20)]
+        n: usize,
+    },
     /// Limits of their own for keys, until a time, on every node: `overrides set|list|rm`.
     Overrides {
         #[command(subcommand)]
@@ -171,6 +183,18 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             ("PUT", "/v1/overrides", Some(call.to_string()))
         }
+        Call::Top { policy, by, n } => (
+            "GET",
+            leak(format!(
+                "/v1/top?{}",
+                form_urlencoded::Serializer::new(String::new())
+                    .append_pair("policy", policy)
+                    .append_pair("by", by)
+                    .append_pair("n", &n.to_string())
+                    .finish()
+            )),
+            None,
+        ),
         Call::Overrides {
             call: OverrideCall::List { policy },
         } => match policy {
@@ -223,6 +247,7 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
         Call::Members => print_members(&answer),
         Call::Decide { .. } => print_decision(&answer["responses"][0])?,
         Call::Keys { .. } => print_key(&answer),
+        Call::Top { .. } => print_top(&answer),
         Call::Overrides {
             call: OverrideCall::List { .. },
         } => print_overrides(answer["overrides"].as_array().map_or(&[][..], |v| v)),
@@ -327,6 +352,36 @@ fn print_members(answer: &serde_json::Value) {
             } else {
                 "differs"
             },
+        );
+    }
+}
+
+fn print_top(answer: &serde_json::Value) {
+    println!(
+        "{} {} over the last 5-10 min: {} decisions on nodes {}",
+        answer["policy"].as_str().unwrap_or("?"),
+        answer["by"].as_str().unwrap_or("?"),
+        answer["total"],
+        answer["nodes"],
+    );
+    println!(
+        "{:>4}  {:<16} {:>10} {:>10}",
+        "rank", "key", "count", "at least"
+    );
+    for (i, k) in answer["keys"].as_array().into_iter().flatten().enumerate() {
+        println!(
+            "{:>4}  {:<16} {:>10} {:>10}",
+            i + 1,
+            k["key"].as_str().unwrap_or("?"),
+            k["count"],
+            k["at_least"]
+        );
+    }
+    for n in answer["unreachable"].as_array().into_iter().flatten() {
+        println!(
+            "node {} did not answer: {}",
+            n["node"],
+            n["message"].as_str().unwrap_or("")
         );
     }
 }

@@ -38,6 +38,7 @@ mod batch;
 mod grpc;
 mod keys;
 mod overrides;
+mod top;
 
 /// The largest body of a call.
 const MAX_BODY_BYTES: usize = 1 << 20;
@@ -109,6 +110,7 @@ impl AdminServer {
             .route("/v1/config", get(config))
             .route("/v1/keys", get(keys::get))
             .route("/v1/keys/reset", post(keys::reset))
+            .route("/v1/top", get(top::top))
             .route(
                 "/v1/overrides",
                 get(overrides::list)

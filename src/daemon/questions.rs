@@ -22,6 +22,32 @@ pub(crate) const ASK_OVERRIDES: u32 = ASK_APP + 2;
 /// A page of the node's overrides ([`PullAsk`]), unless its table's digest is the asker's.
 pub(crate) const ASK_OVERRIDES_PAGE: u32 = ASK_APP + 3;
 
+/// A policy's heaviest keys on the node asked ([`TopAsk`]), answered with a [`TopAnswer`].
+pub(crate) const ASK_TOP: u32 = ASK_APP + 4;
+
+/// The most keys a node lists in a [`TopAnswer`] (within a question's 16 KiB).
+pub(crate) const MAX_TOP: usize = 100;
+
+/// A policy's heaviest keys, as asked of a node.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TopAsk {
+    pub(crate) policy: String,
+    pub(crate) denied: bool,
+    pub(crate) n: usize,
+}
+
+/// A node's summary of a policy's heaviest keys: `(key, count, error)` by count.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct TopAnswer {
+    pub(crate) total: u64,
+    pub(crate) floor: u64,
+    pub(crate) entries: Vec<(u64, u64, u64)>,
+    /// Bytes the policy's sketches take on the node.
+    #[serde(default)]
+    pub(crate) memory_bytes: usize,
+}
+
 /// How often a node pulls a random peer's overrides.
 const PULL_EVERY: Duration = Duration::from_secs(10);
 
@@ -198,6 +224,30 @@ fn answer(layer: &RateLimitLayer, overrides: &Overrides, question: &Question) ->
             }
             _ => refused("bad_question"),
         },
+        ASK_TOP => {
+            let Ok(ask) = serde_json::from_slice::<TopAsk>(&question.body) else {
+                return refused("bad_question");
+            };
+            let n = ask.n.min(MAX_TOP);
+            let Some((summary, memory_bytes)) =
+                layer
+                    .rules()
+                    .top(&ask.policy, ask.denied, n, layer.now_ns())
+            else {
+                return refused("unknown_policy");
+            };
+            serde_json::to_vec(&TopAnswer {
+                total: summary.total,
+                floor: summary.floor,
+                entries: summary
+                    .entries
+                    .iter()
+                    .map(|e| (e.key, e.count, e.error))
+                    .collect(),
+                memory_bytes,
+            })
+            .unwrap_or_default()
+        }
         ASK_OVERRIDES_PAGE => {
             let Ok(ask) = serde_json::from_slice::<PullAsk>(&question.body) else {
                 return refused("bad_question");

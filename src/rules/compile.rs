@@ -51,6 +51,8 @@ pub(super) struct CompiledPolicy {
     pub(super) denial_forms: OnceLock<&'static crate::http::forms::DenialForms>,
     /// A calendar policy's clock (`calendar`).
     pub(super) warp: Option<crate::algorithm::calendar::Warp>,
+    /// Its heaviest keys, admitted and denied (kept across a reload with the store).
+    pub(super) top: Arc<super::top::PolicyTop>,
     /// Its keys' overrides (the admin API; kept across a reload with the store).
     pub(super) overrides: Arc<super::overrides::PolicyOverrides>,
 }
@@ -322,6 +324,7 @@ pub(super) fn compile(
             let overrides = previous
                 .map(|old| Arc::clone(&old.overrides))
                 .unwrap_or_default();
+            let top = previous.map(|old| Arc::clone(&old.top)).unwrap_or_default();
             let lockouts = named.block_for.map(|block| {
                 previous
                     .and_then(|old| old.lockouts.clone())
@@ -359,6 +362,7 @@ pub(super) fn compile(
                     .calendar
                     .clone()
                     .map(crate::algorithm::calendar::Warp::new),
+                top,
             }
         })
         .collect();

@@ -70,6 +70,7 @@ impl<'r> Passage<'r> {
                 if let Some(left) = policy.lockouts.as_ref().and_then(|l| l.left(key, now)) {
                     let limit = policy.named.policy.capacity();
                     let decision = Decision::denied(limit, 0, left, left);
+                    policy.top.note(key, false, now);
                     reports.push(policy.report(decision));
                     return decision;
                 }
@@ -80,6 +81,7 @@ impl<'r> Passage<'r> {
                     decision.retry_after_ns = decision.retry_after_ns.max(left);
                     decision.reset_after_ns = decision.reset_after_ns.max(left);
                 }
+                policy.top.note(key, decision.is_allowed(), now);
                 reports.push(policy.report(decision));
                 if decision.is_allowed() {
                     charges.note(i, *charge);
@@ -129,7 +131,7 @@ impl<'r> Passage<'r> {
         if let Some(charge) = answer.charge.filter(|_| answer.decision.is_allowed()) {
             self.mesh_charged.push((p, key, charge));
         }
-        self.settle(p, answer.decision);
+        self.settle(p, key, answer.decision);
     }
 
     /// Ask the exact backend for `redis` policy `p` under `key`, once every layer before it
@@ -147,8 +149,10 @@ impl<'r> Passage<'r> {
     }
 
     /// Take a remote layer's decision: report it; a denial gives the local charges back.
-    fn settle(&mut self, p: usize, decision: Decision) {
-        self.reports.push(self.rules.policies[p].report(decision));
+    fn settle(&mut self, p: usize, key: u64, decision: Decision) {
+        let policy = &self.rules.policies[p];
+        policy.top.note(key, decision.is_allowed(), self.now);
+        self.reports.push(policy.report(decision));
         if decision.verdict != Verdict::Allowed {
             self.decision = decision;
             self.refund();
@@ -171,9 +175,9 @@ impl<'r> Passage<'r> {
                 if let Some(sent) = sent.filter(|_| decision.is_allowed()) {
                     self.exact_charged.push((p, key, sent));
                 }
-                self.settle(p, decision)
+                self.settle(p, key, decision)
             }
-            ExactDecision::Fallback(decision) => self.settle(p, decision),
+            ExactDecision::Fallback(decision) => self.settle(p, key, decision),
             ExactDecision::Unavailable => {
                 self.unavailable = Some(policy.name);
                 self.refund();

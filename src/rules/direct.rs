@@ -129,6 +129,7 @@ impl Rules {
                 }
             }
         };
+        compiled.top.note(key, decision.is_allowed(), now);
         self.count(&compiled.report(decision));
         Ok(decision)
     }

@@ -272,7 +272,11 @@ impl<'r> Run<'r> {
         status.remaining = decision.remaining;
         status.reset_after_ns = (decision.verdict != Verdict::CannotFit)
             .then(|| decision.reset_after_ns.max(decision.retry_after_ns));
-        let report = self.rules.policies[pending.policy].report(decision);
+        let policy = &self.rules.policies[pending.policy];
+        policy
+            .top
+            .note(pending.key, decision.is_allowed(), self.now);
+        let report = policy.report(decision);
         if decision.is_allowed() {
             self.admitted.push(report);
         } else {

@@ -1,0 +1,93 @@
+//! The heaviest keys of each policy over the last minutes (the admin API's `/v1/top`): every
+//! decision of a policy is recorded, admitted and denied apart, in a Space-Saving sketch of
+//! the thread that made it (`crate::top`; no lock shared between threads on the request
+//! path), of two generations of 5 minutes each. A query merges the threads' summaries into
+//! one that keeps the sketch's guarantee: a key that carried more than 1/n of the decisions
+//! is among the first n, for n up to the capacity.
+//!
+//! Memory: [`CAPACITY`] counters per sketch, two sketches per generation pair, one pair per
+//! policy, outcome and thread that decided for the policy (about 20 KB per pair).
+
+use std::sync::{Mutex, PoisonError};
+
+use thread_local::ThreadLocal;
+
+use super::Rules;
+use crate::clock::Nanos;
+use crate::top::{Recent, Summary, merge};
+
+/// Counters per sketch: the most keys a summary lists, and the largest `n` the top-n
+/// guarantee holds for.
+pub(crate) const CAPACITY: usize = 256;
+
+/// How long one generation lasts: a summary covers the last 5 to 10 minutes.
+const PERIOD_NS: Nanos = 5 * 60 * 1_000_000_000;
+
+/// One policy's sketches, by outcome and thread.
+#[derive(Default)]
+pub(super) struct PolicyTop {
+    admitted: ThreadLocal<Mutex<Recent>>,
+    denied: ThreadLocal<Mutex<Recent>>,
+}
+
+impl PolicyTop {
+    /// Record a decision for `key` at `now`.
+    #[inline]
+    pub(super) fn note(&self, key: u64, allowed: bool, now: Nanos) {
+        let sketches = if allowed {
+            &self.admitted
+        } else {
+            &self.denied
+        };
+        sketches
+            .get_or(|| Mutex::new(Recent::new(CAPACITY, PERIOD_NS)))
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(key, 1, now);
+    }
+
+    /// Bytes its sketches take on this node.
+    fn memory_bytes(&self) -> usize {
+        self.admitted
+            .iter()
+            .chain(self.denied.iter())
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .memory_bytes()
+            })
+            .sum()
+    }
+
+    /// The merged summary of every thread's sketches at `now`.
+    fn summary(&self, denied: bool, now: Nanos) -> Summary {
+        let sketches = if denied { &self.denied } else { &self.admitted };
+        let parts: Vec<Summary> = sketches
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .summary(now)
+            })
+            .collect();
+        merge(&parts, CAPACITY)
+    }
+}
+
+impl Rules {
+    /// Policy `policy`'s heaviest keys on this node at `now` (denied or admitted), as a
+    /// summary of at most `n` entries, with the bytes the policy's sketches take here;
+    /// `None` for a policy the file does not have.
+    pub(crate) fn top(
+        &self,
+        policy: &str,
+        denied: bool,
+        n: usize,
+        now: Nanos,
+    ) -> Option<(Summary, usize)> {
+        let compiled = self.policies.iter().find(|c| c.name == policy)?;
+        let mut summary = compiled.top.summary(denied, now);
+        summary.truncate(n);
+        Some((summary, compiled.top.memory_bytes()))
+    }
+}
