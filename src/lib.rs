@@ -151,7 +151,7 @@ pub mod sim;
 mod sync;
 #[cfg(all(test, feature = "mesh"))]
 mod testing;
-#[cfg(feature = "http")]
+#[cfg(feature = "node")]
 mod top;
 
 /// Entry points for fuzz targets (`tests/fuzz/`, feature `fuzzing`): not part of the supported API,

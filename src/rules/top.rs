@@ -8,28 +8,48 @@
 //! Memory: [`CAPACITY`] counters per sketch, two sketches per generation pair, one pair per
 //! policy, outcome and thread that decided for the policy (about 20 KB per pair).
 
+#[cfg(feature = "node")]
 use std::sync::{Mutex, PoisonError};
 
+#[cfg(feature = "node")]
 use thread_local::ThreadLocal;
 
+#[cfg(feature = "node")]
 use super::Rules;
 use crate::clock::Nanos;
+#[cfg(feature = "node")]
 use crate::top::{Recent, Summary, merge};
 
 /// Counters per sketch: the most keys a summary lists, and the largest `n` the top-n
 /// guarantee holds for.
+#[cfg(feature = "node")]
 pub(crate) const CAPACITY: usize = 256;
 
 /// How long one generation lasts: a summary covers the last 5 to 10 minutes.
+#[cfg(feature = "node")]
 const PERIOD_NS: Nanos = 5 * 60 * 1_000_000_000;
 
 /// One policy's sketches, by outcome and thread.
+#[cfg(feature = "node")]
 #[derive(Default)]
 pub(super) struct PolicyTop {
     admitted: ThreadLocal<Mutex<Recent>>,
     denied: ThreadLocal<Mutex<Recent>>,
 }
 
+/// Without the node (and its admin API), nothing reads the sketches: nothing is recorded.
+#[cfg(not(feature = "node"))]
+#[derive(Default)]
+pub(super) struct PolicyTop;
+
+#[cfg(not(feature = "node"))]
+impl PolicyTop {
+    /// Record nothing.
+    #[inline]
+    pub(super) fn note(&self, _key: u64, _allowed: bool, _now: Nanos) {}
+}
+
+#[cfg(feature = "node")]
 impl PolicyTop {
     /// Record a decision for `key` at `now`.
     #[inline]
@@ -74,6 +94,7 @@ impl PolicyTop {
     }
 }
 
+#[cfg(feature = "node")]
 impl Rules {
     /// Policy `policy`'s heaviest keys on this node at `now` (denied or admitted), as a
     /// summary of at most `n` entries, with the bytes the policy's sketches take here;

@@ -2,9 +2,9 @@
 //! against exact counts, for single sketches, merges, merges of merges, truncated parts and
 //! the two-generation window.
 
+use super::{Entry, Recent, SpaceSaving, Summary, guaranteed_top, merge};
 use proptest::prelude::*;
 use std::collections::HashMap;
-use super::{Entry, Recent, SpaceSaving, Summary, guaranteed_top, merge};
 
 type Exact = HashMap<u64, u64>;
 
