@@ -334,7 +334,7 @@ fn print_config(answer: &serde_json::Value) {
             p["name"].as_str().unwrap_or("?"),
             p["algorithm"].as_str().unwrap_or("?"),
             p["backend"].as_str().unwrap_or("?"),
-            p["limit"],
+            s(&p["limit"]),
             p["window_ms"].as_u64().unwrap_or(0) as f64 / 1000.0,
         );
     }
@@ -345,7 +345,7 @@ fn print_members(answer: &serde_json::Value) {
     for m in answer["members"].as_array().into_iter().flatten() {
         println!(
             "{:>6}  {:<6} {}",
-            m["id"],
+            s(&m["id"]),
             if m["alive"] == true { "yes" } else { "no" },
             if m["config_agrees"] == true {
                 "agrees"
@@ -373,8 +373,8 @@ fn print_top(answer: &serde_json::Value) {
             "{:>4}  {:<16} {:>10} {:>10}",
             i + 1,
             k["key"].as_str().unwrap_or("?"),
-            k["count"],
-            k["at_least"]
+            s(&k["count"]),
+            s(&k["at_least"])
         );
     }
     for n in answer["unreachable"].as_array().into_iter().flatten() {
@@ -384,6 +384,11 @@ fn print_top(answer: &serde_json::Value) {
             n["message"].as_str().unwrap_or("")
         );
     }
+}
+
+/// A JSON value as a table cell (a string without its quotes).
+fn s(v: &serde_json::Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_string)
 }
 
 /// A path made once for the life of the command.
@@ -408,7 +413,7 @@ fn print_overrides(list: &[serde_json::Value]) {
             "{:<20} {:<16} {:>10} {:<22} {:<12} {}",
             o["policy"].as_str().unwrap_or("?"),
             o["key"].as_str().unwrap_or("?"),
-            o["limit"],
+            s(&o["limit"]),
             until,
             o["by"].as_str().unwrap_or(""),
             o["reason"].as_str().unwrap_or(""),
@@ -443,7 +448,12 @@ fn print_key(answer: &serde_json::Value) {
         );
         println!("{:>6} {:>10} {:>10}", "node", "leased", "used");
         for h in answer["holders"].as_array().into_iter().flatten() {
-            println!("{:>6} {:>10} {:>10}", h["node"], h["leased"], h["used"]);
+            println!(
+                "{:>6} {:>10} {:>10}",
+                s(&h["node"]),
+                s(&h["leased"]),
+                s(&h["used"])
+            );
         }
     }
     if let Some(nodes) = answer["nodes"].as_array() {
@@ -454,8 +464,8 @@ fn print_key(answer: &serde_json::Value) {
         for n in nodes {
             println!(
                 "{:>6} {:>10} {:>10.3} {:>10.3}",
-                n["node"],
-                n["remaining"],
+                s(&n["node"]),
+                s(&n["remaining"]),
                 ms(&n["reset_after_ms"]),
                 ms(&n["lockout_ms"])
             );
@@ -463,7 +473,7 @@ fn print_key(answer: &serde_json::Value) {
         for n in answer["unreachable"].as_array().into_iter().flatten() {
             println!(
                 "{:>6} no answer: {}",
-                n["node"],
+                s(&n["node"]),
                 n["message"].as_str().unwrap_or("")
             );
         }
