@@ -42,9 +42,7 @@
 //! # path = "/v1/check"
 //! # [envoy_rls]                    # Envoy's rate limit service API over gRPC (see [`envoy_rls`])
 //! # listen = "127.0.0.1:8081"
-//! # [state]                        # what outlives the process ([`state`]; defaults shown)
-//! # dir = "state/node-1"
-//! # snapshot_interval = "1s"
+//! # [state]                        # what outlives the process ([`state`])
 //! # [traces]                       # OpenTelemetry spans over OTLP (feature `otel`; [`traces`])
 //! # otlp_endpoint = "http://127.0.0.1:4317"
 //!
