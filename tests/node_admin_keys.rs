@@ -90,17 +90,7 @@ async fn admitted(
 async fn keys_are_read_and_reset_across_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
     let files = write_cluster_with(dir.path(), 3, POLICIES);
-    std::fs::write(
-        dir.path().join("admin-tokens"),
-        format!("support {TOKEN}\n"),
-    )
-    .unwrap();
-    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = admin.local_addr().unwrap();
-    drop(admin);
-    edit_file(&files[0], |t| {
-        format!("{t}\n[admin]\nlisten = \"{addr}\"\ntoken_file = \"admin-tokens\"\n")
-    });
+    let addr = add_admin(dir.path(), &files, |i| i == 0, TOKEN)[0];
     let nodes: Vec<NodeProcess> = files.iter().map(|f| start(f)).collect();
     let client = client();
     for node in &nodes {

@@ -100,22 +100,7 @@ fn listed(v: &Value) -> Vec<(String, u64)> {
 async fn overrides_reach_every_node_and_survive_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let files = write_cluster_with(dir.path(), 3, POLICIES);
-    std::fs::write(
-        dir.path().join("admin-tokens"),
-        format!("support {TOKEN}\n"),
-    )
-    .unwrap();
-    let admins: Vec<std::net::SocketAddr> = (0..3)
-        .map(|_| {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap()
-        })
-        .collect();
-    for (file, admin) in files.iter().zip(&admins) {
-        edit_file(file, |t| {
-            format!("{t}\n[admin]\nlisten = \"{admin}\"\ntoken_file = \"admin-tokens\"\n")
-        });
-    }
+    let admins = add_admin(dir.path(), &files, |_| true, TOKEN);
     let mut nodes: Vec<NodeProcess> = files.iter().map(|f| start(f)).collect();
     let client = client();
     for node in &nodes {

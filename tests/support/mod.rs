@@ -325,3 +325,27 @@ pub fn edit_file(path: &Path, edit: impl FnOnce(&str) -> String) {
     let text = std::fs::read_to_string(path).unwrap();
     std::fs::write(path, edit(&text)).unwrap();
 }
+
+/// Give the nodes of `files` (those picked by `with_admin`) an `[admin]` port on loopback
+/// with a token file of one caller, `support`, whose token is `token`; return each picked
+/// node's admin address, in order.
+pub fn add_admin(
+    dir: &Path,
+    files: &[std::path::PathBuf],
+    with_admin: impl Fn(usize) -> bool,
+    token: &str,
+) -> Vec<SocketAddr> {
+    std::fs::write(dir.join("admin-tokens"), format!("support {token}\n")).unwrap();
+    let mut addrs = Vec::new();
+    for (_, file) in files.iter().enumerate().filter(|&(i, _)| with_admin(i)) {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        edit_file(file, |t| {
+            format!("{t}\n[admin]\nlisten = \"{addr}\"\ntoken_file = \"admin-tokens\"\n")
+        });
+        addrs.push(addr);
+    }
+    addrs
+}

@@ -119,31 +119,13 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::mesh::message::{KeyRef, Want};
-    use crate::mesh::tally::Tally;
+    use crate::mesh::authority::tests::{KEY, want as want_of};
+    use crate::mesh::message::Want;
 
-    const KEY: KeyRef = KeyRef { policy: 0, key: 7 };
     const S: Nanos = 1_000_000_000;
 
     fn want(window: u64, granted: u64, used: u64) -> Want {
-        Want {
-            key: KEY,
-            window,
-            tally: Tally {
-                granted,
-                returned: 0,
-                used,
-            },
-            closed: false,
-            need: 0,
-            smallest: 0,
-            seq: 0,
-            refill: false,
-            demand: 16,
-            spent_ago: 0,
-            previous_used: None,
-            holding: 1,
-        }
+        want_of(window, granted, used, 16)
     }
 
     #[test]

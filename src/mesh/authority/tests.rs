@@ -3,10 +3,10 @@ use std::time::Duration;
 
 use super::*;
 
-const KEY: KeyRef = KeyRef { policy: 0, key: 7 };
+pub(super) const KEY: KeyRef = KeyRef { policy: 0, key: 7 };
 const S: Nanos = 1_000_000_000;
 
-fn want(window: u64, granted: u64, used: u64, demand: u32) -> Want {
+pub(super) fn want(window: u64, granted: u64, used: u64, demand: u32) -> Want {
     Want {
         key: KEY,
         window,
