@@ -114,6 +114,42 @@ pub(super) fn count(
 }
 
 impl CompiledPolicy {
+    /// Run `f` on the store that decides `key` at `now`: its override's while one runs,
+    /// else the policy's own.
+    #[inline]
+    pub(super) fn with_store<R>(
+        &self,
+        key: u64,
+        now: Nanos,
+        f: impl FnOnce(&Store<u64>) -> R,
+    ) -> R {
+        self.overrides.with_store(&self.store, key, now, f)
+    }
+
+    /// Forget `key`'s counts under its override too (a reset); tell whether it had one.
+    #[cfg(feature = "node")]
+    pub(super) fn forget_overridden(&self, key: u64) -> bool {
+        self.overrides.forget(key)
+    }
+
+    /// Its number among the mesh policies, if it is one the mesh decides.
+    #[cfg(feature = "node")]
+    pub(super) fn mesh_number(&self) -> Option<u32> {
+        match self.remote {
+            Some(Remote::Mesh(number)) => Some(number),
+            _ => None,
+        }
+    }
+
+    /// Its number among the `redis` policies, if it is one Redis decides.
+    #[cfg(feature = "node")]
+    pub(super) fn exact_number(&self) -> Option<u32> {
+        match self.remote {
+            Some(Remote::Exact(number)) => Some(number),
+            _ => None,
+        }
+    }
+
     /// `now` on this policy's time axis: a calendar period's clock
     /// ([`crate::algorithm::calendar::Warp`]), or shifted by the zone's UTC offset, so that a
     /// fixed window of a day starts at local midnight.

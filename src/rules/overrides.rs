@@ -12,13 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 
-use super::compile::CompiledPolicy;
 #[cfg(feature = "node")]
-use super::{Rules, compile::Remote};
+use super::Rules;
 use crate::clock::Nanos;
 use crate::local::Store;
 #[cfg(feature = "node")]
-use crate::policy::PolicyError;
+use crate::policy::{Policy, PolicyError};
 
 /// One key's override on this node.
 pub(super) struct Overridden {
@@ -47,43 +46,59 @@ pub(crate) enum OverrideError {
     Limit(PolicyError),
 }
 
-impl CompiledPolicy {
+impl PolicyOverrides {
     /// Run `f` on the store that decides `key` at `now`: its override's while one runs,
-    /// else the policy's own.
+    /// else `base` (the policy's own).
     #[inline]
     pub(super) fn with_store<R>(
         &self,
+        base: &Store<u64>,
         key: u64,
         now: Nanos,
         f: impl FnOnce(&Store<u64>) -> R,
     ) -> R {
-        if self.overrides.count.load(Ordering::Relaxed) != 0
-            && let Some(o) = self.overrides.map.get(&key)
+        if self.count.load(Ordering::Relaxed) != 0
+            && let Some(o) = self.map.get(&key)
             && o.until > now
         {
             return f(&o.store);
         }
-        f(&self.store)
+        f(base)
     }
 
-    /// Forget `key`'s counts under its override too (a reset); tell whether it had one.
+    /// Forget `key`'s counts under its override (a reset); tell whether it had one.
     #[cfg(feature = "node")]
-    pub(super) fn forget_overridden(&self, key: u64) -> bool {
-        self.overrides
-            .map
-            .get(&key)
-            .is_some_and(|o| o.store.forget(&key))
+    pub(super) fn forget(&self, key: u64) -> bool {
+        self.map.get(&key).is_some_and(|o| o.store.forget(&key))
     }
 
     /// Drop the overrides that ended by `now`.
     #[cfg(feature = "node")]
-    fn sweep_overrides(&self, now: Nanos) {
-        if self.overrides.count.load(Ordering::Relaxed) != 0 {
-            self.overrides.map.retain(|_, o| o.until > now);
-            self.overrides
-                .count
-                .store(self.overrides.map.len(), Ordering::Relaxed);
+    fn sweep(&self, now: Nanos) {
+        if self.count.load(Ordering::Relaxed) != 0 {
+            self.map.retain(|_, o| o.until > now);
+            self.count.store(self.map.len(), Ordering::Relaxed);
         }
+    }
+
+    /// Decide `key` with `policy` until `until` from `at` (the policy's time at `now`),
+    /// beginning from what it used so far (`seen`: a look at it); or (`None`) by `base`.
+    #[cfg(feature = "node")]
+    fn set(&self, key: u64, overridden: Option<(Policy, Nanos)>, seen: crate::Decision, at: Nanos) {
+        match overridden {
+            None => {
+                self.map.remove(&key);
+            }
+            Some((policy, until)) => {
+                let used = seen.limit.saturating_sub(seen.remaining);
+                let store = Store::new(policy, 1);
+                if used > 0 {
+                    store.decide(&key, at, used.min(policy.capacity()));
+                }
+                self.map.insert(key, Arc::new(Overridden { store, until }));
+            }
+        }
+        self.count.store(self.map.len(), Ordering::Relaxed);
     }
 }
 
@@ -114,39 +129,22 @@ impl Rules {
             )),
             None => None,
         };
-        match compiled.remote {
-            Some(Remote::Mesh(number)) => {
-                if let Some(mesh) = &self.mesh {
-                    mesh.set_override(number, key, overridden.map(|(p, _)| p.capacity()));
-                }
-                return Ok(());
+        if let Some(number) = compiled.mesh_number() {
+            if let Some(mesh) = &self.mesh {
+                mesh.set_override(number, key, overridden.map(|(p, _)| p.capacity()));
             }
-            Some(Remote::Exact(number)) => {
-                if let Some(exact) = &self.exact {
-                    exact.set_override(number, key, overridden.map(|(p, _)| p));
-                }
-                return Ok(());
-            }
-            None => {}
+            return Ok(());
         }
-        let table = &compiled.overrides;
-        match overridden {
-            None => {
-                table.map.remove(&key);
+        if let Some(number) = compiled.exact_number() {
+            if let Some(exact) = &self.exact {
+                exact.set_override(number, key, overridden.map(|(p, _)| p));
             }
-            Some((policy, until)) => {
-                let at = compiled.local_now(now);
-                // What the key used, under its policy or its override so far.
-                let seen = compiled.with_store(key, now, |s| s.decide(&key, at, 0));
-                let used = seen.limit.saturating_sub(seen.remaining);
-                let store = Store::new(policy, 1);
-                if used > 0 {
-                    store.decide(&key, at, used.min(policy.capacity()));
-                }
-                table.map.insert(key, Arc::new(Overridden { store, until }));
-            }
+            return Ok(());
         }
-        table.count.store(table.map.len(), Ordering::Relaxed);
+        let at = compiled.local_now(now);
+        // What the key used, under its policy or its override so far.
+        let seen = compiled.with_store(key, now, |s| s.decide(&key, at, 0));
+        compiled.overrides.set(key, overridden, seen, at);
         Ok(())
     }
 
@@ -168,7 +166,7 @@ impl Rules {
     /// Drop the local overrides that ended by `now` (the node's sweeper).
     pub(crate) fn sweep_overrides(&self, now: Nanos) {
         for p in &self.policies {
-            p.sweep_overrides(now);
+            p.overrides.sweep(now);
         }
     }
 }
