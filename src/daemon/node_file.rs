@@ -46,16 +46,14 @@
 //! # [traces]                       # OpenTelemetry spans over OTLP (feature `otel`; [`traces`])
 //! # otlp_endpoint = "http://127.0.0.1:4317"
 //!
-//! # Or, instead of (or besides) a list of peers: where to find the cluster. Its members'
-//! # ids come from their certificates.
+//! # Or, besides or instead of peers, where to find the cluster (ids from certificates):
 //! # seeds = ["127.0.0.1:7101", "ratemesh-headless.ns.svc:7000"]
 //! # seed_refresh = "30s"           # DNS names are resolved again this often
 //! # join_timeout = "10s"           # no seed answers: start a cluster (seeds only)
 //! # while_joining = "local-share"  # or "deny", "allow": mesh decisions before joining
 //! ```
 //!
-//! Errors name the file, the line, the field and the reason (the policy file's own errors
-//! name the policy file).
+//! Errors name the file, line, field and reason (the policy file's, the policy file).
 
 mod admin;
 mod envoy_rls;
