@@ -82,3 +82,33 @@ async fn a_daily_quota_survives_every_node_killed_at_once() {
     // Another key's day starts afresh.
     assert_eq!(admitted(&client, &nodes, "sk_other", 21).await, 20);
 }
+
+#[test]
+fn bad_state_tables_are_refused_with_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster_with(dir.path(), 1, POLICIES);
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    for (table, field, says) in [
+        (
+            "snapshot_interval = \"10ms\"\n",
+            "state.snapshot_interval",
+            "between 100ms and 1h",
+        ),
+        (
+            "snapshot_interval = \"often\"\n",
+            "state.snapshot_interval",
+            "often",
+        ),
+        ("every = \"1s\"\n", "state", "unknown field"),
+    ] {
+        let with = format!("{text}\n[state]\n{table}");
+        let error = ratemesh::node::NodeFile::from_toml_str(&with, &files[0]).unwrap_err();
+        assert!(error.field.starts_with(field), "{error}");
+        assert!(error.reason.contains(says), "{error}");
+        assert!(error.line > 1, "{error}");
+    }
+    // Without [state]: state/node-ID beside the node file, written every second.
+    let file = ratemesh::node::NodeFile::from_toml_str(&text, &files[0]).unwrap();
+    assert_eq!(file.state.dir, dir.path().join("state/node-1"));
+    assert_eq!(file.state.snapshot_interval, Duration::from_secs(1));
+}

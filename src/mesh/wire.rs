@@ -170,8 +170,8 @@ pub(crate) fn decode<T: Decode<()>>(frame: &[u8]) -> Result<T, WireError> {
     Ok(message)
 }
 
-/// Encode a value kept on disk (a snapshot): bincode as on the wire, without the frame's
-/// version byte, at most [`MAX_FRAME_BYTES`].
+/// Encode a value kept on disk (a snapshot) or carried in a question's body: bincode as on
+/// the wire, without the frame's version byte, at most [`MAX_FRAME_BYTES`].
 pub(crate) fn encode_saved<T: Encode>(value: &T) -> Result<Vec<u8>, WireError> {
     let mut bytes = Vec::with_capacity(encoded_len(value).min(MAX_FRAME_BYTES));
     bincode::encode_into_std_write(value, &mut bytes, LIMITED).map_err(|e| {

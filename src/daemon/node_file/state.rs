@@ -58,7 +58,7 @@ pub(super) fn state(
                 source.error(
                     at("snapshot_interval"),
                     "state.snapshot_interval",
-                    e.to_string(),
+                    format!("`{text}` is not a duration ({e})"),
                 )
             })?;
             if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {

@@ -158,7 +158,7 @@ impl Node {
             });
             return Some((id, owner));
         }
-        let body = wire::encode_ext(0, &key).ok()?.body;
+        let body = wire::encode_saved(&key).ok()?;
         let ext = wire::encode_ext(EXT_ASK, &Ask { id, kind, body }).ok()?;
         self.outbox.push_ext(owner, ext);
         Some((id, owner))
@@ -207,10 +207,7 @@ impl Node {
                     });
                     return;
                 }
-                let body = match wire::decode_ext::<KeyRef>(&Ext {
-                    kind: 0,
-                    body: ask.body,
-                }) {
+                let body = match wire::decode_saved::<KeyRef>(&ask.body) {
                     Ok(key) => self.key_answer(now, ask.kind, key),
                     Err(_) => Vec::new(),
                 };
@@ -244,7 +241,7 @@ impl Node {
             self.reset_key(now, key);
         }
         let view = self.key_view(now, key);
-        wire::encode_ext(0, &view).map_or_else(|_| Vec::new(), |e| e.body)
+        wire::encode_saved(&view).unwrap_or_default()
     }
 
     /// What this node's authority of `key` says of it at `now`.
