@@ -145,7 +145,7 @@ impl RedisLimiter {
 
     /// The same script, lockout and connection with `policy` (another limit or rate of the
     /// same algorithm: an override of one key).
-    pub(crate) fn with_policy(&self, policy: Policy) -> Result<RedisLimiter, BackendError> {
+    pub(crate) fn with_policy(&self, policy: Policy) -> RedisLimiter {
         let unit_ns = if policy.algorithm().is_rate_based() {
             policy.interval_ns() / 1000 * 1000
         } else {
@@ -154,7 +154,7 @@ impl RedisLimiter {
         let mut limiter = self.clone();
         limiter.policy = policy;
         limiter.unit_us = (unit_ns / 1000).max(1);
-        Ok(limiter)
+        limiter
     }
 
     /// Lock a key out for `block` once the policy denies it (`block_for`): its requests

@@ -167,17 +167,10 @@ impl ExactLimits for RedisLimits {
             None => {
                 self.overrides.remove(&(policy_number, key));
             }
-            Some(policy) => match named.limiter.with_policy(policy) {
-                Ok(limiter) => {
-                    self.overrides
-                        .insert((policy_number, key), std::sync::Arc::new(limiter));
-                }
-                Err(error) => tracing::warn!(
-                    policy = named.name,
-                    %error,
-                    "override not applied in Redis"
-                ),
-            },
+            Some(policy) => {
+                let limiter = std::sync::Arc::new(named.limiter.with_policy(policy));
+                self.overrides.insert((policy_number, key), limiter);
+            }
         }
     }
 
