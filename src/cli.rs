@@ -78,6 +78,11 @@ enum Command {
         /// cluster.
         #[arg(long = "add-node", value_name = "ID")]
         add_node: Vec<u64>,
+        /// Sign a client certificate for operator NAME with the CA already in `--out`
+        /// (`operator-NAME.pem`, `.key`), for `ratemesh ctl --cert` against an admin port whose
+        /// `client_ca` is this CA; repeat for several.
+        #[arg(long = "operator", value_name = "NAME")]
+        operator: Vec<String>,
         /// The cluster's name (in the CA's common name).
         #[arg(long, default_value = "ratemesh")]
         cluster: String,
@@ -94,9 +99,16 @@ fn certs(
     out: &std::path::Path,
     nodes: u64,
     add: &[u64],
+    operators: &[String],
     cluster: &str,
     validity: ratemesh::net::certs::Validity,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if !operators.is_empty() {
+        let written = ratemesh::net::certs::add_operators(out, cluster, operators, validity.node)?;
+        for path in written {
+            println!("wrote {}", path.display());
+        }
+    }
     if !add.is_empty() {
         if add
             .iter()
@@ -107,6 +119,9 @@ fn certs(
         for path in ratemesh::net::certs::add_nodes(out, cluster, add, validity.node)? {
             println!("wrote {}", path.display());
         }
+        return Ok(());
+    }
+    if !operators.is_empty() {
         return Ok(());
     }
     if nodes == 0 || nodes > 1024 {
@@ -292,6 +307,7 @@ pub fn main() -> std::process::ExitCode {
             out,
             nodes,
             add_node,
+            operator,
             cluster,
             days,
             ca_days,
@@ -299,6 +315,7 @@ pub fn main() -> std::process::ExitCode {
             &out,
             nodes,
             &add_node,
+            &operator,
             &cluster,
             ratemesh::net::certs::Validity {
                 ca: std::time::Duration::from_secs(ca_days * 86_400),

@@ -109,6 +109,10 @@ pub enum DaemonError {
     /// The state directory (`state_dir`) could not be opened.
     #[error("the node's state_dir: {0}")]
     State(String),
+    /// The admin ports' TLS (`[admin] client_ca` and the node's `[tls]` files) could not be
+    /// built.
+    #[error("the admin ports' TLS: {0}")]
+    AdminTls(String),
 }
 
 /// What the HTTP handlers share.
@@ -364,7 +368,7 @@ impl RunningNode {
                     state.policies.refresh_keys();
                     certificates.refresh(&state.mesh, false);
                     if let Some(admin) = admin.as_mut() {
-                        admin.refresh_tokens();
+                        admin.refresh();
                     }
                 }
             }

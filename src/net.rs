@@ -58,7 +58,7 @@ pub use crate::net::accept::{Refusal, Refusals};
 pub use crate::net::admin::{AdminError, Question};
 use crate::net::dial::Failure;
 use crate::net::driver::Driver;
-pub use crate::net::tls::{NodeTls, TlsError, TlsExpiry, node_tls};
+pub use crate::net::tls::{NodeTls, TlsError, TlsExpiry, admin_client, node_tls};
 
 /// A connected peer counts as up while a frame from it arrived within this time.
 pub(crate) const PEER_UP_WITHIN: Duration = Duration::from_secs(3);

@@ -1,5 +1,6 @@
-//! `ratemesh ctl`: calls to a node's `[admin]` port, with a bearer token from the
-//! environment (`RATEMESH_TOKEN`) or a file (`--token-file`), never from the command line:
+//! `ratemesh ctl`: calls to a node's `[admin]` port, with a client certificate (`--ca`,
+//! `--cert`, `--key`, when the port has a `client_ca`) or a bearer token from the environment
+//! (`RATEMESH_TOKEN`) or a file (`--token-file`), never from the command line:
 //! `config` and `members` (what the node runs with), `decide` (the decision API), `keys get`
 //! and `keys reset` (a key across the cluster). Tables by default, the node's JSON with
 //! `--json`.
@@ -24,6 +25,16 @@ pub(crate) struct CtlArgs {
     /// A file holding the bearer token (else `RATEMESH_TOKEN`).
     #[arg(long)]
     token_file: Option<std::path::PathBuf>,
+    /// Speak TLS, and check the node's certificate against this CA (the cluster's `ca.pem`).
+    #[arg(long)]
+    ca: Option<std::path::PathBuf>,
+    /// A client certificate to present (with `--ca` and `--key`): the caller's name is its
+    /// common name.
+    #[arg(long, requires_all = ["ca", "key"])]
+    cert: Option<std::path::PathBuf>,
+    /// The client certificate's key.
+    #[arg(long, requires = "cert")]
+    key: Option<std::path::PathBuf>,
     /// Print the node's answer as JSON.
     #[arg(long)]
     json: bool,
@@ -128,14 +139,35 @@ fn attributes(pairs: &[String]) -> Result<serde_json::Map<String, serde_json::Va
 }
 
 pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let token = match &args.token_file {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .trim()
-            .to_string(),
-        None => std::env::var("RATEMESH_TOKEN")
-            .map_err(|_| "set RATEMESH_TOKEN, or give --token-file")?,
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
     };
+    let token = match &args.token_file {
+        Some(path) => Some(String::from_utf8_lossy(&read(path)?).trim().to_string()),
+        None => match std::env::var("RATEMESH_TOKEN") {
+            Ok(token) => Some(token),
+            Err(_) if args.cert.is_some() => None,
+            Err(_) => return Err("set RATEMESH_TOKEN, give --token-file, or give --cert".into()),
+        },
+    };
+    let tls = match &args.ca {
+        Some(ca) => {
+            let identity = match (&args.cert, &args.key) {
+                (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+                _ => None,
+            };
+            let (config, name) = ratemesh::net::admin_client(
+                &read(ca)?,
+                identity.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice())),
+            )?;
+            Some((
+                tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+                name,
+            ))
+        }
+        None => None,
+    };
+    let token = token.as_deref();
     let (method, path, body) = match &args.call {
         Call::Config | Call::Members => ("GET", "/v1/config", None),
         Call::Decide {
@@ -222,9 +254,12 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
         .enable_all()
         .build()?;
     let (status, answer) = runtime.block_on(async {
-        tokio::time::timeout(CALL_TIMEOUT, call(&args.admin, method, path, &token, body))
-            .await
-            .map_err(|_| format!("{}: no answer within {CALL_TIMEOUT:?}", args.admin))?
+        tokio::time::timeout(
+            CALL_TIMEOUT,
+            call(&args.admin, tls, method, path, token, body),
+        )
+        .await
+        .map_err(|_| format!("{}: no answer within {CALL_TIMEOUT:?}", args.admin))?
     })?;
     if status != 200 && !(args.json && answer.get("key").is_some()) {
         if answer.get("key").is_some() {
@@ -274,22 +309,44 @@ pub(crate) fn run(args: &CtlArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// One HTTP/1.1 call to `admin`; its status and JSON answer.
 async fn call(
     admin: &str,
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
     method: &str,
     path: &str,
-    token: &str,
+    token: Option<&str>,
     body: Option<String>,
 ) -> Result<(u16, serde_json::Value), Box<dyn std::error::Error>> {
     let stream = tokio::net::TcpStream::connect(admin)
         .await
         .map_err(|e| format!("{admin}: {e}"))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    let request = http::Request::builder()
+    let mut sender = match tls {
+        Some((tls, name)) => {
+            let stream = tls
+                .connect(name, stream)
+                .await
+                .map_err(|e| format!("{admin}: TLS: {e}"))?;
+            let (sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(connection);
+            sender
+        }
+        None => {
+            let (sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            tokio::spawn(connection);
+            sender
+        }
+    };
+    let mut request = http::Request::builder()
         .method(method)
         .uri(path)
-        .header(http::header::HOST, admin)
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(http::header::HOST, admin);
+    if let Some(token) = token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from(
             body.unwrap_or_default(),

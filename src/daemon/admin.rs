@@ -23,7 +23,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -38,6 +38,7 @@ mod batch;
 mod grpc;
 mod keys;
 mod overrides;
+pub(crate) mod tls;
 mod top;
 
 /// The largest body of a call.
@@ -53,6 +54,8 @@ pub(crate) struct AdminServer {
     settings: Admin,
     /// The token file's modification time when last read.
     read_at: Option<std::time::SystemTime>,
+    /// The ports' TLS, read again when its files change.
+    tls: Arc<tls::Acceptor>,
 }
 
 /// The `[admin]` ports, bound.
@@ -61,6 +64,8 @@ pub(crate) struct AdminListeners {
     pub(crate) http: tokio::net::TcpListener,
     /// The decision API's gRPC port (`grpc_listen`).
     grpc: Option<tokio::net::TcpListener>,
+    /// Both ports' TLS (`client_ca`), if any.
+    tls: Arc<tls::Acceptor>,
 }
 
 /// Bind the `[admin]` port and, with `grpc_listen`, the decision API's gRPC port.
@@ -75,7 +80,12 @@ pub(crate) async fn bind(settings: &Admin) -> Result<AdminListeners, DaemonError
         Some(addr) => Some(listen("the decision API's gRPC port", addr).await?),
         None => None,
     };
-    Ok(AdminListeners { http, grpc })
+    let tls = tls::Acceptor::new(settings).map_err(DaemonError::AdminTls)?;
+    Ok(AdminListeners {
+        http,
+        grpc,
+        tls: Arc::new(tls),
+    })
 }
 
 struct AdminState {
@@ -122,24 +132,32 @@ impl AdminServer {
         let AdminListeners {
             http: listener,
             grpc,
+            tls,
         } = listeners;
-        let grpc = grpc.map(|listener| grpc::GrpcServer::start(listener, Arc::clone(&state)));
+        let grpc = grpc.map(|listener| {
+            let incoming = tls::Incoming::start(listener, Arc::clone(&tls));
+            grpc::GrpcServer::start(incoming, Arc::clone(&state))
+        });
         let addr = listener
             .local_addr()
             .expect("a bound listener has an address");
+        let incoming = tls::Incoming::start(listener, Arc::clone(&tls));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let served = axum::serve(listener, router)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
+            let served = axum::serve(
+                incoming,
+                router.into_make_service_with_connect_info::<tls::Peer>(),
+            )
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
             if let Err(error) = served {
                 tracing::error!(%error, "the admin port stopped");
             }
         });
-        tracing::info!(%addr, "admin port (decision API, configuration)");
-        let read_at = modified(&settings.token_file);
+        tracing::info!(%addr, tls = settings.client_ca.is_some(), "admin port (decision API, configuration)");
+        let read_at = settings.token_file.as_deref().and_then(modified);
         AdminServer {
             stop,
             task,
@@ -147,14 +165,17 @@ impl AdminServer {
             state,
             settings: settings.clone(),
             read_at,
+            tls,
         }
     }
 
-    /// Read the token file again if it changed on disk: a file that no longer loads keeps
-    /// the tokens in force (logged once, counted in
-    /// `ratemesh_admin_token_reloads_total{result}`).
-    pub(crate) fn refresh_tokens(&mut self) {
-        let now = modified(&self.settings.token_file);
+    /// Read the token file and the TLS files again if they changed on disk: a file that no
+    /// longer loads keeps what is in force (logged once, counted in
+    /// `ratemesh_admin_token_reloads_total{result}` and
+    /// `ratemesh_admin_tls_reloads_total{result}`).
+    pub(crate) fn refresh(&mut self) {
+        self.tls.refresh();
+        let now = self.settings.token_file.as_deref().and_then(modified);
         if now.is_none() || now == self.read_at {
             return;
         }
@@ -192,10 +213,43 @@ fn modified(path: &std::path::Path) -> Option<std::time::SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// The caller a bearer token names, compared in constant time against every token.
-fn caller(state: &AdminState, headers: &HeaderMap) -> Option<String> {
-    let given = headers
-        .get(http::header::AUTHORIZATION)?
+/// What a call gives to name its caller: the connection's verified certificate, if any, and
+/// its `authorization` header.
+pub(super) struct Credentials {
+    certificate: Option<String>,
+    authorization: Option<http::HeaderValue>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Credentials {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _: &S,
+    ) -> Result<Credentials, Self::Rejection> {
+        let certificate = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<tls::Peer>>()
+            .and_then(|info| info.0.certificate.clone());
+        Ok(Credentials {
+            certificate,
+            authorization: parts.headers.get(http::header::AUTHORIZATION).cloned(),
+        })
+    }
+}
+
+/// The caller a verified client certificate names, else a bearer token (compared in
+/// constant time against every token).
+fn caller(state: &AdminState, credentials: &Credentials) -> Option<String> {
+    if let Some(name) = &credentials.certificate {
+        return Some(format!("{name} (certificate)"));
+    }
+    bearer(state, credentials.authorization.as_ref()?)
+}
+
+/// The caller a bearer token names.
+fn bearer(state: &AdminState, header: &http::HeaderValue) -> Option<String> {
+    let given = header
         .to_str()
         .ok()?
         .strip_prefix("Bearer ")?
@@ -245,16 +299,16 @@ fn refused(call: &'static str) {
 /// The caller's name, or the `401` that refuses the call (logged and counted).
 fn authenticate(
     state: &AdminState,
-    headers: &HeaderMap,
+    credentials: &Credentials,
     call: &'static str,
 ) -> Result<String, Box<Response>> {
-    if let Some(who) = caller(state, headers) {
+    if let Some(who) = caller(state, credentials) {
         return Ok(who);
     }
     refused(call);
     let mut response = json(
         StatusCode::UNAUTHORIZED,
-        serde_json::json!({"error": "unauthorized", "message": "give a bearer token of the node's admin token file"}),
+        serde_json::json!({"error": "unauthorized", "message": "give a bearer token of the node's admin token file, or a client certificate of its client_ca"}),
     );
     response.headers_mut().insert(
         http::header::WWW_AUTHENTICATE,
@@ -263,8 +317,8 @@ fn authenticate(
     Err(Box::new(response))
 }
 
-async fn config(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
-    let who = match authenticate(&state, &headers, "config") {
+async fn config(State(state): State<Arc<AdminState>>, credentials: Credentials) -> Response {
+    let who = match authenticate(&state, &credentials, "config") {
         Ok(who) => who,
         Err(refused) => return *refused,
     };
@@ -325,10 +379,10 @@ async fn config(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Res
 
 async fn decide(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    credentials: Credentials,
     body: axum::body::Bytes,
 ) -> Response {
-    let who = match authenticate(&state, &headers, "decide") {
+    let who = match authenticate(&state, &credentials, "decide") {
         Ok(who) => who,
         Err(refused) => return *refused,
     };

@@ -603,7 +603,7 @@ impl NodeFile {
         let admin = raw
             .admin
             .as_ref()
-            .map(|table| admin::admin(&source, table, http, base))
+            .map(|table| admin::admin(&source, table, http, base, [&tls.cert, &tls.key]))
             .transpose()?;
         let traces = raw
             .traces

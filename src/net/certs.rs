@@ -146,16 +146,14 @@ pub fn issue(
     leaf(names, &issuer, from_now(validity))
 }
 
-/// Sign certificates for nodes `ids` with the CA of cluster `cluster` in `dir` (`ca.pem`,
-/// `ca.key`, as [`write()`] wrote them), valid for `validity` (or until the CA's end, if
-/// sooner), check that each chains to `ca.pem` (a wrong cluster name does not), and write
-/// them next to it, replacing a node's earlier pair; return the files written.
-pub fn add_nodes(
+/// The CA of cluster `cluster` in `dir` (`ca.pem`, `ca.key`, as [`write()`] wrote them): its
+/// certificate (PEM), its issuer, and the end of a certificate valid for `validity` from now
+/// (never past the CA's).
+fn existing_ca(
     dir: &Path,
     cluster: &str,
-    ids: &[NodeId],
     validity: Duration,
-) -> Result<Vec<PathBuf>, CertError> {
+) -> Result<(String, Issuer<'static, KeyPair>, i64), CertError> {
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path).map_err(|source| CertError::Io { path, source })
@@ -168,7 +166,20 @@ pub fn add_nodes(
     })?;
     let until = from_now(validity).min(i64::try_from(ca_ends).unwrap_or(i64::MAX));
     let ca_key = KeyPair::from_pem(&ca_key)?;
-    let issuer = Issuer::new(ca_params(cluster)?, ca_key);
+    Ok((ca_pem, Issuer::new(ca_params(cluster)?, ca_key), until))
+}
+
+/// Sign certificates for nodes `ids` with the CA of cluster `cluster` in `dir` (`ca.pem`,
+/// `ca.key`, as [`write()`] wrote them), valid for `validity` (or until the CA's end, if
+/// sooner), check that each chains to `ca.pem` (a wrong cluster name does not), and write
+/// them next to it, replacing a node's earlier pair; return the files written.
+pub fn add_nodes(
+    dir: &Path,
+    cluster: &str,
+    ids: &[NodeId],
+    validity: Duration,
+) -> Result<Vec<PathBuf>, CertError> {
+    let (ca_pem, issuer, until) = existing_ca(dir, cluster, validity)?;
     let mut written = Vec::new();
     for &id in ids {
         let (cert, key) = leaf(&[node_name(id)], &issuer, until)?;
@@ -182,16 +193,61 @@ pub fn add_nodes(
             path: dir.join("ca.pem"),
             reason: format!("the new certificate does not chain to it ({e}); is the cluster name the one the CA was made with?"),
         })?;
-        for (name, contents, secret) in [
-            (format!("node-{id}.pem"), &cert, false),
-            (format!("node-{id}.key"), &key, true),
-        ] {
-            let path = dir.join(name);
-            write_file(&path, contents, secret)?;
-            written.push(path);
-        }
+        written.extend(write_pair(dir, &format!("node-{id}"), &cert, &key)?);
     }
     Ok(written)
+}
+
+/// Sign a client certificate for each operator of `names` (its common name, which names the
+/// caller on a node's admin port with `client_ca`) with the CA of cluster `cluster` in `dir`,
+/// valid for `validity` (or until the CA's end), and write `operator-NAME.pem` and
+/// `operator-NAME.key` next to it; return the files written. A name is 1 to 64 letters,
+/// digits, `.`, `_`, `-` or `@`. It names no node, so the mesh refuses it as a peer.
+pub fn add_operators(
+    dir: &Path,
+    cluster: &str,
+    names: &[String],
+    validity: Duration,
+) -> Result<Vec<PathBuf>, CertError> {
+    let (_, issuer, until) = existing_ca(dir, cluster, validity)?;
+    let mut written = Vec::new();
+    for name in names {
+        let good = (1..=64).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'));
+        if !good {
+            return Err(CertError::Pem {
+                path: dir.join(format!("operator-{name}.pem")),
+                reason: "an operator's name is 1 to 64 letters, digits, `.`, `_`, `-` or `@`"
+                    .into(),
+            });
+        }
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        valid_until(&mut params, until)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, name.as_str());
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer)?;
+        written.extend(write_pair(
+            dir,
+            &format!("operator-{name}"),
+            &cert.pem(),
+            &key.serialize_pem(),
+        )?);
+    }
+    Ok(written)
+}
+
+/// Write `STEM.pem` and `STEM.key` (the key readable by its owner only) in `dir`.
+fn write_pair(dir: &Path, stem: &str, cert: &str, key: &str) -> Result<[PathBuf; 2], CertError> {
+    let cert_path = dir.join(format!("{stem}.pem"));
+    let key_path = dir.join(format!("{stem}.key"));
+    write_file(&cert_path, cert, false)?;
+    write_file(&key_path, key, true)?;
+    Ok([cert_path, key_path])
 }
 
 fn write_file(path: &Path, contents: &str, secret: bool) -> Result<(), CertError> {

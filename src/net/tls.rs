@@ -48,7 +48,8 @@ pub enum TlsError {
 pub(crate) const MAX_PENDING_HANDSHAKES: usize = 1024;
 
 /// The server name under which a seed is dialed by address: its certificate is checked
-/// against the CA for whichever single node name it carries.
+/// against the CA for whichever single node name it carries. A client of a node's admin port
+/// dials under it too ([`admin_client`]).
 pub(crate) const SEED_NAME: &str = "seed.ratemesh";
 
 /// Why a certificate names no node.
@@ -352,6 +353,47 @@ pub fn node_tls(
         client,
         expiry,
     })
+}
+
+/// A TLS client of a node's admin port (`[admin] client_ca`) and the server name to dial
+/// under: the node must present a certificate of the cluster CA `ca_pem` naming one node;
+/// with `identity` (a certificate chain and its key, PEM) the client presents it.
+pub fn admin_client(
+    ca_pem: &[u8],
+    identity: Option<(&[u8], &[u8])>,
+) -> Result<(rustls::ClientConfig, ServerName<'static>), TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(ca.map_err(pem_error("CA certificate"))?)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Pem {
+            what: "CA certificate",
+            reason: "no certificate in the file".into(),
+        });
+    }
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::clone(&provider),
+    )
+    .build()?;
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NodeServerVerifier { inner }));
+    let server_name = ServerName::try_from(SEED_NAME).expect("a valid DNS name");
+    let config = match identity {
+        Some((cert_pem, key_pem)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+                .collect::<Result<_, _>>()
+                .map_err(pem_error("client certificate"))?;
+            let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(pem_error("client key"))?;
+            builder.with_client_auth_cert(chain, key)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Ok((config, server_name))
 }
 
 /// Tell whether the first certificate of `cert_pem` names node `id` (`node-<id>.ratemesh`):

@@ -108,6 +108,35 @@ impl DecideClient {
         }
     }
 
+    /// Connect to `addr` over TLS (an admin port with `client_ca`), checking the node's
+    /// certificate against `ca_pem` and presenting `identity` (certificate and key, PEM).
+    pub async fn connect_tls(
+        addr: SocketAddr,
+        ca_pem: &[u8],
+        identity: Option<(&[u8], &[u8])>,
+    ) -> Result<DecideClient, tonic::transport::Error> {
+        let (mut config, name) = ratemesh::net::admin_client(ca_pem, identity).unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+        let endpoint = Endpoint::new(format!("http://{addr}"))
+            .unwrap()
+            .timeout(Duration::from_secs(10));
+        let channel = endpoint
+            .connect_with_connector(tower::service_fn(move |_| {
+                let (connector, name) = (connector.clone(), name.clone());
+                async move {
+                    let tcp = tokio::net::TcpStream::connect(addr).await?;
+                    let tls = connector.connect(name, tcp).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+                }
+            }))
+            .await?;
+        Ok(DecideClient {
+            grpc: tonic::client::Grpc::new(channel),
+            token: String::new(),
+        })
+    }
+
     /// The same channel with another token (empty: none).
     pub fn with_token(&self, token: &str) -> DecideClient {
         DecideClient {

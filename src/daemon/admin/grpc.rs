@@ -3,8 +3,9 @@
 //! and its server written here by hand, as tonic's generator would write them (no `protoc`
 //! at build).
 //!
-//! A call is authenticated before its message is read: the metadata `authorization: Bearer
-//! TOKEN` with a token of the admin token file, else `UNAUTHENTICATED`. Its checks are
+//! A call is authenticated before its message is read, as on the admin port: a client
+//! certificate of `client_ca` (the port then speaks TLS), or the metadata `authorization:
+//! Bearer TOKEN` with a token of the admin token file, else `UNAUTHENTICATED`. Its checks are
 //! decided by the same loop as `POST /v1/decide` ([`super::batch`]); more than
 //! [`super::batch::MAX_BATCH`] is `INVALID_ARGUMENT`, a message over 1 MiB `OUT_OF_RANGE`,
 //! and nothing is charged. Every call is logged with its caller's name and counted in
@@ -17,7 +18,6 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tonic::codegen::{Body, BoxFuture, Context, Poll, StdError};
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use super::batch::{self, Answer};
@@ -227,10 +227,18 @@ where
             ));
             return Box::pin(async move { Ok(status.into_http()) });
         }
-        let Some(who) = super::caller(&self.state, request.headers()) else {
+        let credentials = super::Credentials {
+            certificate: request
+                .extensions()
+                .get::<super::tls::Peer>()
+                .and_then(|peer| peer.certificate.clone()),
+            authorization: request.headers().get(http::header::AUTHORIZATION).cloned(),
+        };
+        let Some(who) = super::caller(&self.state, &credentials) else {
             super::refused(CALL);
             let status = Status::unauthenticated(
-                "give a bearer token of the node's admin token file (authorization: Bearer …)",
+                "give a bearer token of the node's admin token file (authorization: Bearer …), \
+                 or a client certificate of its client_ca",
             );
             return Box::pin(async move { Ok(status.into_http()) });
         };
@@ -266,13 +274,11 @@ pub(crate) struct GrpcServer {
 
 impl GrpcServer {
     /// Serve the decision API on `listener`, with the admin port's rules and tokens.
-    pub(super) fn start(listener: tokio::net::TcpListener, state: Arc<AdminState>) -> GrpcServer {
-        let addr = listener
-            .local_addr()
-            .expect("a bound listener has an address");
-        let incoming = TcpIncoming::from(listener)
-            .with_nodelay(Some(true))
-            .with_keepalive(Some(Duration::from_secs(60)));
+    pub(super) fn start(incoming: super::tls::Incoming, state: Arc<AdminState>) -> GrpcServer {
+        let addr = axum::serve::Listener::local_addr(&incoming)
+            .expect("a bound listener has an address")
+            .addr;
+        let incoming = incoming.into_stream();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let served = tonic::transport::Server::builder()

@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{AdminState, authenticate, json as answer};
+use super::{AdminState, Credentials, authenticate, json as answer};
 use crate::daemon::questions::{ASK_LOCAL_KEY, ASK_TIMEOUT, LocalKeyAnswer, LocalKeyAsk};
 use crate::rules::{Attributes, Backend, DirectError, KeyAddress};
 
@@ -68,32 +68,32 @@ pub(super) fn direct_error(e: &DirectError) -> Response {
 /// `GET /v1/keys`.
 pub(super) async fn get(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    credentials: Credentials,
     RawQuery(query): RawQuery,
     body: Bytes,
 ) -> Response {
-    call(&state, &headers, query.as_deref(), &body, false).await
+    call(&state, &credentials, query.as_deref(), &body, false).await
 }
 
 /// `POST /v1/keys/reset`.
 pub(super) async fn reset(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    credentials: Credentials,
     RawQuery(query): RawQuery,
     body: Bytes,
 ) -> Response {
-    call(&state, &headers, query.as_deref(), &body, true).await
+    call(&state, &credentials, query.as_deref(), &body, true).await
 }
 
 async fn call(
     state: &AdminState,
-    headers: &HeaderMap,
+    credentials: &Credentials,
     query: Option<&str>,
     body: &[u8],
     reset: bool,
 ) -> Response {
     let name = if reset { "keys.reset" } else { "keys.get" };
-    let who = match authenticate(state, headers, name) {
+    let who = match authenticate(state, credentials, name) {
         Ok(who) => who,
         Err(refused) => return *refused,
     };

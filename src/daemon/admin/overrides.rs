@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::keys::{KeyCall, direct_error, error, key_call};
-use super::{AdminState, authenticate, json as answer};
+use super::{AdminState, Credentials, authenticate, json as answer};
 use crate::daemon::overrides::{Limit, MAX_REASON_BYTES, Overrides, Record, TableError};
 use crate::daemon::questions::send_overrides;
 use crate::rules::{Attributes, OverrideError};
@@ -103,10 +103,10 @@ fn table_error(e: &TableError) -> Response {
 /// `PUT /v1/overrides`.
 pub(super) async fn set(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    credentials: Credentials,
     body: Bytes,
 ) -> Response {
-    let who = match authenticate(&state, &headers, "overrides.set") {
+    let who = match authenticate(&state, &credentials, "overrides.set") {
         Ok(who) => who,
         Err(refused) => return *refused,
     };
@@ -182,11 +182,11 @@ pub(super) async fn set(
 /// `DELETE /v1/overrides`.
 pub(super) async fn remove(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    credentials: Credentials,
     RawQuery(query): RawQuery,
     body: Bytes,
 ) -> Response {
-    let who = match authenticate(&state, &headers, "overrides.remove") {
+    let who = match authenticate(&state, &credentials, "overrides.remove") {
         Ok(who) => who,
         Err(refused) => return *refused,
     };
@@ -228,10 +228,10 @@ pub(super) async fn remove(
 /// `GET /v1/overrides[?policy=NAME]`: the overrides in force.
 pub(super) async fn list(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    credentials: Credentials,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let who = match authenticate(&state, &headers, "overrides.list") {
+    let who = match authenticate(&state, &credentials, "overrides.list") {
         Ok(who) => who,
         Err(refused) => return *refused,
     };

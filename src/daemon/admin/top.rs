@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
 use super::keys::error;
-use super::{AdminState, authenticate, json as answer};
+use super::{AdminState, Credentials, authenticate, json as answer};
 use crate::daemon::questions::{ASK_TIMEOUT, ASK_TOP, MAX_TOP, TopAnswer, TopAsk};
 use crate::rules::top::CAPACITY;
 use crate::top::{Entry, Summary, merge};
@@ -20,10 +20,10 @@ use crate::top::{Entry, Summary, merge};
 /// `GET /v1/top`.
 pub(super) async fn top(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    credentials: Credentials,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let who = match authenticate(&state, &headers, "top") {
+    let who = match authenticate(&state, &credentials, "top") {
         Ok(who) => who,
         Err(refused) => return *refused,
     };

@@ -1,12 +1,19 @@
 //! The node file's `[admin]` table: a port of its own for calls an operator or an application
-//! makes to the node (the decision API), each authenticated by a bearer token.
+//! makes to the node (the decision API), each authenticated by a bearer token, a client
+//! certificate, or either.
 //!
 //! ```toml
 //! [admin]
 //! listen = "127.0.0.1:8090"
 //! token_file = "admin-tokens"        # lines `NAME TOKEN`; a token of at least 32 bytes
-//! grpc_listen = "127.0.0.1:8091"     # optional: the decision API over gRPC, same tokens
+//! client_ca = "certs/ca.pem"         # mutual TLS: callers with a certificate of this CA
+//! grpc_listen = "127.0.0.1:8091"     # optional: the decision API over gRPC, same callers
 //! ```
+//!
+//! With `client_ca` both ports speak TLS with the node's `[tls]` certificate, and a caller
+//! whose certificate chains to `client_ca` (the cluster CA, or an operator CA of its own) is
+//! named by the certificate's common name. Without `token_file` a certificate is required
+//! at the handshake; with both, a call without a certificate needs a token.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -27,8 +34,14 @@ const MAX_TOKENS: usize = 1024;
 pub struct Admin {
     /// The address of the admin port.
     pub listen: SocketAddr,
-    /// The token file, as resolved against the node file's folder.
-    pub token_file: PathBuf,
+    /// The token file, as resolved against the node file's folder, if callers may give
+    /// bearer tokens.
+    pub token_file: Option<PathBuf>,
+    /// The CA whose certificates name callers (mutual TLS), as resolved against the node
+    /// file's folder; with it, the ports speak TLS.
+    pub client_ca: Option<PathBuf>,
+    /// The node's certificate and key (`[tls]`), which the ports present under TLS.
+    pub(crate) server_cert: (PathBuf, PathBuf),
     /// Callers by name, each with its token.
     pub(crate) tokens: Vec<(String, String)>,
     /// The address of the decision API's gRPC port, if any.
@@ -40,6 +53,7 @@ impl std::fmt::Debug for Admin {
         f.debug_struct("Admin")
             .field("listen", &self.listen)
             .field("token_file", &self.token_file)
+            .field("client_ca", &self.client_ca)
             .field("grpc_listen", &self.grpc_listen)
             .field(
                 "callers",
@@ -53,17 +67,19 @@ impl std::fmt::Debug for Admin {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawAdmin {
     listen: String,
-    token_file: String,
+    token_file: Option<String>,
+    client_ca: Option<String>,
     grpc_listen: Option<String>,
 }
 
-/// Validate `[admin]` and read its token file; `http` is the node's HTTP address and `dir`
-/// the node file's folder.
+/// Validate `[admin]` and read its token file; `http` is the node's HTTP address, `dir` the
+/// node file's folder, `server_cert` the node's `[tls]` certificate and key.
 pub(super) fn admin(
     source: &Source<'_>,
     spanned: &Spanned<RawAdmin>,
     http: SocketAddr,
     dir: &Path,
+    [cert, key]: [&PathBuf; 2],
 ) -> Result<Admin, ConfigError> {
     let raw = spanned.get_ref();
     let span = spanned.span();
@@ -76,16 +92,37 @@ pub(super) fn admin(
         .map(|text| grpc_port(text, http, listen))
         .transpose()
         .map_err(|reason| source.error(at("grpc_listen"), "admin.grpc_listen", reason))?;
-    let token_file = dir.join(&raw.token_file);
-    let fail = |reason: String| source.error(at("token_file"), "admin.token_file", reason);
-    let text = std::fs::read_to_string(&token_file)
-        .map_err(|e| fail(format!("{}: {e}", token_file.display())))?;
-    let tokens = read_tokens(&text).map_err(|(line, reason)| {
-        fail(format!("{} line {line}: {reason}", token_file.display()))
-    })?;
+    let client_ca = raw.client_ca.as_deref().map(|file| dir.join(file));
+    if let Some(ca) = &client_ca {
+        crate::daemon::admin::tls::client_roots(ca)
+            .map_err(|reason| source.error(at("client_ca"), "admin.client_ca", reason))?;
+    }
+    let token_file = raw.token_file.as_deref().map(|file| dir.join(file));
+    let tokens = match &token_file {
+        Some(token_file) => {
+            let fail = |reason: String| source.error(at("token_file"), "admin.token_file", reason);
+            let text = std::fs::read_to_string(token_file)
+                .map_err(|e| fail(format!("{}: {e}", token_file.display())))?;
+            read_tokens(&text).map_err(|(line, reason)| {
+                fail(format!("{} line {line}: {reason}", token_file.display()))
+            })?
+        }
+        None if client_ca.is_none() => {
+            return Err(source.error(
+                source.line_of(span.start),
+                "admin",
+                "give `token_file` (bearer tokens), `client_ca` (client certificates) or both: \
+                 the admin port would refuse every call"
+                    .to_string(),
+            ));
+        }
+        None => Vec::new(),
+    };
     Ok(Admin {
         listen,
         token_file,
+        client_ca,
+        server_cert: (cert.clone(), key.clone()),
         tokens,
         grpc_listen,
     })
@@ -111,11 +148,13 @@ impl Admin {
     /// Read the token file again: its callers, or why it does not load (the line, never a
     /// token).
     pub(crate) fn read_token_file(&self) -> Result<Vec<(String, String)>, String> {
-        let text = std::fs::read_to_string(&self.token_file)
-            .map_err(|e| format!("{}: {e}", self.token_file.display()))?;
-        read_tokens(&text).map_err(|(line, reason)| {
-            format!("{} line {line}: {reason}", self.token_file.display())
-        })
+        let Some(token_file) = &self.token_file else {
+            return Ok(Vec::new());
+        };
+        let text = std::fs::read_to_string(token_file)
+            .map_err(|e| format!("{}: {e}", token_file.display()))?;
+        read_tokens(&text)
+            .map_err(|(line, reason)| format!("{} line {line}: {reason}", token_file.display()))
     }
 }
 
