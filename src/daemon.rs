@@ -199,7 +199,9 @@ pub async fn start(file: &NodeFile) -> Result<RunningNode, DaemonError> {
             source,
         },
     )?;
-    let layer = layer.max_identity_bytes(file.http_settings.max_identity_bytes);
+    let layer = layer
+        .max_identity_bytes(file.http_settings.max_identity_bytes)
+        .show_identities(file.admin.as_ref().and_then(|a| a.show.clone()));
     let listener = tokio::net::TcpListener::bind(file.http)
         .await
         .map_err(|source| DaemonError::Http {

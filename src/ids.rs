@@ -141,6 +141,30 @@ impl KeyPrefix {
         absorb(&mut hasher, parts);
         hasher.finish()
     }
+
+    /// A key to add parts to one at a time: [`PartialKey::finish`] returns what
+    /// [`KeyPrefix::key`] returns for the parts added.
+    pub(crate) fn start(&self) -> PartialKey {
+        PartialKey(self.0)
+    }
+}
+
+/// A key being made part by part ([`KeyPrefix::start`]).
+#[cfg(feature = "http")]
+pub(crate) struct PartialKey(SipHasher13);
+
+#[cfg(feature = "http")]
+impl PartialKey {
+    /// Add a part.
+    #[inline]
+    pub(crate) fn part(&mut self, part: &[u8]) {
+        absorb(&mut self.0, &[part]);
+    }
+
+    /// The key of the parts added.
+    pub(crate) fn finish(&self) -> u64 {
+        self.0.finish()
+    }
 }
 
 #[cfg(test)]
@@ -160,6 +184,10 @@ mod tests {
             hasher.key(&[b"prod", b"api_key", b"tenant-42", b"/upload"])
         );
         assert_eq!(hasher.key_prefix(&[]).key(&[b"x"]), hasher.key(&[b"x"]));
+        let mut partial = prefix.start();
+        partial.part(b"tenant-42");
+        partial.part(b"/upload");
+        assert_eq!(partial.finish(), prefix.key(&[b"tenant-42", b"/upload"]));
     }
 
     #[test]

@@ -16,6 +16,8 @@ mod decide;
 mod direct;
 mod envoy;
 mod graphql;
+#[cfg(feature = "node")]
+pub(crate) mod identities;
 mod jwt;
 mod key;
 #[cfg(feature = "node")]

@@ -422,16 +422,17 @@ fn print_top(answer: &serde_json::Value) {
         answer["nodes"],
     );
     println!(
-        "{:>4}  {:<16} {:>10} {:>10}",
+        "{:>4}  {:<16} {:>10} {:>10}  identity",
         "rank", "key", "count", "at least"
     );
     for (i, k) in answer["keys"].as_array().into_iter().flatten().enumerate() {
         println!(
-            "{:>4}  {:<16} {:>10} {:>10}",
+            "{:>4}  {:<16} {:>10} {:>10}  {}",
             i + 1,
             k["key"].as_str().unwrap_or("?"),
             s(&k["count"]),
-            s(&k["at_least"])
+            s(&k["at_least"]),
+            k["identity"].as_str().unwrap_or("-")
         );
     }
     for n in answer["unreachable"].as_array().into_iter().flatten() {

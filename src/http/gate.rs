@@ -33,6 +33,23 @@ pub(crate) struct Gate {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) on_denied: Option<DenialHook>,
     pub(super) max_identity_bytes: usize,
+    /// What requests' keys in clear are remembered for `/v1/top`, if any.
+    #[cfg(feature = "node")]
+    pub(super) show_identities: Option<Arc<crate::rules::identities::ShowIdentities>>,
+}
+
+impl Gate {
+    /// A gate of `rules` on `clock`, with the defaults.
+    pub(super) fn new(rules: Rules, clock: Arc<dyn Clock>) -> Gate {
+        Gate {
+            rules: ArcSwap::from_pointee(rules),
+            clock,
+            on_denied: None,
+            max_identity_bytes: crate::http::identity::DEFAULT_MAX_IDENTITY_BYTES,
+            #[cfg(feature = "node")]
+            show_identities: None,
+        }
+    }
 }
 
 /// One request matched against the rules in force, once: who asks and what the rules make
@@ -143,6 +160,10 @@ impl Gate {
                 facts.request.json = json;
             }
             let planned = rules.plan(&facts);
+            #[cfg(feature = "node")]
+            if let (Some(show), Planned::Charge(plan)) = (&self.show_identities, &planned) {
+                rules.remember_identities(&facts, plan, show);
+            }
             (identity, planned)
         });
         Matched {

@@ -26,7 +26,7 @@ use tower::{Layer, Service};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, GatewayConfig};
 use crate::http::gate::{Gate, Responding};
-use crate::http::identity::{DEFAULT_MAX_IDENTITY_BYTES, peer_of};
+use crate::http::identity::peer_of;
 use crate::rules::{Outcome, Rules, RulesError};
 
 /// Why a reload was refused; the rules in force are unchanged.
@@ -63,12 +63,7 @@ impl RateLimitLayer {
     /// Build the layer with an explicit clock (tests, simulations).
     pub fn with_clock(config: GatewayConfig, clock: Arc<dyn Clock>) -> Result<Self, RulesError> {
         Ok(RateLimitLayer {
-            gate: Arc::new(Gate {
-                rules: ArcSwap::from_pointee(Rules::new(config)?),
-                clock,
-                on_denied: None,
-                max_identity_bytes: DEFAULT_MAX_IDENTITY_BYTES,
-            }),
+            gate: Arc::new(Gate::new(Rules::new(config)?, clock)),
         })
     }
 
@@ -79,12 +74,10 @@ impl RateLimitLayer {
         mesh: Arc<dyn crate::backend::mesh::GlobalLimits>,
     ) -> Result<Self, RulesError> {
         Ok(RateLimitLayer {
-            gate: Arc::new(Gate {
-                rules: ArcSwap::from_pointee(Rules::with_mesh(config, mesh)?),
-                clock: Arc::new(SystemClock::new()),
-                on_denied: None,
-                max_identity_bytes: DEFAULT_MAX_IDENTITY_BYTES,
-            }),
+            gate: Arc::new(Gate::new(
+                Rules::with_mesh(config, mesh)?,
+                Arc::new(SystemClock::new()),
+            )),
         })
     }
 
@@ -102,29 +95,39 @@ impl RateLimitLayer {
         self,
         hook: impl Fn(&Outcome) -> Response<Body> + Send + Sync + 'static,
     ) -> Self {
-        let gate = Gate {
-            rules: ArcSwap::new(self.gate.rules.load_full()),
-            clock: Arc::clone(&self.gate.clock),
-            on_denied: Some(Arc::new(hook)),
-            max_identity_bytes: self.gate.max_identity_bytes,
-        };
-        RateLimitLayer {
-            gate: Arc::new(gate),
-        }
+        self.rebuilt(|gate| gate.on_denied = Some(Arc::new(hook)))
     }
 
     /// Refuse requests whose API key or device id is longer than `max` bytes (default
-    /// [`DEFAULT_MAX_IDENTITY_BYTES`]) with 431 and a JSON body. Identities are hashed whole,
+    /// [`crate::http::identity::DEFAULT_MAX_IDENTITY_BYTES`]) with 431 and a JSON body. Identities are hashed whole,
     /// never cut, so this cap bounds the work per request.
     ///
     /// Call it while building, before cloning (like [`RateLimitLayer::on_denied`]).
     pub fn max_identity_bytes(self, max: usize) -> Self {
-        let gate = Gate {
+        self.rebuilt(|gate| gate.max_identity_bytes = max)
+    }
+
+    /// Remember the keys of requests in clear, the parts `show` allows, for the admin API's
+    /// `/v1/top` (`[admin] show_identities`). Call it while building, before cloning.
+    #[cfg(feature = "node")]
+    pub(crate) fn show_identities(
+        self,
+        show: Option<crate::rules::identities::ShowIdentities>,
+    ) -> Self {
+        self.rebuilt(|gate| gate.show_identities = show.map(Arc::new))
+    }
+
+    /// This layer's gate, changed by `change`, with the same rules (and counters).
+    fn rebuilt(self, change: impl FnOnce(&mut Gate)) -> Self {
+        let mut gate = Gate {
             rules: ArcSwap::new(self.gate.rules.load_full()),
             clock: Arc::clone(&self.gate.clock),
             on_denied: self.gate.on_denied.clone(),
-            max_identity_bytes: max,
+            max_identity_bytes: self.gate.max_identity_bytes,
+            #[cfg(feature = "node")]
+            show_identities: self.gate.show_identities.clone(),
         };
+        change(&mut gate);
         RateLimitLayer {
             gate: Arc::new(gate),
         }

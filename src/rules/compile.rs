@@ -53,6 +53,9 @@ pub(super) struct CompiledPolicy {
     pub(super) warp: Option<crate::algorithm::calendar::Warp>,
     /// Its heaviest keys, admitted and denied (kept across a reload with the store).
     pub(super) top: Arc<super::top::PolicyTop>,
+    /// Its recent keys in clear (`[admin] show_identities`).
+    #[cfg(feature = "node")]
+    pub(super) identities: Arc<super::identities::PolicyIdentities>,
     /// Its keys' overrides (the admin API; kept across a reload with the store).
     pub(super) overrides: Arc<super::overrides::PolicyOverrides>,
 }
@@ -361,6 +364,10 @@ pub(super) fn compile(
                 .map(|old| Arc::clone(&old.overrides))
                 .unwrap_or_default();
             let top = previous.map(|old| Arc::clone(&old.top)).unwrap_or_default();
+            #[cfg(feature = "node")]
+            let identities = previous
+                .map(|old| Arc::clone(&old.identities))
+                .unwrap_or_default();
             let lockouts = named.block_for.map(|block| {
                 previous
                     .and_then(|old| old.lockouts.clone())
@@ -399,6 +406,8 @@ pub(super) fn compile(
                     .clone()
                     .map(crate::algorithm::calendar::Warp::new),
                 top,
+                #[cfg(feature = "node")]
+                identities,
             }
         })
         .collect();

@@ -59,6 +59,56 @@ impl KeyModel {
     ) -> Result<u64, &'static str> {
         // Each part as (its kind, its bytes): the kind keeps `header:a` = "x" apart from
         // `cookie:a` = "x". An address is its prefix's bytes and length.
+        let mut key = self.prefix.start();
+        self.visit(facts, route, identity, |part, _, value| {
+            match part {
+                KeyPart::Client => key.part(facts.identity.source.name().as_bytes()),
+                KeyPart::Ip => key.part(b"ip"),
+                KeyPart::ApiKey => key.part(b"api_key"),
+                KeyPart::Device => key.part(b"device"),
+                KeyPart::User => key.part(b"user"),
+                KeyPart::Header(name) => {
+                    key.part(b"header");
+                    key.part(name.as_str().as_bytes());
+                }
+                KeyPart::Cookie(name) => {
+                    key.part(b"cookie");
+                    key.part(name.as_bytes());
+                }
+                KeyPart::Query(param) => {
+                    key.part(b"query");
+                    key.part(param.as_bytes());
+                }
+                KeyPart::Jwt(claim) => {
+                    key.part(b"jwt");
+                    key.part(claim.as_bytes());
+                }
+                KeyPart::Route => key.part(b"route"),
+                KeyPart::Method => key.part(b"method"),
+                KeyPart::Host => key.part(b"host"),
+                KeyPart::Json(pointer) => {
+                    key.part(b"json");
+                    key.part(pointer.as_bytes());
+                }
+                KeyPart::Form(field) => {
+                    key.part(b"form");
+                    key.part(field.as_bytes());
+                }
+            }
+            key.part(value);
+        })?;
+        Ok(key.finish())
+    }
+
+    /// Each part of the request `facts` with its name and value, in order (an address as its
+    /// prefix's bytes and length), or the name of the first part it lacks.
+    pub(super) fn visit(
+        &self,
+        facts: &RequestFacts<'_>,
+        route: Option<&'static str>,
+        identity: &IdentityConfig,
+        mut each: impl FnMut(&KeyPart, &'static str, &[u8]),
+    ) -> Result<(), &'static str> {
         let mut buffer = [0u8; 17];
         let address = match facts.request.client_ip {
             Some(ip) if self.parts.contains(&KeyPart::Ip) => {
@@ -105,85 +155,32 @@ impl KeyModel {
             })
             .collect();
         let mut fields = fields.iter();
-        let mut values: smallvec::SmallVec<[&[u8]; 16]> = smallvec::SmallVec::new();
         for (part, name) in self.parts.iter().zip(&self.names) {
             let missing = || *name;
             let value: &[u8] = match part {
-                KeyPart::Client => {
-                    values.push(facts.identity.source.name().as_bytes());
-                    facts.identity.value.as_bytes()
-                }
-                KeyPart::Ip => {
-                    values.push(b"ip");
-                    address.ok_or_else(missing)?
-                }
-                KeyPart::ApiKey => {
-                    values.push(b"api_key");
-                    header(facts, &identity.api_key_header).ok_or_else(missing)?
-                }
-                KeyPart::Device => {
-                    values.push(b"device");
-                    header(facts, &identity.device_header).ok_or_else(missing)?
-                }
-                KeyPart::User => {
-                    values.push(b"user");
-                    facts.request.user.ok_or_else(missing)?.as_bytes()
-                }
-                KeyPart::Header(header_name) => {
-                    values.push(b"header");
-                    values.push(header_name.as_str().as_bytes());
-                    header(facts, header_name).ok_or_else(missing)?
-                }
-                KeyPart::Cookie(cookie_name) => {
-                    values.push(b"cookie");
-                    values.push(cookie_name.as_bytes());
-                    cookie(facts, cookie_name).ok_or_else(missing)?
-                }
-                KeyPart::Query(param) => {
-                    values.push(b"query");
-                    values.push(param.as_bytes());
-                    facts.request.query_param(param).ok_or_else(missing)?
-                }
-                KeyPart::Jwt(claim) => {
-                    values.push(b"jwt");
-                    values.push(claim.as_bytes());
-                    claims
-                        .next()
-                        .and_then(|c| c.as_deref())
-                        .ok_or_else(missing)?
-                }
-                KeyPart::Route => {
-                    values.push(b"route");
-                    route.ok_or_else(missing)?.as_bytes()
-                }
-                KeyPart::Method => {
-                    values.push(b"method");
-                    facts.method.as_str().as_bytes()
-                }
-                KeyPart::Host => {
-                    values.push(b"host");
-                    facts.request.host.ok_or_else(missing)?.as_bytes()
-                }
-                KeyPart::Json(pointer) => {
-                    values.push(b"json");
-                    values.push(pointer.as_bytes());
-                    fields
-                        .next()
-                        .and_then(|f| f.as_deref())
-                        .ok_or_else(missing)?
-                }
-                KeyPart::Form(field) => {
-                    values.push(b"form");
-                    values.push(field.as_bytes());
-                    fields
-                        .next()
-                        .and_then(|f| f.as_deref())
-                        .ok_or_else(missing)?
-                }
+                KeyPart::Client => facts.identity.value.as_bytes(),
+                KeyPart::Ip => address.ok_or_else(missing)?,
+                KeyPart::ApiKey => header(facts, &identity.api_key_header).ok_or_else(missing)?,
+                KeyPart::Device => header(facts, &identity.device_header).ok_or_else(missing)?,
+                KeyPart::User => facts.request.user.ok_or_else(missing)?.as_bytes(),
+                KeyPart::Header(header_name) => header(facts, header_name).ok_or_else(missing)?,
+                KeyPart::Cookie(cookie_name) => cookie(facts, cookie_name).ok_or_else(missing)?,
+                KeyPart::Query(param) => facts.request.query_param(param).ok_or_else(missing)?,
+                KeyPart::Jwt(_) => claims
+                    .next()
+                    .and_then(|c| c.as_deref())
+                    .ok_or_else(missing)?,
+                KeyPart::Route => route.ok_or_else(missing)?.as_bytes(),
+                KeyPart::Method => facts.method.as_str().as_bytes(),
+                KeyPart::Host => facts.request.host.ok_or_else(missing)?.as_bytes(),
+                KeyPart::Json(_) | KeyPart::Form(_) => fields
+                    .next()
+                    .and_then(|f| f.as_deref())
+                    .ok_or_else(missing)?,
             };
-            values.push(value);
+            each(part, name, value);
         }
-        Ok(self.prefix.key(&values))
+        Ok(())
     }
 }
 

@@ -2,7 +2,9 @@
 //! 5 to 10 minutes, across the cluster: every live member's summary (`rules::top`, a sketch
 //! per thread merged) merged again. A key that carried more than 1/n of the policy's
 //! decisions of that outcome is among the first n (n at most 100). Keys are shown as the
-//! counter keys' hashes, the `key` that `GET /v1/keys` answers for an identity.
+//! counter keys' hashes, the `key` that `GET /v1/keys` answers for an identity, and, with
+//! `[admin] show_identities`, in clear where this node saw the key on a request
+//! (`rules::identities`: never an API key).
 
 use std::sync::Arc;
 
@@ -110,10 +112,17 @@ pub(super) async fn top(
     nodes.sort_unstable();
     let mut merged = merge(&parts, CAPACITY);
     merged.truncate(n);
+    let rules = state.layer.rules();
     let keys: Vec<serde_json::Value> = merged
         .entries
         .iter()
-        .map(|e| json!({"key": format!("{:016x}", e.key), "count": e.count, "at_least": e.count - e.error}))
+        .map(|e| {
+            let mut entry = json!({"key": format!("{:016x}", e.key), "count": e.count, "at_least": e.count - e.error});
+            if let Some(identity) = rules.identity_of(&policy, e.key) {
+                entry["identity"] = identity.into();
+            }
+            entry
+        })
         .collect();
     tracing::info!(target: "ratemesh::admin", who, call = "top", policy, "answered");
     metrics::counter!("ratemesh_admin_calls_total", "call" => "top", "result" => "ok").increment(1);

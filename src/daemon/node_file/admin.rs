@@ -8,6 +8,8 @@
 //! token_file = "admin-tokens"        # lines `NAME TOKEN`; a token of at least 32 bytes
 //! client_ca = "certs/ca.pem"         # mutual TLS: callers with a certificate of this CA
 //! grpc_listen = "127.0.0.1:8091"     # optional: the decision API over gRPC, same callers
+//! show_identities = true             # `/v1/top` shows keys in clear (never API keys)
+//! show_parts = ["header:x-account"]  # and these request parts (else `(secret)`)
 //! ```
 //!
 //! With `client_ca` both ports speak TLS with the node's `[tls]` certificate, and a caller
@@ -21,7 +23,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::config::{ConfigError, Source};
+use crate::config::{ConfigError, KeyPart, Source};
+use crate::rules::identities::ShowIdentities;
 
 /// The shortest token the token file may hold.
 pub(crate) const MIN_TOKEN_BYTES: usize = 32;
@@ -46,6 +49,8 @@ pub struct Admin {
     pub(crate) tokens: Vec<(String, String)>,
     /// The address of the decision API's gRPC port, if any.
     pub(crate) grpc_listen: Option<SocketAddr>,
+    /// What `/v1/top` shows of keys in clear (`show_identities`, `show_parts`), if anything.
+    pub(crate) show: Option<ShowIdentities>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -70,6 +75,9 @@ pub(super) struct RawAdmin {
     token_file: Option<String>,
     client_ca: Option<String>,
     grpc_listen: Option<String>,
+    #[serde(default)]
+    show_identities: bool,
+    show_parts: Option<Vec<String>>,
 }
 
 /// Validate `[admin]` and read its token file; `http` is the node's HTTP address, `dir` the
@@ -92,6 +100,8 @@ pub(super) fn admin(
         .map(|text| grpc_port(text, http, listen))
         .transpose()
         .map_err(|reason| source.error(at("grpc_listen"), "admin.grpc_listen", reason))?;
+    let show = show(raw)
+        .map_err(|(field, reason)| source.error(at(field), format!("admin.{field}"), reason))?;
     let client_ca = raw.client_ca.as_deref().map(|file| dir.join(file));
     if let Some(ca) = &client_ca {
         crate::daemon::admin::tls::client_roots(ca)
@@ -125,7 +135,43 @@ pub(super) fn admin(
         server_cert: (cert.clone(), key.clone()),
         tokens,
         grpc_listen,
+        show,
     })
+}
+
+/// Read `show_identities` and `show_parts`: a part that is not a header, cookie, query
+/// parameter or body field, or parts without `show_identities`, is refused.
+fn show(raw: &RawAdmin) -> Result<Option<ShowIdentities>, (&'static str, String)> {
+    let names = raw.show_parts.as_deref().unwrap_or_default();
+    if !raw.show_identities {
+        if !names.is_empty() {
+            return Err(("show_parts", "set `show_identities = true` too".into()));
+        }
+        return Ok(None);
+    }
+    let mut parts = Vec::new();
+    for name in names {
+        let part = KeyPart::parse(name).map_err(|e| ("show_parts", format!("`{name}`: {e}")))?;
+        if !matches!(
+            part,
+            KeyPart::Header(_)
+                | KeyPart::Cookie(_)
+                | KeyPart::Query(_)
+                | KeyPart::Json(_)
+                | KeyPart::Form(_)
+        ) {
+            return Err((
+                "show_parts",
+                format!(
+                    "`{name}`: name headers, cookies, query parameters or body fields \
+                     (the address, user, device, JWT claims, route, method and host are shown \
+                     with show_identities; API keys never are)"
+                ),
+            ));
+        }
+        parts.push(part);
+    }
+    Ok(Some(ShowIdentities { parts }))
 }
 
 /// Read `grpc_listen`: an address beside the node's HTTP port (`http`) and the admin port
