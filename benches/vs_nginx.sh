@@ -11,7 +11,8 @@
 # Environment: ROUNDS (5), DURATION (10s), THREADS (wrk threads, 2), CONNS (64),
 # WORKERS (nginx worker processes and the node's runtime threads, 2), WARMUP (3s),
 # PIN (a taskset CPU list for all processes, empty: none), SKIP_BUILD=1 to use the binary
-# as it is, RATEMESH_BIN to name another one. The node is the production build
+# as it is, RATEMESH_BIN to name another one, TOP_POLL=1 to give the node an `[admin]` port
+# and run `ratemesh ctl top --policy bench` against it every 100 ms while it serves. The node is the production build
 # (`cargo build --profile dist`, target/dist/ratemesh), as nginx is Debian's optimised one. Needs nginx and wrk (Debian: nginx-light, wrk).
 #
 # Both limiters key the requests by the same header (`x-api-key`, one hot key) and run a
@@ -33,6 +34,8 @@ CONNS=${CONNS:-64}
 WORKERS=${WORKERS:-2}
 WARMUP=${WARMUP:-3s}
 PIN=${PIN:-}
+TOP_POLL=${TOP_POLL:-}
+TOKEN=bench-admin-token-0123456789abcdef0123456789
 KEY=bench-client
 HIGH_RATE=1000000
 HIGH_BURST=1000000
@@ -182,6 +185,12 @@ ca = "$WORK/certs/ca.pem"
 cert = "$WORK/certs/node-1.pem"
 key = "$WORK/certs/node-1.key"
 EOF
+  local admin_port=""
+  if [ -n "$TOP_POLL" ]; then
+    admin_port=$(ports 1)
+    printf 'bench %s\n' "$TOKEN" >"$dir/admin-tokens"
+    printf '[admin]\nlisten = "127.0.0.1:%s"\ntoken_file = "admin-tokens"\n' "$admin_port" >>"$dir/node.toml"
+  fi
   if [ "$mode" = proxy ]; then
     # The same forwarding field as nginx's `proxy_set_header X-Forwarded-For` (a route's
     # default also writes Forwarded, X-Forwarded-Proto and X-Forwarded-Host).
@@ -193,6 +202,15 @@ EOF
   NODE_PID=$!
   PIDS+=($NODE_PID)
   wait_http "http://127.0.0.1:$NODE_PORT/health"
+  if [ -n "$admin_port" ]; then
+    (
+      while true; do
+        RATEMESH_TOKEN=$TOKEN "$RATEMESH_BIN" ctl --admin "127.0.0.1:$admin_port" top --policy bench >/dev/null 2>&1 || true
+        sleep 0.1
+      done
+    ) &
+    PIDS+=($!)
+  fi
 }
 
 stop() {

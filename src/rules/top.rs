@@ -1,7 +1,8 @@
 //! The heaviest keys of each policy over the last minutes (the admin API's `/v1/top`): every
 //! decision of a policy is recorded, admitted and denied apart, in a Space-Saving sketch of
 //! the thread that made it (`crate::top`; no lock shared between threads on the request
-//! path), of two generations of 5 minutes each. A query merges the threads' summaries into
+//! path: the thread takes its own sketch with one atomic exchange and gives it back with a
+//! store, an `AtomicRefCell` a query borrows in turn), of two generations of 5 minutes each. A query merges the threads' summaries into
 //! one that keeps the sketch's guarantee: a key that carried more than 1/n of the decisions
 //! is among the first n, for n up to the capacity.
 //!
@@ -9,7 +10,7 @@
 //! policy, outcome and thread that decided for the policy (about 20 KB per pair).
 
 #[cfg(feature = "node")]
-use std::sync::{Mutex, PoisonError};
+use atomic_refcell::AtomicRefCell;
 
 #[cfg(feature = "node")]
 use thread_local::ThreadLocal;
@@ -33,8 +34,8 @@ const PERIOD_NS: Nanos = 5 * 60 * 1_000_000_000;
 #[cfg(feature = "node")]
 #[derive(Default)]
 pub(super) struct PolicyTop {
-    admitted: ThreadLocal<Mutex<Recent>>,
-    denied: ThreadLocal<Mutex<Recent>>,
+    admitted: ThreadLocal<AtomicRefCell<Recent>>,
+    denied: ThreadLocal<AtomicRefCell<Recent>>,
 }
 
 /// Without the node (and its admin API), nothing reads the sketches: nothing is recorded.
@@ -59,11 +60,25 @@ impl PolicyTop {
         } else {
             &self.denied
         };
-        sketches
-            .get_or(|| Mutex::new(Recent::new(CAPACITY, PERIOD_NS)))
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(key, 1, now);
+        let sketch = sketches.get_or(|| AtomicRefCell::new(Recent::new(CAPACITY, PERIOD_NS)));
+        // Only a query (a copy of the summary) holds it besides this thread: wait it out.
+        loop {
+            if let Ok(mut sketch) = sketch.try_borrow_mut() {
+                sketch.record(key, 1, now);
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// `f` of `sketch`, borrowed once its thread is not recording in it.
+    fn read<T>(sketch: &AtomicRefCell<Recent>, f: impl FnOnce(&Recent) -> T) -> T {
+        loop {
+            if let Ok(sketch) = sketch.try_borrow() {
+                return f(&sketch);
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Bytes its sketches take on this node.
@@ -71,11 +86,7 @@ impl PolicyTop {
         self.admitted
             .iter()
             .chain(self.denied.iter())
-            .map(|s| {
-                s.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .memory_bytes()
-            })
+            .map(|s| Self::read(s, Recent::memory_bytes))
             .sum()
     }
 
@@ -84,11 +95,7 @@ impl PolicyTop {
         let sketches = if denied { &self.denied } else { &self.admitted };
         let parts: Vec<Summary> = sketches
             .iter()
-            .map(|s| {
-                s.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .summary(now)
-            })
+            .map(|s| Self::read(s, |s| s.summary(now)))
             .collect();
         merge(&parts, CAPACITY)
     }
