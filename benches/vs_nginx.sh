@@ -209,11 +209,17 @@ EOF
         sleep 0.1
       done
     ) &
-    PIDS+=($!)
+    POLL_PID=$!
+    PIDS+=($POLL_PID)
   fi
 }
 
 stop() {
+  if [ "$1" = "${NODE_PID:-}" ] && [ -n "${POLL_PID:-}" ]; then
+    kill "$POLL_PID" 2>/dev/null || true
+    wait "$POLL_PID" 2>/dev/null || true
+    POLL_PID=""
+  fi
   kill "$1" 2>/dev/null || true
   wait "$1" 2>/dev/null || true
 }
