@@ -34,6 +34,12 @@ pub(crate) const PAGE: usize = 40;
 /// The longest reason kept with an override, in bytes.
 pub(crate) const MAX_REASON_BYTES: usize = 200;
 
+/// The longest an override may last.
+pub(crate) const MAX_DURATION_MS: u64 = 366 * 24 * 3600 * 1000;
+
+/// The longest policy or caller name a record from a peer may carry, in bytes.
+const MAX_NAME_BYTES: usize = 256;
+
 const TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("overrides");
 
 /// An override as set: its limit, until when (UNIX ms), why and by whom.
@@ -59,6 +65,35 @@ pub(crate) struct Record {
 }
 
 impl Record {
+    /// Check a record a peer sent against what a node would set itself: a limit of at least
+    /// 1, an end at most [`MAX_DURATION_MS`] after it was set, a reason and names within
+    /// their caps. A record that fails is not taken.
+    pub(crate) fn check(&self) -> Result<(), &'static str> {
+        let set_at = self.mark.0;
+        let within = |end: u64| end > set_at && end - set_at <= MAX_DURATION_MS;
+        if self.policy.is_empty() || self.policy.len() > MAX_NAME_BYTES {
+            return Err("policy name");
+        }
+        match &self.value {
+            Some(limit) => {
+                if limit.limit == 0 {
+                    return Err("a limit of 0");
+                }
+                if !within(limit.until_ms) {
+                    return Err("an end more than 366 days after it was set");
+                }
+                if limit.reason.len() > MAX_REASON_BYTES || limit.by.len() > MAX_NAME_BYTES {
+                    return Err("a reason or caller name too long");
+                }
+            }
+            None if !within(self.keep_until_ms) => {
+                return Err("a removal kept more than 366 days");
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
     fn ends_ms(&self) -> u64 {
         self.value
             .as_ref()
@@ -343,6 +378,40 @@ mod tests {
             reason: String::new(),
             by: "ops".into(),
         })
+    }
+
+    #[test]
+    fn records_no_node_would_set_are_refused() {
+        let good = Record {
+            policy: "per_key".into(),
+            key: 7,
+            value: limit(5),
+            mark: (1_000, 1),
+            keep_until_ms: 0,
+        };
+        assert_eq!(good.check(), Ok(()));
+        let bad = |change: fn(&mut Record)| {
+            let mut r = good.clone();
+            change(&mut r);
+            r.check().is_err()
+        };
+        assert!(bad(|r| r.policy.clear()));
+        assert!(bad(|r| r.policy = "p".repeat(300)));
+        assert!(bad(|r| r.value.as_mut().unwrap().limit = 0));
+        assert!(bad(|r| r.value.as_mut().unwrap().until_ms = 999));
+        assert!(bad(|r| r.value.as_mut().unwrap().until_ms = 1_000 + MAX_DURATION_MS + 1));
+        assert!(bad(|r| r.value.as_mut().unwrap().reason = "x".repeat(MAX_REASON_BYTES + 1)));
+        assert!(bad(|r| r.value.as_mut().unwrap().by = "x".repeat(300)));
+        assert!(bad(|r| {
+            r.value = None;
+            r.keep_until_ms = u64::MAX;
+        }));
+        let removal = Record {
+            value: None,
+            keep_until_ms: 2_000,
+            ..good.clone()
+        };
+        assert_eq!(removal.check(), Ok(()));
     }
 
     #[test]

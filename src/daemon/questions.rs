@@ -167,6 +167,14 @@ async fn pull(mesh: &MeshNet, layer: &RateLimitLayer, overrides: &Overrides, pee
 /// Merge `records` into the table (on disk first) and apply those that changed it; return
 /// how many did.
 pub(crate) fn take(layer: &RateLimitLayer, overrides: &Overrides, records: Vec<Record>) -> usize {
+    // What no node would set itself is not taken (counted, logged once per batch).
+    let (records, refused): (Vec<Record>, Vec<Record>) =
+        records.into_iter().partition(|r| r.check().is_ok());
+    if let Some(first) = refused.first() {
+        let why = first.check().err().unwrap_or_default();
+        tracing::warn!(refused = refused.len(), why, "overrides from a peer not taken");
+        metrics::counter!("ratemesh_overrides_refused_total").increment(refused.len() as u64);
+    }
     match overrides.merge(records, true) {
         Ok(changed) => {
             let rules = layer.rules();

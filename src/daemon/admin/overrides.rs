@@ -18,12 +18,11 @@ use serde_json::{Value, json};
 
 use super::keys::{KeyCall, direct_error, error, key_call};
 use super::{AdminState, Credentials, authenticate, json as answer};
-use crate::daemon::overrides::{Limit, MAX_REASON_BYTES, Overrides, Record, TableError};
+use crate::daemon::overrides::{
+    Limit, MAX_DURATION_MS, MAX_REASON_BYTES, Overrides, Record, TableError,
+};
 use crate::daemon::questions::send_overrides;
 use crate::rules::{Attributes, OverrideError};
-
-/// The longest an override may last.
-const MAX_DURATION_MS: u64 = 366 * 24 * 3600 * 1000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
