@@ -326,9 +326,16 @@ fn decision_from_reply(reply: &Value) -> Result<Decision, BackendError> {
         Value::Int(v) => u64::try_from(*v).map_err(|_| unexpected()),
         _ => Err(unexpected()),
     };
-    let (limit, remaining) = (non_negative(limit)?, non_negative(remaining)?);
-    let reset_after_ns = non_negative(reset_us)?.saturating_mul(1000);
-    let retry_after_ns = non_negative(retry_us)?.saturating_mul(1000);
+    // A key may hold more than its limit allows (the limit was lowered, an override of a
+    // higher one removed): the scripts then say how far over as a negative `remaining`,
+    // which is none left.
+    let at_least_zero = |v: &Value| match v {
+        Value::Int(v) => Ok(u64::try_from(*v).unwrap_or(0)),
+        _ => Err(unexpected()),
+    };
+    let (limit, remaining) = (non_negative(limit)?, at_least_zero(remaining)?);
+    let reset_after_ns = at_least_zero(reset_us)?.saturating_mul(1000);
+    let retry_after_ns = at_least_zero(retry_us)?.saturating_mul(1000);
     Ok(match non_negative(verdict)? {
         0 => Decision::allowed(limit, remaining, reset_after_ns),
         1 => Decision::denied(limit, remaining, reset_after_ns, retry_after_ns),
@@ -419,6 +426,9 @@ mod tests {
             decision_from_reply(&ints(&[2, 10, 0, 0, 0])).unwrap(),
             Decision::cannot_fit(10)
         );
+        // Over a limit lowered since: none left, not an unreadable reply.
+        let over = decision_from_reply(&ints(&[1, 3, -3, 900, 900])).unwrap();
+        assert_eq!(over, Decision::denied(3, 0, 900_000, 900_000));
     }
 
     #[test]
@@ -426,7 +436,8 @@ mod tests {
         for reply in [
             ints(&[0, 10, 7, 300]),
             ints(&[0, 10, 7, 300, 0, 1]),
-            ints(&[0, 10, -1, 300, 0]),
+            ints(&[0, -10, 7, 300, 0]),
+            ints(&[-1, 10, 7, 300, 0]),
             ints(&[3, 10, 7, 300, 0]),
             ints(&[]),
             Value::Int(0),

@@ -399,8 +399,12 @@ mod tests {
         assert!(bad(|r| r.policy = "p".repeat(300)));
         assert!(bad(|r| r.value.as_mut().unwrap().limit = 0));
         assert!(bad(|r| r.value.as_mut().unwrap().until_ms = 999));
-        assert!(bad(|r| r.value.as_mut().unwrap().until_ms = 1_000 + MAX_DURATION_MS + 1));
-        assert!(bad(|r| r.value.as_mut().unwrap().reason = "x".repeat(MAX_REASON_BYTES + 1)));
+        assert!(bad(
+            |r| r.value.as_mut().unwrap().until_ms = 1_000 + MAX_DURATION_MS + 1
+        ));
+        assert!(bad(
+            |r| r.value.as_mut().unwrap().reason = "x".repeat(MAX_REASON_BYTES + 1)
+        ));
         assert!(bad(|r| r.value.as_mut().unwrap().by = "x".repeat(300)));
         assert!(bad(|r| {
             r.value = None;

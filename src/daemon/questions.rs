@@ -172,7 +172,11 @@ pub(crate) fn take(layer: &RateLimitLayer, overrides: &Overrides, records: Vec<R
         records.into_iter().partition(|r| r.check().is_ok());
     if let Some(first) = refused.first() {
         let why = first.check().err().unwrap_or_default();
-        tracing::warn!(refused = refused.len(), why, "overrides from a peer not taken");
+        tracing::warn!(
+            refused = refused.len(),
+            why,
+            "overrides from a peer not taken"
+        );
         metrics::counter!("ratemesh_overrides_refused_total").increment(refused.len() as u64);
     }
     match overrides.merge(records, true) {
