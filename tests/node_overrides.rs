@@ -285,3 +285,87 @@ async fn overrides_reach_every_node_and_survive_restarts() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_resets_and_overrides_of_one_key_settle_on_one_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_cluster_with(dir.path(), 3, POLICIES);
+    let admins = add_admin(dir.path(), &files, |_| true, TOKEN);
+    let nodes: Vec<NodeProcess> = files.iter().map(|f| start(f)).collect();
+    let client = client();
+    for node in &nodes {
+        wait_healthy(&client, node).await;
+    }
+    let all: Vec<&NodeProcess> = nodes.iter().collect();
+    let race = |_: usize| "sk_race".to_string();
+    let fresh = |i: usize| format!("acct-race-{i}");
+    assert_eq!(admitted(&client, &all, &race, &fresh, 7).await, 5);
+
+    // Six resets and three overrides (7, 8, 9) of the key at once, through every node.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..9 {
+        let (client, admin) = (client.clone(), admins[i % 3]);
+        calls.spawn(async move {
+            let key = json!({"policy": "per_key", "attributes": {"api_key": "sk_race"}});
+            if i % 3 == 2 {
+                let mut set = key;
+                set["limit"] = json!(7 + i / 3);
+                set["for"] = json!("1h");
+                call(
+                    &client,
+                    admin,
+                    reqwest::Method::PUT,
+                    "/v1/overrides",
+                    Some(set),
+                )
+                .await
+            } else {
+                call(
+                    &client,
+                    admin,
+                    reqwest::Method::POST,
+                    "/v1/keys/reset",
+                    Some(key),
+                )
+                .await
+            }
+        });
+    }
+    while let Some(answer) = calls.join_next().await {
+        let (status, body) = answer.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+
+    // Every node settles on the same one override, the one set last.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let limit = loop {
+        let mut seen = Vec::new();
+        for &admin in &admins {
+            let (_, list) = call(&client, admin, reqwest::Method::GET, "/v1/overrides", None).await;
+            seen.push(listed(&list));
+        }
+        if seen.iter().all(|l| l.len() == 1 && *l == seen[0]) {
+            break seen[0][0].1;
+        }
+        assert!(Instant::now() < deadline, "the nodes disagree: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!((7..=9).contains(&limit), "{limit}");
+    for &admin in &admins {
+        let (status, key) = call(
+            &client,
+            admin,
+            reqwest::Method::GET,
+            "/v1/keys?policy=per_key&api_key=sk_race",
+            None,
+        )
+        .await;
+        assert_eq!((status, key["limit"].as_u64()), (200, Some(limit)), "{key}");
+    }
+    // The resets forgave the five spent before them: the override's limit, once.
+    let fresh = |i: usize| format!("acct-race-after-{i}");
+    assert_eq!(
+        admitted(&client, &all, &race, &fresh, 12).await,
+        limit as usize
+    );
+}
