@@ -26,15 +26,7 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut request = client
-        .request(method, format!("http://{admin}{path}"))
-        .bearer_auth(TOKEN);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json::<Value>().await.unwrap())
+    admin_call(client, admin, TOKEN, method, path, body).await
 }
 
 /// `n` requests of `account` round the nodes; how many were admitted.

@@ -36,6 +36,13 @@ fn ratemesh(dir: &Path, args: &[&str], token: Option<&str>) -> Output {
     command.output().unwrap()
 }
 
+/// `ratemesh certs ARGS` (words split at spaces) in `dir`.
+fn certs(dir: &Path, args: &str) -> Output {
+    let mut words = vec!["certs"];
+    words.extend(args.split(' '));
+    ratemesh(dir, &words, None)
+}
+
 /// `ratemesh ctl --admin ADDR [TLS flags] config`.
 fn ctl_config(dir: &Path, admin: &str, tls: &[&str], token: Option<&str>) -> Output {
     let mut args = vec!["ctl", "--admin", admin];
@@ -58,61 +65,13 @@ async fn admin_ports_take_client_certificates_of_their_ca() {
     let d = dir.path();
     let files = write_cluster_with(d, 1, POLICIES);
     // An operator's certificate of the cluster CA, and one of another CA.
-    let made = ratemesh(
-        d,
-        &[
-            "certs",
-            "--out",
-            "certs",
-            "--cluster",
-            "test",
-            "--operator",
-            "alice",
-        ],
-        None,
-    );
+    let made = certs(d, "--out certs --cluster test --operator alice");
     assert!(made.status.success(), "{}", text(&made));
-    let other = ratemesh(
-        d,
-        &[
-            "certs",
-            "--out",
-            "other",
-            "--cluster",
-            "other",
-            "--nodes",
-            "1",
-        ],
-        None,
-    );
+    let other = certs(d, "--out other --cluster other --nodes 1");
     assert!(other.status.success(), "{}", text(&other));
-    let made = ratemesh(
-        d,
-        &[
-            "certs",
-            "--out",
-            "other",
-            "--cluster",
-            "other",
-            "--operator",
-            "mallory",
-        ],
-        None,
-    );
+    let made = certs(d, "--out other --cluster other --operator mallory");
     assert!(made.status.success(), "{}", text(&made));
-    let bad = ratemesh(
-        d,
-        &[
-            "certs",
-            "--out",
-            "certs",
-            "--cluster",
-            "test",
-            "--operator",
-            "a b",
-        ],
-        None,
-    );
+    let bad = certs(d, "--out certs --cluster test --operator a/b");
     assert!(
         !bad.status.success() && text(&bad).contains("operator's name"),
         "{}",
@@ -274,19 +233,7 @@ async fn with_a_token_file_too_a_call_without_a_certificate_needs_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let files = write_cluster_with(d, 1, POLICIES);
-    let made = ratemesh(
-        d,
-        &[
-            "certs",
-            "--out",
-            "certs",
-            "--cluster",
-            "test",
-            "--operator",
-            "alice",
-        ],
-        None,
-    );
+    let made = certs(d, "--out certs --cluster test --operator alice");
     assert!(made.status.success(), "{}", text(&made));
     std::fs::write(d.join("admin-tokens"), format!("support {TOKEN}\n")).unwrap();
     let admin = std::net::TcpListener::bind("127.0.0.1:0")

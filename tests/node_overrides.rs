@@ -28,15 +28,7 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut request = client
-        .request(method, format!("http://{admin}{path}"))
-        .bearer_auth(TOKEN);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json::<Value>().await.unwrap())
+    admin_call(client, admin, TOKEN, method, path, body).await
 }
 
 /// Requests with `api_key` (a fresh account each, or `account`) round `nodes`: admitted.

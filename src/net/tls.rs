@@ -288,14 +288,8 @@ fn pem_error(what: &'static str) -> impl Fn(rustls::pki_types::pem::Error) -> Tl
     }
 }
 
-/// Build a node's configurations from PEM: the cluster CA, its certificate chain and key.
-pub fn node_tls(
-    ca_pem: &[u8],
-    cert_pem: &[u8],
-    key_pem: &[u8],
-    transport: Arc<quinn::TransportConfig>,
-) -> Result<NodeTls, TlsError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+/// The CA certificates of `ca_pem`, refusing PEM that holds none.
+fn roots_of(ca_pem: &[u8]) -> Result<Arc<rustls::RootCertStore>, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for ca in CertificateDer::pem_slice_iter(ca_pem) {
         roots.add(ca.map_err(pem_error("CA certificate"))?)?;
@@ -306,7 +300,18 @@ pub fn node_tls(
             reason: "no certificate in the file".into(),
         });
     }
-    let roots = Arc::new(roots);
+    Ok(Arc::new(roots))
+}
+
+/// Build a node's configurations from PEM: the cluster CA, its certificate chain and key.
+pub fn node_tls(
+    ca_pem: &[u8],
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    transport: Arc<quinn::TransportConfig>,
+) -> Result<NodeTls, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let roots = roots_of(ca_pem)?;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
         .map_err(pem_error("node certificate"))?;
@@ -363,21 +368,10 @@ pub fn admin_client(
     identity: Option<(&[u8], &[u8])>,
 ) -> Result<(rustls::ClientConfig, ServerName<'static>), TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(ca_pem) {
-        roots.add(ca.map_err(pem_error("CA certificate"))?)?;
-    }
-    if roots.is_empty() {
-        return Err(TlsError::Pem {
-            what: "CA certificate",
-            reason: "no certificate in the file".into(),
-        });
-    }
-    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
-        Arc::new(roots),
-        Arc::clone(&provider),
-    )
-    .build()?;
+    let roots = roots_of(ca_pem)?;
+    let inner =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+            .build()?;
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .dangerous()

@@ -326,6 +326,26 @@ pub fn edit_file(path: &Path, edit: impl FnOnce(&str) -> String) {
     std::fs::write(path, edit(&text)).unwrap();
 }
 
+/// One call to an admin port with a bearer token: its status and JSON answer.
+pub async fn admin_call(
+    client: &reqwest::Client,
+    admin: SocketAddr,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut request = client
+        .request(method, format!("http://{admin}{path}"))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
 /// Give the nodes of `files` (those picked by `with_admin`) an `[admin]` port on loopback
 /// with a token file of one caller, `support`, whose token is `token`; return each picked
 /// node's admin address, in order.
