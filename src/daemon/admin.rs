@@ -38,7 +38,7 @@ mod batch;
 mod grpc;
 mod keys;
 mod overrides;
-pub(crate) mod tls;
+mod tls;
 mod top;
 
 /// The largest body of a call.

@@ -288,6 +288,14 @@ fn pem_error(what: &'static str) -> impl Fn(rustls::pki_types::pem::Error) -> Tl
     }
 }
 
+/// The CA certificates of the PEM file `path`, refusing a file that holds none; an error
+/// names the file.
+#[cfg(feature = "node")]
+pub(crate) fn read_roots(path: &std::path::Path) -> Result<Arc<rustls::RootCertStore>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    roots_of(&pem).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// The CA certificates of `ca_pem`, refusing PEM that holds none.
 fn roots_of(ca_pem: &[u8]) -> Result<Arc<rustls::RootCertStore>, TlsError> {
     let mut roots = rustls::RootCertStore::empty();

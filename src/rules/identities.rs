@@ -15,7 +15,6 @@ use std::fmt::Write as _;
 use std::sync::{Mutex, PoisonError};
 
 use super::Rules;
-use super::plan::Plan;
 use super::request::RequestFacts;
 use crate::config::IdentitySource;
 use crate::config::KeyPart;
@@ -173,16 +172,17 @@ impl PolicyIdentities {
 }
 
 impl Rules {
-    /// Remember, for `/v1/top`, the keys in clear of the policies `plan` charges for the
-    /// request `facts`, the parts `show` allows shown.
-    pub(crate) fn remember_identities(
+    /// Remember, for `/v1/top`, the keys in clear of the policies `layers` charge (policy,
+    /// key) for the request `facts` of route `route` (its place in the rules), the parts
+    /// `show` allows shown.
+    pub(super) fn remember_keys(
         &self,
         facts: &RequestFacts<'_>,
-        plan: &Plan,
+        route_index: Option<usize>,
+        layers: [&[(usize, u64)]; 4],
         show: &ShowIdentities,
     ) {
-        let route = plan.route.map(|i| self.routes[i].name);
-        let layers = [&plan.enforced[..], &plan.shadow, &plan.global, &plan.exact];
+        let route = route_index.map(|i| self.routes[i].name);
         for &(p, key) in layers.into_iter().flatten() {
             let policy = &self.policies[p];
             policy
@@ -215,7 +215,7 @@ impl Rules {
                     None => {
                         client(label, facts);
                         // A policy of the route counts under the client's key and the route's.
-                        let of_route = plan.route.is_some_and(|r| {
+                        let of_route = route_index.is_some_and(|r| {
                             let layers = &self.routes[r].layers;
                             [
                                 &layers.enforced,

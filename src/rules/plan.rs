@@ -116,6 +116,19 @@ pub(crate) fn plans_made() -> usize {
 }
 
 impl Rules {
+    /// Remember, for `/v1/top`, the keys in clear of the policies `plan` charges for the
+    /// request `facts`, the parts `show` allows shown (`[admin] show_identities`).
+    #[cfg(feature = "node")]
+    pub(crate) fn remember_identities(
+        &self,
+        facts: &RequestFacts<'_>,
+        plan: &Plan,
+        show: &super::identities::ShowIdentities,
+    ) {
+        let layers = [&plan.enforced[..], &plan.shadow, &plan.global, &plan.exact];
+        self.remember_keys(facts, plan.route, layers, show);
+    }
+
     /// Match one request against the rules: `[access]` and the exempt clients first, then
     /// the tier, the route (the most specific that matches), the cost and each policy's key.
     pub(crate) fn plan(&self, facts: &RequestFacts<'_>) -> Planned {

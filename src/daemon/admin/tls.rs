@@ -36,22 +36,6 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest caller name kept from a certificate.
 const MAX_NAME_BYTES: usize = 128;
 
-/// Read the CA certificates of `path` (PEM), refusing a file that holds none.
-pub(crate) fn client_roots(path: &Path) -> Result<rustls::RootCertStore, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    if roots.is_empty() {
-        return Err(format!("{}: no certificate in the file", path.display()));
-    }
-    Ok(roots)
-}
-
 /// Who is at the other end of an admin connection.
 #[derive(Clone, Debug)]
 pub(crate) struct Peer {
@@ -85,7 +69,7 @@ impl TlsFiles {
 
     fn build(&self) -> Result<TlsAcceptor, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let roots = Arc::new(client_roots(&self.client_ca)?);
+        let roots = crate::net::tls::read_roots(&self.client_ca)?;
         let read =
             |path: &Path| std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()));
         let cert_pem = read(&self.cert)?;

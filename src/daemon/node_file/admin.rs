@@ -104,7 +104,7 @@ pub(super) fn admin(
         .map_err(|(field, reason)| source.error(at(field), format!("admin.{field}"), reason))?;
     let client_ca = raw.client_ca.as_deref().map(|file| dir.join(file));
     if let Some(ca) = &client_ca {
-        crate::daemon::admin::tls::client_roots(ca)
+        crate::net::tls::read_roots(ca)
             .map_err(|reason| source.error(at("client_ca"), "admin.client_ca", reason))?;
     }
     let token_file = raw.token_file.as_deref().map(|file| dir.join(file));
