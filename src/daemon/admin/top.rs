@@ -132,7 +132,7 @@ pub(super) async fn top(
             "policy": policy,
             "by": if denied { "denied" } else { "admitted" },
             "total": merged.total,
-            "guaranteed_top": merged.guaranteed_top(),
+            "guaranteed_top": merged.guaranteed_top().min(CAPACITY),
             "memory_bytes": memory_bytes,
             "keys": keys,
             "nodes": nodes,
