@@ -33,6 +33,9 @@ pub(crate) const MAX_HANDSHAKES: usize = 256;
 /// How long a client may take to finish its handshake.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a connection may be idle before the kernel probes it.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+
 /// The longest caller name kept from a certificate.
 const MAX_NAME_BYTES: usize = 128;
 
@@ -317,6 +320,9 @@ async fn accept(listener: TcpListener, tls: Arc<Acceptor>, send: mpsc::Sender<Co
             }
         };
         let _ = stream.set_nodelay(true);
+        // A client gone without a word (a laptop closed mid-call) is noticed.
+        let keepalive = socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE);
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
         let Some(acceptor) = tls.current.load_full() else {
             let peer = Peer {
                 addr,
