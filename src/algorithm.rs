@@ -5,7 +5,7 @@
 //! compare-and-swap. The sliding-window counter and the sliding log keep a small struct.
 //! [`KeyMachine`] wraps any of them for one key, for tests, simulations and replays.
 
-#[cfg(feature = "http")]
+#[cfg(any(feature = "http", feature = "mesh"))]
 pub(crate) mod calendar;
 pub mod fixed_window;
 pub mod gcra;

@@ -191,6 +191,14 @@ impl GatewayConfig {
                     bytes.extend_from_slice(name.as_bytes());
                 }
             }
+            // Calendar periods: every node must number the same windows.
+            if let Some(calendar) = &p.calendar {
+                bytes.extend_from_slice(b"calendar");
+                bytes.extend_from_slice(calendar.calendar().as_str().as_bytes());
+                let zone = calendar.zone_name().unwrap_or("");
+                bytes.extend_from_slice(&(zone.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(zone.as_bytes());
+            }
             // A lockout: every node must start and keep the same ones.
             if let Some(block) = p.block_for {
                 bytes.extend_from_slice(b"block_for");

@@ -18,7 +18,8 @@
 //! headers), `timing` (peers' clock offsets), `holder` (a key's lease and waiting requests
 //! on one node), `authority` (a key's budget), `lease` (the atomic cell the request path
 //! decides on), `cells` (the map of cells shared with the request path), `keymap` (the hasher
-//! of the node's maps), and `outbox` (frames, and the checks on incoming ones).
+//! of the node's maps), `windows` (where a policy's windows fall: lengths or calendar
+//! periods), and `outbox` (frames, and the checks on incoming ones).
 
 pub(crate) mod authority;
 pub(crate) mod cells;
@@ -32,6 +33,7 @@ pub(crate) mod node;
 pub(crate) mod outbox;
 pub(crate) mod tally;
 pub(crate) mod timing;
+pub(crate) mod windows;
 pub(crate) mod wire;
 
 pub use crate::decision::MeshCharge;

@@ -301,6 +301,14 @@ impl Rules {
             .iter()
             .zip(previous.config.mesh_policies())
         {
+            if new.calendar != old.calendar {
+                return Err(RulesError::MeshReconfigure {
+                    reason: format!(
+                        "policy `{}`: its `calendar` and `time_zone` cannot change while the nodes run (the windows would not carry over): stop every node, then start them all with the new file",
+                        new.name
+                    ),
+                });
+            }
             if new.block_for != old.block_for {
                 return Err(RulesError::MeshReconfigure {
                     reason: format!(

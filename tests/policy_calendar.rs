@@ -109,12 +109,32 @@ fn the_file_says_what_is_wrong_with_a_calendar() {
     assert!(error("calendar = \"fortnight\"").contains("day, week, month, year"));
     assert!(error("calendar = \"month\"\nwindow = \"30d\"").contains("not both"));
     assert!(error("calendar = \"month\"\ntime_zone = \"Mars/Olympus\"").contains("Mars/Olympus"));
-    let mesh = file("calendar = \"month\"\nbackend = \"mesh\"");
+    // The mesh counts calendar periods; its windows of a length take no time zone.
+    let mesh = |policy: &str| file(&format!("{policy}\nbackend = \"mesh\""));
+    let digest = |policy: &str| {
+        GatewayConfig::from_toml_str(&mesh(policy), "calendar.toml")
+            .unwrap()
+            .mesh_digest()
+    };
+    let paris = digest("calendar = \"month\"\ntime_zone = \"Europe/Paris\"");
+    assert_eq!(
+        paris,
+        digest("calendar = \"month\"\ntime_zone = \"Europe/Paris\"")
+    );
+    // Nodes that would number other windows disagree on the digest.
+    assert_ne!(paris, digest("calendar = \"month\""));
+    assert_ne!(
+        paris,
+        digest("calendar = \"week\"\ntime_zone = \"Europe/Paris\"")
+    );
     assert!(
-        GatewayConfig::from_toml_str(&mesh, "calendar.toml")
-            .expect_err("refused")
-            .to_string()
-            .contains("`local` and `redis`")
+        GatewayConfig::from_toml_str(
+            &mesh("window = \"1d\"\ntime_zone = \"Europe/Paris\""),
+            "c.toml"
+        )
+        .expect_err("refused")
+        .to_string()
+        .contains("`calendar` periods take one")
     );
     let bucket = "env = \"t\"\ndefault_tier = \"api\"\n[policies.quota]\nalgorithm = \"token-bucket\"\n\
                   rate = 1\nperiod = \"1s\"\nburst = 2\ncalendar = \"day\"\n[tiers.api]\npolicies = [\"quota\"]\n";

@@ -237,6 +237,12 @@ impl CalendarWindow {
         self.calendar
     }
 
+    /// Its time zone's IANA name (`None` for a zone made without one).
+    #[cfg(feature = "http")]
+    pub(crate) fn zone_name(&self) -> Option<&str> {
+        self.tz.iana_name()
+    }
+
     /// The window containing `now_ns`: `start_ns <= now_ns < end_ns` (except at `u64::MAX`,
     /// see the module docs), for every zone whose clock changes are shorter than a period, as
     /// are all of the tz database's. No allocation; three time zone look-ups.

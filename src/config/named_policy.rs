@@ -210,12 +210,6 @@ pub(super) fn build_policy(
     let calendar = match calendar {
         None => None,
         Some(calendar) => {
-            if raw.backend == Backend::Mesh {
-                return Err(fail(
-                    "calendar",
-                    "calendar periods are counted by `local` and `redis` policies".into(),
-                ));
-            }
             let zone = raw.time_zone.as_deref().unwrap_or("UTC");
             Some(
                 crate::algorithm::calendar::CalendarWindow::from_zone_name(calendar, zone)
@@ -268,10 +262,11 @@ pub(super) fn build_policy(
                         .into(),
                 ));
             }
-            if raw.time_zone.is_some() {
+            if raw.time_zone.is_some() && calendar.is_none() {
                 return Err(fail(
                     "time_zone",
-                    "time zones are not supported by the `mesh` backend (its windows are UTC)"
+                    "time zones are not supported by the `mesh` backend's windows of a length \
+                     (they are UTC); its `calendar` periods take one"
                         .into(),
                 ));
             }
@@ -317,7 +312,8 @@ pub(super) fn build_policy(
             if raw.time_zone.is_some() && calendar.is_none() {
                 return Err(fail(
                     "time_zone",
-                    "time zones are not supported by the `redis` backend's windows of a length                      (they are UTC); its `calendar` periods take one"
+                    "time zones are not supported by the `redis` backend's windows of a length \
+                     (they are UTC); its `calendar` periods take one"
                         .into(),
                 ));
             }

@@ -670,6 +670,7 @@ impl NodeFile {
             .iter()
             .map(|p| p.block_for.map_or(0, duration_to_nanos))
             .collect();
+        config.calendars = mesh.iter().map(|p| p.calendar.clone()).collect();
         config.cluster_size = self.cluster_size;
         config.max_keys = self.mesh_max_keys;
         config.first_credit = self.mesh_first_credit;

@@ -32,6 +32,7 @@ use crate::mesh::NodeId;
 use crate::mesh::membership::RankMemo;
 use crate::mesh::message::{AuthorityState, HolderRecord, KeyRef, Want};
 use crate::mesh::timing::Offset;
+use crate::mesh::windows::MeshPolicy;
 use crate::policy::{Algorithm, Policy};
 
 mod grants;
@@ -126,16 +127,15 @@ pub(crate) struct Authority {
 impl Authority {
     /// Create the authority of a key nobody knows yet, at `now`: an empty window aligned
     /// on this node's clock, or a full bucket.
-    pub(crate) fn fresh(key: KeyRef, policy: &Policy, now: Nanos) -> Self {
-        let w = policy.window_ns();
-        let window = now / w;
+    pub(crate) fn fresh(key: KeyRef, policy: &MeshPolicy, now: Nanos) -> Self {
+        let window = policy.window_at(now);
         Authority {
             key,
             version: 1,
-            window,
-            start: window * w,
-            end: (window + 1) * w,
-            next_start: (window + 1) * w,
+            window: window.index,
+            start: window.start,
+            end: window.end,
+            next_start: window.end,
             previous: 0,
             forgiven: 0,
             forgiven_before: 0,
@@ -158,17 +158,21 @@ impl Authority {
     /// numbered them and converted so that each begins no earlier here than it did there. Its
     /// window of an index then never begins before the earlier owner's, whose grants of the
     /// window before this node cannot know: they all fall before it.
-    pub(crate) fn fresh_after(key: KeyRef, policy: &Policy, offset: Offset, now: Nanos) -> Self {
+    pub(crate) fn fresh_after(
+        key: KeyRef,
+        policy: &MeshPolicy,
+        offset: Offset,
+        now: Nanos,
+    ) -> Self {
         let mut a = Self::fresh(key, policy, now);
         if !policy.algorithm().counts_per_window() {
             return a;
         }
-        let w = policy.window_ns();
-        let window = offset.to_peer(now).saturating_sub(offset.error) / w;
-        let start = offset.latest_local(window.saturating_mul(w)).min(now);
-        a.window = window;
+        let window = policy.window_at(offset.to_peer(now).saturating_sub(offset.error));
+        let start = offset.latest_local(window.start).min(now);
+        a.window = window.index;
         a.start = start;
-        a.end = start.saturating_add(w);
+        a.end = start.saturating_add(window.len());
         a.next_start = a.end;
         a
     }
@@ -178,11 +182,10 @@ impl Authority {
     /// window end no later, and the next window begins no earlier, than the sender's.
     pub(crate) fn from_state(
         state: &AuthorityState,
-        policy: &Policy,
+        policy: &MeshPolicy,
         offset: Offset,
         now: Nanos,
     ) -> Self {
-        let w = policy.window_ns();
         let end = offset.earliest_local(state.ends_at);
         let next_start = offset
             .latest_local(state.next_at.max(state.ends_at))
@@ -192,7 +195,7 @@ impl Authority {
             key: state.key,
             version: state.version + 1,
             window: state.window,
-            start: next_start.saturating_sub(w),
+            start: next_start.saturating_sub(policy.length_of(state.window)),
             end,
             next_start,
             previous: state.previous,
@@ -277,7 +280,7 @@ impl Authority {
     /// or a bucket is full with nothing leased.
     pub(crate) fn state_is_idle(
         state: &AuthorityState,
-        policy: &Policy,
+        policy: &MeshPolicy,
         offset: Offset,
         now: Nanos,
     ) -> bool {
@@ -295,7 +298,7 @@ impl Authority {
             let next_start = offset
                 .latest_local(state.next_at.max(state.ends_at))
                 .max(end);
-            now >= next_start.saturating_add(w)
+            now >= next_start.saturating_add(policy.length_of(state.window.saturating_add(1)))
         }
     }
 
@@ -368,7 +371,7 @@ impl Authority {
 
     /// Tell whether the authority holds nothing worth keeping at `now`: no holder has an
     /// unspent lease, the window's counts no longer matter, a bucket is full.
-    pub(crate) fn is_idle(&mut self, policy: &Policy, now: Nanos) -> bool {
+    pub(crate) fn is_idle(&mut self, policy: &MeshPolicy, now: Nanos) -> bool {
         if !self.waiting.is_empty() {
             return false;
         }
@@ -376,11 +379,13 @@ impl Authority {
             self.refill(policy, now);
             self.outstanding() == 0 && self.level_ns >= policy.window_ns()
         } else {
-            now >= self.next_start.saturating_add(policy.window_ns())
+            now >= self
+                .next_start
+                .saturating_add(policy.length_of(self.window.saturating_add(1)))
         }
     }
 
-    fn interval(&self, policy: &Policy) -> u64 {
+    fn interval(&self, policy: &MeshPolicy) -> u64 {
         policy.interval_ns().max(1)
     }
 
@@ -398,7 +403,7 @@ impl Authority {
     /// back from refilling although they were gone: give back the refill lost since then
     /// (each instant of it once), as a central bucket charged at the spending would have
     /// refilled. Then the cap is what is still leased.
-    fn credit_spent(&mut self, policy: &Policy, now: Nanos, tokens: u64, ago: Nanos) {
+    fn credit_spent(&mut self, policy: &MeshPolicy, now: Nanos, tokens: u64, ago: Nanos) {
         let cap = policy
             .window_ns()
             .saturating_sub(self.outstanding().saturating_mul(self.interval(policy)));
@@ -435,7 +440,7 @@ impl Authority {
         self.previous.saturating_sub(self.forgiven_before)
     }
 
-    fn refill(&mut self, policy: &Policy, now: Nanos) {
+    fn refill(&mut self, policy: &MeshPolicy, now: Nanos) {
         if now <= self.level_at {
             return;
         }
@@ -456,13 +461,25 @@ impl Authority {
         self.level_at = now;
     }
 
-    /// Move to the window containing `now` (windows).
-    fn roll(&mut self, policy: &Policy, now: Nanos) {
+    /// Move to the window containing `now` (windows): the schedule's, placed on this clock
+    /// where the authority placed the next window (a taken-over window may begin later here
+    /// than on the schedule's clock, [`Authority::from_state`]).
+    fn roll(&mut self, policy: &MeshPolicy, now: Nanos) {
         if !policy.algorithm().counts_per_window() || now < self.next_start {
             return;
         }
-        let w = policy.window_ns();
-        let skipped = (now - self.next_start) / w;
+        let next = self.window.saturating_add(1);
+        // This clock minus the schedule's, at the next window's start.
+        let shift = i128::from(self.next_start) - i128::from(policy.window(next).start);
+        let on_schedule = u64::try_from(i128::from(now) - shift).unwrap_or(0);
+        let at = policy.window_at(on_schedule);
+        let at = if at.index < next {
+            policy.window(next)
+        } else {
+            at
+        };
+        let skipped = at.index - next;
+        let place = |t: Nanos| u64::try_from(i128::from(t) + shift).unwrap_or(u64::MAX);
         // A holder whose lease ended reported its final count; the others count what they
         // were leased (an upper bound, lowered when their final count arrives).
         let held = |h: &HolderRecord| {
@@ -488,9 +505,13 @@ impl Authority {
             h.tally.used = 0;
             h.closed = false;
         }
-        self.window += 1 + skipped;
-        self.start = self.next_start + skipped * w;
-        self.end = self.start + w;
+        self.window = at.index;
+        self.start = if skipped == 0 {
+            self.next_start
+        } else {
+            place(at.start)
+        };
+        self.end = place(at.end);
         self.next_start = self.end;
         self.version += 1;
         // Holders with nothing in either window need no record, unless they wait: the record
@@ -506,7 +527,7 @@ impl Authority {
     }
 
     /// Return the tokens that can be granted at `now`.
-    pub(crate) fn available(&mut self, policy: &Policy, now: Nanos) -> u64 {
+    pub(crate) fn available(&mut self, policy: &MeshPolicy, now: Nanos) -> u64 {
         let limit = policy.capacity();
         match policy.algorithm() {
             Algorithm::FixedWindow => {
@@ -517,7 +538,8 @@ impl Authority {
                 self.roll(policy, now);
                 // The central algorithm's test, with the leases as the window's count.
                 let elapsed = now.saturating_sub(self.start);
-                sliding_window::room(limit, policy.window_ns(), self.counted_previous(), elapsed)
+                let w = policy.length_of(self.window);
+                sliding_window::room(limit, w, self.counted_previous(), elapsed)
                     .saturating_sub(self.allocated())
             }
             // A bucket (the node takes no other algorithm).
@@ -534,7 +556,7 @@ impl Authority {
     /// grants; another holding's record has nothing on its way to this one.
     pub(crate) fn in_flight(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         now: Nanos,
         node: NodeId,
         want: &Want,

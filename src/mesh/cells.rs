@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use dashmap::DashMap;
 
+use crate::algorithm::calendar::{CalendarWindow, Warp};
 use crate::clock::Nanos;
 use crate::decision::{Decision, MeshCharge};
 use crate::local::Store;
@@ -93,12 +94,25 @@ struct CellPolicy {
     interval_ns: AtomicU64,
     /// The policy as configured (the overflow store's is scaled from it).
     policy: Policy,
+    /// A calendar policy's clock for its overflow store (whose fixed windows then count
+    /// the calendar's periods).
+    warp: Option<Warp>,
 }
 
 impl Cells {
     /// An empty map for the cluster's `policies` (all of a kind the mesh shares), for a
     /// node that holds leases for at most `max_keys` keys.
     pub fn new(policies: Vec<Policy>, max_keys: usize) -> Self {
+        Cells::with_calendars(policies, &[], max_keys)
+    }
+
+    /// [`Cells::new`], with each window policy's calendar (by index; missing or `None`:
+    /// windows of its length).
+    pub(crate) fn with_calendars(
+        policies: Vec<Policy>,
+        calendars: &[Option<CalendarWindow>],
+        max_keys: usize,
+    ) -> Self {
         Cells {
             max_keys: max_keys.max(1),
             overflowed: AtomicU64::new(0),
@@ -110,10 +124,12 @@ impl Cells {
             overflow: policies.iter().map(|_| OnceLock::new()).collect(),
             policies: policies
                 .into_iter()
-                .map(|p| CellPolicy {
+                .enumerate()
+                .map(|(i, p)| CellPolicy {
                     capacity: AtomicU64::new(p.capacity()),
                     interval_ns: AtomicU64::new(p.interval_ns()),
                     policy: p,
+                    warp: calendars.get(i).cloned().flatten().map(Warp::new),
                 })
                 .collect(),
         }
@@ -224,9 +240,34 @@ impl Cells {
         ) else {
             return Decision::cannot_fit(0);
         };
-        store
-            .get_or_init(|| Store::new(scaled(&limits.policy, members), max_keys.max(1)))
-            .decide(&key, now, cost)
+        let store =
+            store.get_or_init(|| Store::new(scaled(&limits.policy, members), max_keys.max(1)));
+        self.decide_alone(policy, store, key, cost, now)
+    }
+
+    /// Decide `cost` for `key` at `now` in `store`, a store of policy number `policy`'s
+    /// keys decided by this node alone: on a calendar policy's clock, so that its fixed
+    /// windows are the calendar's periods.
+    pub(crate) fn decide_alone(
+        &self,
+        policy: u32,
+        store: &Store<u64>,
+        key: u64,
+        cost: u64,
+        now: Nanos,
+    ) -> Decision {
+        let warp = self
+            .policies
+            .get(policy as usize)
+            .and_then(|l| l.warp.as_ref());
+        let Some(warp) = warp else {
+            return store.decide(&key, now, cost);
+        };
+        let at = warp.at(now);
+        let mut decision = store.decide(&key, at.now, cost);
+        decision.reset_after_ns = at.real(decision.reset_after_ns);
+        decision.retry_after_ns = at.real(decision.retry_after_ns);
+        decision
     }
 
     /// Decide a request the node cannot take in time (its queue to the node is full, or the

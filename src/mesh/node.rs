@@ -38,7 +38,7 @@ use crate::mesh::locks::{Locks, MAX_LOCKOUT_NS};
 use crate::mesh::membership::Membership;
 use crate::mesh::message::{AuthorityState, Grant, Item, KeyRef};
 use crate::mesh::outbox::{Outbox, Transmit};
-use crate::policy::Policy;
+use crate::mesh::windows::MeshPolicy;
 use authorities::Authorities;
 use backups::Backups;
 use holdings::Holdings;
@@ -332,7 +332,11 @@ impl Node {
         let running = transfers.synced() && !config.joins;
         membership.set_syncing(!running);
         membership.set_digest(config.digest);
-        let cells = Arc::new(Cells::new(config.policies.clone(), config.max_keys));
+        let cells = Arc::new(Cells::with_calendars(
+            config.policies.clone(),
+            &config.calendars,
+            config.max_keys,
+        ));
         let g = config.gossip_interval_ns;
         let mut node = Node {
             membership_version: membership.version(),
@@ -354,7 +358,7 @@ impl Node {
             transfers,
             deferred: deferred::Deferred::default(),
             join: join::Join::new(&config, now),
-            limits: limits::Enforcement::new(config.policies.clone()),
+            limits: limits::Enforcement::new(config.policies.clone(), config.calendars.clone()),
             locks: Locks::default(),
             admin: admin::AdminQueue::default(),
             snapshots: snapshots::Snapshots::default(),
@@ -417,16 +421,16 @@ impl Node {
     }
 
     /// The policy number `index` is enforced with now, if there is one.
-    fn policy(&self, index: u32) -> Option<Policy> {
-        self.limits.enforced().get(index as usize).copied()
+    fn policy(&self, index: u32) -> Option<MeshPolicy> {
+        self.limits.of_policy(index)
     }
 
     /// The policy the state of `key` (its authority, its holding) is enforced with now:
     /// such state exists only for a policy the node has, and their number never changes.
-    fn enforced(&self, key: KeyRef) -> Policy {
+    fn enforced(&self, key: KeyRef) -> MeshPolicy {
         self.limits
             .of_key(&key)
-            .unwrap_or_else(|| self.limits.enforced()[key.policy as usize])
+            .unwrap_or_else(|| self.limits.enforced()[key.policy as usize].into())
     }
 
     fn holding_mut(&mut self, key: KeyRef) -> Option<&mut Holding> {
@@ -451,7 +455,7 @@ impl Node {
             return Admit::Now(Decision::cannot_fit(p.capacity()), None);
         }
         if !self.join.joined() {
-            return Admit::Now(self.joining_decide(kr, p, cost, now), None);
+            return Admit::Now(self.joining_decide(kr, *p, cost, now), None);
         }
         // A key beyond `max_keys` (a flood of new keys, or more keys in use than the node is
         // sized for): this node's share of the limit, with no gossip; the cluster then admits
@@ -510,7 +514,7 @@ impl Node {
                     let reset = if p.algorithm().is_rate_based() {
                         cost.saturating_mul(p.interval_ns())
                     } else {
-                        p.window_ns() - now % p.window_ns()
+                        p.window_at(now).end.saturating_sub(now)
                     };
                     let decision = Decision::allowed(p.capacity(), p.capacity() - cost, reset);
                     return Admit::Now(decision, None);

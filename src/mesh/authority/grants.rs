@@ -8,14 +8,15 @@ use crate::algorithm::sliding_window;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::message::HolderRecord;
-use crate::policy::{Algorithm, Policy};
+use crate::mesh::windows::MeshPolicy;
+use crate::policy::Algorithm;
 
 impl Authority {
     /// Serve a request of `need` tokens from `node` (whose report was applied just before):
     /// grant, wait for recalled tokens (until `deadline`), or deny with a retry time.
     pub(crate) fn request(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         now: Nanos,
         node: NodeId,
         incarnation: u64,
@@ -35,7 +36,7 @@ impl Authority {
     /// the rest waits for recalled tokens, or what is free with a denial of the rest.
     fn offer(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         now: Nanos,
         node: NodeId,
         incarnation: u64,
@@ -121,7 +122,14 @@ impl Authority {
         }
     }
 
-    fn enqueue(&mut self, policy: &Policy, now: Nanos, node: NodeId, need: u64, deadline: Nanos) {
+    fn enqueue(
+        &mut self,
+        policy: &MeshPolicy,
+        now: Nanos,
+        node: NodeId,
+        need: u64,
+        deadline: Nanos,
+    ) {
         let wake = now
             .saturating_add(self.retry_after(policy, now, need))
             .min(deadline);
@@ -142,7 +150,7 @@ impl Authority {
 
     fn grant(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         node: NodeId,
         incarnation: u64,
         tokens: u64,
@@ -153,7 +161,7 @@ impl Authority {
 
     fn grant_more(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         node: NodeId,
         incarnation: u64,
         tokens: u64,
@@ -194,7 +202,7 @@ impl Authority {
     /// tell (a recall brings it back; not from a holder that waits itself, which is never
     /// recalled), and, for a sliding window, the weight of what the previous window leased
     /// but may not have used (the final counts are on their way).
-    fn recoverable(&self, policy: &Policy, now: Nanos, except: NodeId) -> u64 {
+    fn recoverable(&self, policy: &MeshPolicy, now: Nanos, except: NodeId) -> u64 {
         let unspent_leases: u64 = self
             .holders
             .iter()
@@ -212,7 +220,7 @@ impl Authority {
                 .filter(|h| !h.previous_final && !is_retired(h))
                 .map(|h| h.previous_held)
                 .sum();
-            let w = policy.window_ns();
+            let w = policy.length_of(self.window);
             let elapsed = now.saturating_sub(self.start).min(w);
             (u128::from(unconfirmed) * u128::from(w - elapsed)).div_ceil(u128::from(w)) as u64
         } else {
@@ -226,7 +234,7 @@ impl Authority {
     /// it. At most once per `min_gap` ns.
     pub(crate) fn recall_targets(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         now: Nanos,
         min_gap: Nanos,
     ) -> Vec<(NodeId, u64)> {
@@ -261,7 +269,7 @@ impl Authority {
     /// Tell whether `now` falls between a window's end and the next one's start (after a
     /// handover the next window starts a little later): nothing is granted then, and a
     /// request that waits past its deadline meanwhile is denied for the gap, not for room.
-    pub(crate) fn between_windows(&self, policy: &Policy, now: Nanos) -> bool {
+    pub(crate) fn between_windows(&self, policy: &MeshPolicy, now: Nanos) -> bool {
         policy.algorithm().counts_per_window() && now >= self.end && now < self.next_start
     }
 
@@ -293,7 +301,7 @@ impl Authority {
     /// window), and deny those past their deadline; return the answers by node.
     pub(crate) fn serve_waiting(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         now: Nanos,
     ) -> Vec<(NodeId, u64, Answer)> {
         // A new window first: the records looked up below are then the ones granted from.
@@ -367,7 +375,7 @@ impl Authority {
     }
 
     /// Answer `node` with what it holds now, granting nothing (an acknowledgement).
-    pub(crate) fn current(&mut self, policy: &Policy, now: Nanos, node: NodeId) -> Answer {
+    pub(crate) fn current(&mut self, policy: &MeshPolicy, now: Nanos, node: NodeId) -> Answer {
         self.roll(policy, now);
         let granted = self
             .holders
@@ -422,18 +430,18 @@ impl Authority {
     }
 
     /// When `need` tokens could be had at the earliest (from `now`), in ns (at least 1 ms).
-    pub(crate) fn retry_after(&mut self, policy: &Policy, now: Nanos, need: u64) -> Nanos {
+    pub(crate) fn retry_after(&mut self, policy: &MeshPolicy, now: Nanos, need: u64) -> Nanos {
         self.until_room(policy, now, need).max(1_000_000)
     }
 
     /// How long until `need` tokens fit, from `now`, by the policy alone (no returns).
-    fn until_room(&mut self, policy: &Policy, now: Nanos, need: u64) -> Nanos {
+    fn until_room(&mut self, policy: &MeshPolicy, now: Nanos, need: u64) -> Nanos {
         let limit = policy.capacity();
         match policy.algorithm() {
             Algorithm::FixedWindow => self.next_start.saturating_sub(now),
             Algorithm::SlidingWindow => {
                 let allocated = self.allocated();
-                let w = policy.window_ns();
+                let w = policy.length_of(self.window);
                 let previous = self.counted_previous();
                 if allocated + need > limit || previous == 0 {
                     self.next_start.saturating_sub(now)

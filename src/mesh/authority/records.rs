@@ -22,7 +22,7 @@ use crate::mesh::NodeId;
 use crate::mesh::membership::mix;
 use crate::mesh::message::{HolderRecord, Want};
 use crate::mesh::tally::Tally;
-use crate::policy::Policy;
+use crate::mesh::windows::MeshPolicy;
 
 /// How many retired records a bucket keeps (72 bytes each; a window keeps its own until
 /// they count nothing, two windows at most).
@@ -80,7 +80,7 @@ impl Authority {
     /// upper bound), as the older state would have rolled them: a sliding window weighs
     /// them, and a state that rolled apart from the other must not forget what was admitted
     /// there.
-    pub(crate) fn merge(&mut self, policy: &Policy, other: &Authority) {
+    pub(crate) fn merge(&mut self, policy: &MeshPolicy, other: &Authority) {
         if policy.algorithm().counts_per_window() && other.window != self.window {
             let (newer, older) = if other.window > self.window {
                 (other, &*self)
@@ -182,7 +182,7 @@ impl Authority {
 
     pub(super) fn record_mut(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         node: NodeId,
         incarnation: u64,
     ) -> &mut HolderRecord {
@@ -208,7 +208,7 @@ impl Authority {
 
     /// A holder is gone (dead, left, or restarted): whatever it did not report counts as
     /// spent until it does, and a bucket's burst is no longer held back for it.
-    pub(crate) fn forget_holder(&mut self, policy: &Policy, node: NodeId) {
+    pub(crate) fn forget_holder(&mut self, policy: &MeshPolicy, node: NodeId) {
         if let Some(i) = self.live_index(node) {
             self.forget_holder_at(policy, i);
             self.version += 1;
@@ -219,7 +219,11 @@ impl Authority {
     /// Retire the live records of the holders `alive` does not count as live members (by
     /// node and incarnation): a state that came from another node may still hold records of
     /// holders this node knows are gone.
-    pub(crate) fn retire_departed(&mut self, policy: &Policy, alive: impl Fn(NodeId, u64) -> bool) {
+    pub(crate) fn retire_departed(
+        &mut self,
+        policy: &MeshPolicy,
+        alive: impl Fn(NodeId, u64) -> bool,
+    ) {
         let gone: Vec<NodeId> = self
             .holders
             .iter()
@@ -231,13 +235,13 @@ impl Authority {
         }
     }
 
-    fn forget_holder_at(&mut self, policy: &Policy, i: usize) {
+    fn forget_holder_at(&mut self, policy: &MeshPolicy, i: usize) {
         let h = self.holders.remove(i);
         self.retire(policy, h);
     }
 
     /// Keep `h`'s holding as a retired record.
-    fn retire(&mut self, policy: &Policy, h: HolderRecord) {
+    fn retire(&mut self, policy: &MeshPolicy, h: HolderRecord) {
         if is_retired(&h) {
             self.keep_retired(policy, h);
             return;
@@ -258,7 +262,7 @@ impl Authority {
     /// shows the holding live took its grants from the same level) and to take back what a
     /// late report gives back: it keeps [`MAX_RETIRED`] of them, those with nothing
     /// unreported first.
-    fn keep_retired(&mut self, policy: &Policy, ghost: HolderRecord) {
+    fn keep_retired(&mut self, policy: &MeshPolicy, ghost: HolderRecord) {
         match self.holders.binary_search_by_key(&ghost.node, |h| h.node) {
             Ok(i) => absorb(&mut self.holders[i], &ghost),
             Err(i) => {
@@ -293,7 +297,7 @@ impl Authority {
     /// (tokens given back, a final count).
     pub(crate) fn report(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         now: Nanos,
         node: NodeId,
         incarnation: u64,
@@ -361,7 +365,7 @@ impl Authority {
     /// again. A bucket holds its burst back again for what the holding was leased and did
     /// not report: those tokens never went back into the level, but while the holding was
     /// retired the level may have refilled into their room, which it gives up.
-    fn revive(&mut self, policy: &Policy, g: usize, node: NodeId, incarnation: u64) {
+    fn revive(&mut self, policy: &MeshPolicy, g: usize, node: NodeId, incarnation: u64) {
         let ghost = self.holders.remove(g);
         if let Some(i) = self.live_index(node) {
             // An older holding of the node, live here: it is over.
@@ -389,7 +393,7 @@ impl Authority {
     /// acknowledged.
     fn apply_counts(
         &mut self,
-        policy: &Policy,
+        policy: &MeshPolicy,
         now: Nanos,
         i: usize,
         want: &Want,

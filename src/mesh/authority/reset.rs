@@ -10,7 +10,7 @@
 use super::{Authority, is_retired};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
-use crate::policy::Policy;
+use crate::mesh::windows::MeshPolicy;
 
 /// A key's authority as the admin API shows it, at one instant on the owner's clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub(crate) struct View {
 
 impl Authority {
     /// The key's state at `now`.
-    pub(crate) fn view(&mut self, policy: &Policy, now: Nanos) -> View {
+    pub(crate) fn view(&mut self, policy: &MeshPolicy, now: Nanos) -> View {
         let available = self.available(policy, now);
         let holders: Vec<(NodeId, u64, u64)> = self
             .holders
@@ -74,7 +74,7 @@ impl Authority {
     /// Reset the key at `now`: forgive what the current window counted beyond what its
     /// holders still hold (windows; a sliding window forgets its previous window too), or
     /// fill the bucket to what its leases leave. Return the window and what it forgave.
-    pub(crate) fn reset(&mut self, policy: &Policy, now: Nanos) -> (u64, u64) {
+    pub(crate) fn reset(&mut self, policy: &MeshPolicy, now: Nanos) -> (u64, u64) {
         self.version += 1;
         self.dirty = true;
         if policy.algorithm().counts_per_window() {
@@ -121,6 +121,7 @@ mod tests {
     use super::*;
     use crate::mesh::authority::tests::{KEY, want as want_of};
     use crate::mesh::message::Want;
+    use crate::policy::Policy;
 
     const S: Nanos = 1_000_000_000;
 
@@ -130,7 +131,7 @@ mod tests {
 
     #[test]
     fn a_reset_forgives_what_was_spent_and_keeps_what_is_leased() {
-        let policy = Policy::fixed_window(10, Duration::from_secs(60)).unwrap();
+        let policy = MeshPolicy::from(Policy::fixed_window(10, Duration::from_secs(60)).unwrap());
         let now = 60 * S;
         let mut a = Authority::fresh(KEY, &policy, now);
         a.report(&policy, now, 2, 1, &want(1, 0, 0), true);
@@ -152,7 +153,7 @@ mod tests {
 
     #[test]
     fn a_reset_fills_a_bucket_to_what_its_leases_leave() {
-        let policy = Policy::token_bucket(1, Duration::from_secs(1), 10).unwrap();
+        let policy = MeshPolicy::from(Policy::token_bucket(1, Duration::from_secs(1), 10).unwrap());
         let mut a = Authority::fresh(KEY, &policy, S);
         a.report(&policy, S, 2, 1, &want(0, 0, 0), true);
         a.request(&policy, S, 2, 1, 10, 0);

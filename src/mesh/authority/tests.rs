@@ -40,7 +40,7 @@ fn granted(answer: Answer) -> (u64, Nanos) {
 
 #[test]
 fn a_fixed_window_never_leases_more_than_the_limit() {
-    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::fixed_window(100, Duration::from_secs(1)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     let mut total = 0;
     for i in 0..300u64 {
@@ -70,7 +70,7 @@ fn a_fixed_window_never_leases_more_than_the_limit() {
 
 #[test]
 fn a_sliding_window_weighs_the_previous_window_and_corrects_it_with_final_counts() {
-    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::sliding_window(100, Duration::from_secs(1)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(a.request(&policy, 10 * S, 1, 1, 80, 0));
@@ -88,7 +88,7 @@ fn states_that_rolled_apart_merge_both_counts_of_the_window_before() {
     // A partition: each side's state of the key leased 8 of 20 in window 10; the majority's
     // rolled to window 11 before they met again. Whichever merges into which, window 11
     // weighs all 16.
-    let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::sliding_window(20, Duration::from_secs(1)).unwrap());
     let mut majority = Authority::fresh(KEY, &policy, 10 * S);
     let mut minority = majority.clone();
     majority.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 0), true);
@@ -123,7 +123,7 @@ fn states_that_rolled_apart_merge_both_counts_of_the_window_before() {
 fn a_final_count_above_the_lease_here_raises_the_previous_window() {
     // The holder spent 5 leased here and 4 leased by a state kept apart by a partition: its
     // final count of 9 weighs, not the 5 this state leased it.
-    let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::sliding_window(20, Duration::from_secs(1)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(a.request(&policy, 10 * S, 1, 1, 5, 0));
@@ -136,7 +136,7 @@ fn a_final_count_above_the_lease_here_raises_the_previous_window() {
 
 #[test]
 fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
-    let policy = Policy::sliding_window(20, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::sliding_window(20, Duration::from_secs(1)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(10, 0, 0, 0), true);
     granted(a.request(&policy, 10 * S, 1, 1, 5, 0));
@@ -151,7 +151,7 @@ fn a_dead_holders_closed_lease_still_weighs_as_the_previous_window() {
 
 #[test]
 fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
-    let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+    let policy = MeshPolicy::from(Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(&policy, 10 * S, 1, 1, 60, 0));
@@ -171,7 +171,7 @@ fn a_bucket_refills_but_never_above_the_burst_less_the_leases() {
 
 #[test]
 fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
-    let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+    let policy = MeshPolicy::from(Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     assert_eq!(a.available(&policy, 10 * S), 100);
     // A holder leased 715 tokens from an earlier state of this key, gave 91 back and
@@ -190,7 +190,7 @@ fn a_fresh_bucket_state_neither_refunds_old_returns_nor_forgets_held_tokens() {
 
 #[test]
 fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
-    let policy = Policy::fixed_window(10, Duration::from_secs(3600)).unwrap();
+    let policy = MeshPolicy::from(Policy::fixed_window(10, Duration::from_secs(3600)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(&policy, 10 * S, 1, 1, 10, 0));
@@ -229,14 +229,14 @@ fn a_request_waits_for_recalled_tokens_instead_of_a_denial() {
 
 #[test]
 fn leases_follow_demand_and_shrink_near_the_limit() {
-    let policy = Policy::fixed_window(10_000, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::fixed_window(10_000, Duration::from_secs(1)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     // 10 tokens per round: plenty of room, a long lease.
     a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 160), true);
     let (g, _) = granted(a.request(&policy, 10 * S, 1, 1, 1, 0));
     assert_eq!(g, 1 + 250);
     // Near the limit: at most half of the headroom.
-    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::fixed_window(100, Duration::from_secs(1)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 160), true);
     let (g, _) = granted(a.request(&policy, 10 * S, 1, 1, 1, 0));
@@ -245,7 +245,7 @@ fn leases_follow_demand_and_shrink_near_the_limit() {
 
 #[test]
 fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
-    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::fixed_window(100, Duration::from_secs(1)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(&policy, 10 * S, 1, 1, 30, 0));
@@ -274,7 +274,7 @@ fn a_taken_over_state_ends_its_window_no_later_than_the_sender() {
 #[test]
 fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial() {
     const MS: Nanos = 1_000_000;
-    let policy = Policy::sliding_window(100, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::sliding_window(100, Duration::from_secs(1)).unwrap());
     for hold in [0, 20 * MS] {
         let mut a = Authority::fresh(KEY, &policy, 10 * S).with_hold(hold);
         a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
@@ -321,7 +321,7 @@ fn a_request_that_room_reaches_within_the_hold_waits_for_it_instead_of_a_denial(
 
 #[test]
 fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
-    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::fixed_window(100, Duration::from_secs(1)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(&policy, 10 * S, 1, 1, 58, 0));
@@ -344,7 +344,7 @@ fn a_denied_holder_is_not_leased_what_serves_none_of_its_requests() {
 
 #[test]
 fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it() {
-    let policy = Policy::fixed_window(100, Duration::from_secs(1)).unwrap();
+    let policy = MeshPolicy::from(Policy::fixed_window(100, Duration::from_secs(1)).unwrap());
     let a = Authority::fresh(KEY, &policy, 10 * S);
     // B's clock is 5 s behind A's, known within 20 ms: B ends window 10 at 5.98 s and
     // begins window 11 at 6.02 s.
@@ -372,7 +372,7 @@ fn a_state_passed_on_twice_never_begins_the_next_window_before_any_holder_of_it(
 #[test]
 fn a_denial_counts_from_what_the_holders_lease_already_holds() {
     // 100 tokens a second: one every 10 ms.
-    let policy = Policy::token_bucket(100, Duration::from_secs(1), 10).unwrap();
+    let policy = MeshPolicy::from(Policy::token_bucket(100, Duration::from_secs(1), 10).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
     granted(a.request(&policy, 10 * S, 1, 1, 10, 0));
@@ -389,7 +389,7 @@ fn a_denial_counts_from_what_the_holders_lease_already_holds() {
 #[test]
 fn a_bucket_gives_back_the_refill_its_cap_held_back_for_tokens_spent_before_the_report() {
     // 100 tokens a second, burst 100: one token every 10 ms.
-    let policy = Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap();
+    let policy = MeshPolicy::from(Policy::token_bucket(100, Duration::from_secs(1), 100).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     a.report(&policy, 10 * S, 1, 1, &want(0, 0, 0, 0), true);
     a.report(&policy, 10 * S, 2, 1, &want(0, 0, 0, 0), true);
@@ -438,7 +438,7 @@ fn a_backup_is_idle_exactly_when_its_takeover_would_be() {
         Policy::token_bucket(100, Duration::from_secs(1), 50).unwrap(),
     ];
     let mut idle_seen = 0;
-    for policy in policies {
+    for policy in policies.map(MeshPolicy::from) {
         for spent_all in [false, true] {
             // An authority that leased some tokens to node 1, which spent part or all of them.
             let mut a = Authority::fresh(KEY, &policy, 10 * S);
@@ -469,7 +469,7 @@ fn a_backup_is_idle_exactly_when_its_takeover_would_be() {
 
 #[test]
 fn a_holder_that_stops_waiting_leaves_the_queue_and_its_lease_may_be_recalled() {
-    let policy = Policy::fixed_window(23, Duration::from_secs(3600)).unwrap();
+    let policy = MeshPolicy::from(Policy::fixed_window(23, Duration::from_secs(3600)).unwrap());
     let mut a = Authority::fresh(KEY, &policy, 10 * S);
     // Node 2 took 16 and spent 10 of them; node 1 holds 7 and waits for 9 more: the 6
     // node 2 holds may come back for it.
@@ -523,4 +523,37 @@ fn a_holder_that_stops_waiting_leaves_the_queue_and_its_lease_may_be_recalled() 
     old.seq = 0;
     a.report(&policy, 10 * S + 3, 3, 1, &old, true);
     assert!(a.has_waiters());
+}
+
+#[test]
+fn a_calendar_authority_rolls_to_the_period_of_now_placed_as_its_windows_are() {
+    use crate::algorithm::calendar::{Calendar, CalendarWindow};
+    let month = Policy::fixed_window(100, Duration::from_secs(31 * 86_400)).unwrap();
+    let utc = CalendarWindow::from_zone_name(Calendar::Month, "UTC").unwrap();
+    let policy = MeshPolicy::new(month, Some(utc));
+    // 2028-02-15, then 2028-05-10 (three months idle): May 2028 exactly.
+    let (may, june) = (1_840_752_000 * S, 1_843_430_400 * S);
+    let mut a = Authority::fresh(KEY, &policy, 1_834_185_600 * S);
+    let feb = a.frame().0;
+    a.report(&policy, 1_834_185_600 * S, 1, 1, &want(feb, 0, 0, 4), true);
+    granted(a.request(&policy, 1_834_185_600 * S, 1, 1, 60, 0));
+    assert_eq!(a.available(&policy, 1_841_529_600 * S), 100);
+    assert_eq!(a.frame(), (feb + 3, may, june));
+    // An authority taken over from a node whose clock is 2 s behind places its windows
+    // 2 s later here (each begins no earlier than it did there), period after period.
+    let behind = Offset {
+        offset: -2_000_000_000,
+        error: 0,
+        round_trip: 0,
+    };
+    let mut b = Authority::from_state(&a.state(), &policy, behind, may + 10 * S);
+    assert_eq!(b.frame(), (feb + 3, may + 2 * S, june + 2 * S));
+    b.available(&policy, june + S);
+    assert_eq!(b.frame().0, feb + 3, "June has not begun on this clock");
+    b.available(&policy, june + 3 * S);
+    // July 2028 begins 30 days after June.
+    assert_eq!(
+        b.frame(),
+        (feb + 4, june + 2 * S, june + 30 * 86_400 * S + 2 * S)
+    );
 }

@@ -6,6 +6,7 @@ use crate::mesh::NodeId;
 use crate::mesh::authority::Authority;
 use crate::mesh::keymap::FixedMap;
 use crate::mesh::message::KeyRef;
+use crate::mesh::windows::MeshPolicy;
 use crate::policy::Policy;
 
 /// A node's authorities, and the ones whose backup is due.
@@ -61,7 +62,7 @@ impl Authorities {
         &mut self,
         key: KeyRef,
         incoming: Authority,
-        policy: &Policy,
+        policy: &MeshPolicy,
     ) -> &mut Authority {
         match self.map.entry(key) {
             std::collections::hash_map::Entry::Occupied(kept) => {
@@ -136,7 +137,7 @@ impl Authorities {
     /// policy each key is enforced with.
     pub(super) fn forget_holder(
         &mut self,
-        policy_of: impl Fn(&KeyRef) -> Option<Policy>,
+        policy_of: impl Fn(&KeyRef) -> Option<MeshPolicy>,
         node: NodeId,
     ) {
         for (key, a) in self.map.iter_mut() {
@@ -188,7 +189,7 @@ mod tests {
 
     #[test]
     fn each_changed_authority_is_backed_up_once_in_key_order() {
-        let policy = Policy::fixed_window(10, Duration::from_secs(1)).unwrap();
+        let policy = MeshPolicy::from(Policy::fixed_window(10, Duration::from_secs(1)).unwrap());
         let mut authorities = Authorities::default();
         for key in keys(6) {
             authorities.insert(key, Authority::fresh(key, &policy, 0));

@@ -1,5 +1,6 @@
 //! A node's configuration and the errors that refuse it.
 
+use crate::algorithm::calendar::{Calendar, CalendarWindow, ParseCalendarError};
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
@@ -60,6 +61,9 @@ pub struct NodeConfig {
     /// grants nothing of the key for that long, cluster-wide, and the lockout outlives the
     /// authority's node (its successor keeps it).
     pub lockouts: Vec<Nanos>,
+    /// Each window policy's calendar (by the policies' index; missing or `None`: windows
+    /// of its length from the UNIX epoch), set by [`NodeConfig::set_calendar`].
+    pub(crate) calendars: Vec<Option<CalendarWindow>>,
 }
 
 /// How a node decides the mesh policies before it has joined its cluster.
@@ -117,7 +121,49 @@ impl NodeConfig {
             digest: 0,
             first_credit: 0,
             lockouts: Vec::new(),
+            calendars: Vec::new(),
         }
+    }
+
+    /// Count policy `index`'s windows as calendar periods of `time_zone` (an IANA name such
+    /// as `"Europe/Paris"`, or `"UTC"`): `period` is `"day"`, `"week"` (ISO, from Monday),
+    /// `"month"` or `"year"`, each from the zone's local midnight to the next period's. The
+    /// policy is a fixed or sliding window whose length is the period's nominal one (a day,
+    /// 7 days, 31 days, 366 days), as `calendar` in a policy file makes it; every node must
+    /// set the same calendars (they are part of the configuration the nodes share).
+    pub fn set_calendar(
+        &mut self,
+        index: usize,
+        period: &str,
+        time_zone: &str,
+    ) -> Result<(), MeshError> {
+        let fail = |reason: String| MeshError::Calendar { index, reason };
+        let policy = self
+            .policies
+            .get(index)
+            .ok_or_else(|| fail("no such policy".into()))?;
+        let calendar: Calendar = period
+            .parse()
+            .map_err(|e: ParseCalendarError| fail(e.to_string()))?;
+        if !policy.algorithm().counts_per_window() {
+            return Err(fail(
+                "calendar periods are for fixed-window and sliding-window policies".into(),
+            ));
+        }
+        if policy.window_ns() != calendar.nominal_ns() {
+            return Err(fail(format!(
+                "a calendar {calendar}'s policy has a window of {} ns, got {}",
+                calendar.nominal_ns(),
+                policy.window_ns()
+            )));
+        }
+        let windows =
+            CalendarWindow::from_zone_name(calendar, time_zone).map_err(|e| fail(e.to_string()))?;
+        if self.calendars.len() <= index {
+            self.calendars.resize(index + 1, None);
+        }
+        self.calendars[index] = Some(windows);
+        Ok(())
     }
 
     /// Return the tokens a request for a key this node holds nothing of may be admitted
@@ -193,6 +239,14 @@ pub enum MeshError {
         index: usize,
         /// Why.
         reason: &'static str,
+    },
+    /// A calendar a policy cannot take.
+    #[error("policy {index}: calendar: {reason}")]
+    Calendar {
+        /// The policy's index.
+        index: usize,
+        /// What is wrong.
+        reason: String,
     },
     /// A setting out of range.
     #[error("{field}: {reason}")]

@@ -175,9 +175,10 @@ impl Node {
                 }
                 let members = self.membership.configured().max(self.join.expected);
                 let max_keys = self.config.max_keys.max(1);
-                self.join.stores[index]
-                    .get_or_insert_with(|| Store::new(scaled(&policy, members), max_keys))
-                    .decide(&key.key, now, cost)
+                let store = self.join.stores[index]
+                    .get_or_insert_with(|| Store::new(scaled(&policy, members), max_keys));
+                self.cells
+                    .decide_alone(key.policy, store, key.key, cost, now)
             }
         }
     }

@@ -14,11 +14,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Event, MeshError, Node};
+use crate::algorithm::calendar::CalendarWindow;
 use crate::clock::Nanos;
 use crate::mesh::NodeId;
 use crate::mesh::holder::Holding;
 use crate::mesh::lease::MAX_LEASE_TOKENS;
 use crate::mesh::message::{Item, KeyRef, PolicyLimits};
+use crate::mesh::windows::MeshPolicy;
 use crate::policy::Policy;
 
 /// The policies a node was given, and its peers' where their configurations differ.
@@ -34,12 +36,16 @@ pub(super) struct Enforcement {
     differ: BTreeMap<NodeId, Option<Vec<PolicyLimits>>>,
     /// Keys enforced with a limit of their own (the admin API's overrides).
     overrides: HashMap<KeyRef, u64>,
+    /// Each policy's calendar, where its windows are calendar periods (fixed while the
+    /// nodes run, as a window's length is).
+    calendars: Vec<Option<CalendarWindow>>,
 }
 
 impl Enforcement {
-    pub(super) fn new(own: Vec<Policy>) -> Self {
+    pub(super) fn new(own: Vec<Policy>, calendars: Vec<Option<CalendarWindow>>) -> Self {
         Enforcement {
             enforced: own,
+            calendars,
             ..Enforcement::default()
         }
     }
@@ -52,15 +58,30 @@ impl Enforcement {
     /// The policy `key` is enforced with now: its policy's, or its override's limit
     /// (a window keeps its length, a bucket its time to fill); `None` for a policy the node
     /// does not have.
-    pub(super) fn of_key(&self, key: &KeyRef) -> Option<Policy> {
-        let policy = *self.enforced.get(key.policy as usize)?;
-        if self.overrides.is_empty() {
-            return Some(policy);
-        }
-        Some(match self.overrides.get(key) {
+    pub(super) fn of_key(&self, key: &KeyRef) -> Option<MeshPolicy> {
+        let index = key.policy as usize;
+        let policy = *self.enforced.get(index)?;
+        let overridden = match self.overrides.is_empty() {
+            true => None,
+            false => self.overrides.get(key),
+        };
+        let policy = match overridden {
             Some(&limit) => policy.with_limit(limit).unwrap_or(policy),
             None => policy,
-        })
+        };
+        Some(MeshPolicy::new(
+            policy,
+            self.calendars.get(index).cloned().flatten(),
+        ))
+    }
+
+    /// Policy number `index` as enforced now, with its windows.
+    pub(super) fn of_policy(&self, index: u32) -> Option<MeshPolicy> {
+        let policy = *self.enforced.get(index as usize)?;
+        Some(MeshPolicy::new(
+            policy,
+            self.calendars.get(index as usize).cloned().flatten(),
+        ))
     }
 }
 

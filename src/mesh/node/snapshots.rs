@@ -18,6 +18,7 @@ use crate::clock::Nanos;
 use crate::mesh::authority::Authority;
 use crate::mesh::message::{AuthorityState, KeyRef};
 use crate::mesh::timing::Offset;
+use crate::mesh::windows::MeshPolicy;
 use crate::mesh::wire;
 use crate::policy::Policy;
 
@@ -172,7 +173,7 @@ impl Node {
     pub(super) fn take_restored(
         &mut self,
         key: &KeyRef,
-        policy: &Policy,
+        policy: &MeshPolicy,
         now: Nanos,
     ) -> Option<Authority> {
         let state = self.snapshots.restored.remove(key)?;

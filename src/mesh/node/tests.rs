@@ -5,6 +5,7 @@
 //! key's lone request costs the items the cost model counts.
 
 mod admin;
+mod calendar;
 mod cluster;
 mod credit;
 mod frames;
@@ -49,6 +50,8 @@ pub(super) struct Cluster {
     denied: Vec<u64>,
     /// The policy's lockout in ns (0: none), for the nodes started again.
     lockout: u64,
+    /// The policy's calendar period and time zone, for the nodes started again.
+    calendar: Option<(&'static str, &'static str)>,
 }
 
 impl Cluster {
@@ -81,6 +84,7 @@ impl Cluster {
             admitted: vec![0; n],
             denied: vec![0; n],
             lockout: 0,
+            calendar: None,
         };
         c.run_ms(100);
         c
@@ -193,6 +197,9 @@ impl Cluster {
     fn restart(&mut self, i: usize) {
         let mut config = config(i, self.n, self.now, self.policy);
         config.lockouts = vec![self.lockout];
+        if let Some((period, zone)) = self.calendar {
+            config.set_calendar(0, period, zone).unwrap();
+        }
         self.nodes[i] = Some(Node::new(config, self.now).unwrap());
         self.deliver();
     }
