@@ -85,10 +85,10 @@ fn memory_at_1024() {
     let s = SpaceSaving::new(1024);
     assert_eq!(
         s.memory_bytes(),
-        size_of::<SpaceSaving>() + 4096 * 4 + (1024 + 64) * 32 + 1024 * (4 + 4)
+        size_of::<SpaceSaving>() + 8192 * 4 + (1024 + 64) * 32 + 1024 * (4 + 4)
     );
     if cfg!(target_pointer_width = "64") {
-        assert_eq!(s.memory_bytes(), 59_504);
+        assert_eq!(s.memory_bytes(), 75_888);
     }
     assert_eq!(
         Recent::new(1024, 1).memory_bytes(),
