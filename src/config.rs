@@ -90,7 +90,8 @@ use limits::check_limits_something;
 pub use matching::{HostPattern, MAX_PATTERN_SEGMENTS, PathPattern, RouteMatch, Segment};
 use named_policy::build_policy;
 pub use named_policy::{
-    Backend, FailMode, MAX_BLOCK_FOR, MAX_TOKEN_CACHE_TTL, NamedPolicy, TokenCacheConfig,
+    Backend, DEFAULT_MAX_HOLD, FailMode, MAX_BLOCK_FOR, MAX_MAX_HOLD, MAX_TOKEN_CACHE_TTL,
+    NamedPolicy, TokenCacheConfig,
 };
 pub use outcome::StatusSet;
 pub use plans::Plans;

@@ -12,6 +12,7 @@ pub(crate) mod headers;
 pub(crate) mod identity;
 mod layer;
 pub(crate) mod sf;
+mod slots;
 
 pub use answer::DenialHook;
 #[cfg(feature = "node")]

@@ -1,6 +1,7 @@
 //! Giving a charge back in Redis, against a real redis-server that each test starts: every
 //! algorithm's refund undoes one charge and no more, a window's charge is kept once its
-//! window is over (or when the refund cannot tell it from the window before), and the rules
+//! window is over (or when the refund cannot tell it from the window before) while a log's
+//! is given back until it leaves the log, and the rules
 //! give back an earlier `redis` policy's charge when a later one denies the request.
 
 use std::sync::Arc;
@@ -72,7 +73,6 @@ async fn a_windows_charge_is_kept_once_its_window_is_over_or_cannot_be_told_apar
     for policy in [
         Policy::fixed_window(3, window).unwrap(),
         Policy::sliding_window(3, window).unwrap(),
-        Policy::sliding_log(3, window).unwrap(),
     ] {
         let name = policy.algorithm().name();
         let redis = RedisLimiter::new(connection(&server), policy).unwrap();
@@ -113,14 +113,47 @@ async fn a_windows_charge_is_kept_once_its_window_is_over_or_cannot_be_told_apar
             redis.refund_at(&key, 1, 9, Some(now)).await.unwrap(),
             "{name}"
         );
-        // Nothing more than what was charged goes back (a sliding log finds no entry).
-        if name == "sliding-log" {
-            for _ in 0..3 {
-                redis.refund_at(&key, 1, 9, Some(now)).await.unwrap();
-            }
-            assert!(!redis.refund_at(&key, 1, 9, Some(now)).await.unwrap());
-        }
     }
+    // A log has no windows to cross: a charge at the end of one span of its length is given
+    // back in the next, and nothing more than what was charged goes back.
+    let redis =
+        RedisLimiter::new(connection(&server), Policy::sliding_log(3, window).unwrap()).unwrap();
+    let key = redis_key("test", "sliding-log", "boundaries", None);
+    let late = start + window_us - 5;
+    assert!(
+        redis
+            .check_at(&key, 1, Some(late))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        redis
+            .refund_at(&key, 1, 20, Some(start + window_us + 5))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !redis
+            .refund_at(&key, 1, 20, Some(start + window_us + 6))
+            .await
+            .unwrap(),
+        "one charge, one refund"
+    );
+    // An entry that left the log is never taken for the refund of a later charge.
+    assert!(
+        redis
+            .check_at(&key, 1, Some(late + 1))
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(
+        !redis
+            .refund_at(&key, 1, 20, Some(late + 1 + window_us))
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test]

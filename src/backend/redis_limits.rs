@@ -195,9 +195,15 @@ impl ExactLimits for RedisLimits {
     ) -> RefundFuture<'a> {
         Box::pin(async move {
             let (named, rkey) = self.keyed(policy, key, route).map_err(ExactError::new)?;
-            // The charge was made after `sent` and before now (a microsecond more covers
-            // the rounding).
-            let within_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+            // The charge was made after `sent`: within what has gone by since, measured on
+            // this clock, plus the trip this refund is about to make, which Redis's clock
+            // counts too and this one cannot (a refund queued behind other commands found
+            // nothing to give back). Twice the time gone by, and 10 ms more, covers a trip
+            // as long as the whole call took. Reaching further back is never more: a window's
+            // charge near its start is kept, and a log loses its earliest entry in reach,
+            // which may be older than the call's own (the newer one left counts longer).
+            let elapsed = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let within_us = elapsed.saturating_mul(2).saturating_add(10_000);
             let overridden = self.overridden(policy, key);
             let limiter = overridden.as_deref().unwrap_or(&named.limiter);
             if let Some(warp) = &named.warp {

@@ -474,6 +474,7 @@ impl Walk<'_, '_> {
             shadow: d.shadow_mode,
             time_zone: None,
             calendar: None,
+            max_hold: None,
             token_cache: None,
             by: None,
             on_missing: Default::default(),

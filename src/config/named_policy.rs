@@ -67,6 +67,10 @@ pub struct NamedPolicy {
     pub count_when: Option<StatusSet>,
     /// Once the policy denies a key, deny it for this long (`block_for`, a lockout).
     pub block_for: Option<Duration>,
+    /// A concurrency policy (`algorithm = "concurrency"`): each admitted request holds its
+    /// cost in slots until its response ends (its body sent, the client gone, or the
+    /// service failed), at most this long (`max_hold`), after which the slot is reclaimed.
+    pub max_hold: Option<Duration>,
 }
 
 /// The local token cache of a `redis` token bucket or GCRA policy
@@ -78,6 +82,12 @@ pub struct TokenCacheConfig {
     /// How long cached tokens may be spent after Redis granted them.
     pub ttl: Duration,
 }
+
+/// A concurrency policy's `max_hold` unless the file gives one.
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(5 * 60);
+
+/// The longest `max_hold`.
+pub const MAX_MAX_HOLD: Duration = Duration::from_secs(24 * 3600);
 
 /// The longest `block_for`.
 pub const MAX_BLOCK_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -171,6 +181,12 @@ pub(super) fn build_policy(
             unused(key, present)?;
         }
         let limit = required("limit", raw.limit)?;
+        if raw.algorithm == AlgorithmName::Concurrency {
+            unused("window", raw.window.is_some())?;
+            unused("calendar", calendar.is_some())?;
+        } else {
+            unused("max_hold", raw.max_hold.is_some())?;
+        }
         let window = match calendar {
             Some(calendar) => {
                 if raw.window.is_some() {
@@ -191,13 +207,30 @@ pub(super) fn build_policy(
                 }
                 Duration::from_nanos(calendar.nominal_ns())
             }
+            None if raw.algorithm == AlgorithmName::Concurrency => {
+                let hold = match &raw.max_hold {
+                    Some(text) => parse_duration(text).map_err(|r| fail("max_hold", r))?,
+                    None => DEFAULT_MAX_HOLD,
+                };
+                if hold < Duration::from_secs(1) || hold > MAX_MAX_HOLD {
+                    return Err(fail(
+                        "max_hold",
+                        format!("between 1s and {MAX_MAX_HOLD:?}, got {hold:?}"),
+                    ));
+                }
+                hold
+            }
             None => duration("window", &raw.window)?,
         };
         let global = raw.backend == Backend::Mesh;
         match raw.algorithm {
             AlgorithmName::FixedWindow if global => Policy::global_fixed_window(limit, window),
             AlgorithmName::FixedWindow => Policy::fixed_window(limit, window),
-            AlgorithmName::SlidingLog => Policy::sliding_log(limit, window),
+            // Slots as entries of a log of the last `max_hold`: a response's end takes its
+            // entry out, and an entry left past `max_hold` leaves by itself.
+            AlgorithmName::SlidingLog | AlgorithmName::Concurrency => {
+                Policy::sliding_log(limit, window)
+            }
             _ if global => Policy::global_sliding_window(limit, window),
             _ => Policy::sliding_window(limit, window),
         }
@@ -252,6 +285,14 @@ pub(super) fn build_policy(
                 return Err(fail(
                     "backend",
                     "backend `mesh` needs ratemesh built with its `mesh` feature".into(),
+                ));
+            }
+            if raw.algorithm == AlgorithmName::Concurrency {
+                return Err(fail(
+                    "backend",
+                    "the mesh does not share concurrency policies: use `local` (per node) or \
+                     `redis` (cluster-wide)"
+                        .into(),
                 ));
             }
             #[cfg(feature = "mesh")]
@@ -378,6 +419,26 @@ pub(super) fn build_policy(
             Some(block)
         }
     };
+    let max_hold = (raw.algorithm == AlgorithmName::Concurrency).then(|| policy.window_ns());
+    if max_hold.is_some() {
+        let refuse = |key: &str, reason: &str| Err(fail(key, reason.into()));
+        match () {
+            _ if raw.shadow => refuse("shadow", "a concurrency policy enforces or is left out")?,
+            _ if raw.count_when.is_some() => refuse(
+                "count_when",
+                "a concurrency policy gives every slot back when the response ends, whatever its status",
+            )?,
+            _ if raw.block_for.is_some() => {
+                refuse("block_for", "a concurrency policy locks no key out")?
+            }
+            _ if raw.token_cache.is_some() => refuse(
+                "token_cache",
+                "a token cache needs a token-bucket or gcra policy",
+            )?,
+            _ => {}
+        }
+    }
+    let max_hold = max_hold.map(Duration::from_nanos);
     Ok(NamedPolicy {
         name: name.to_string(),
         policy,
@@ -391,6 +452,7 @@ pub(super) fn build_policy(
         on_missing: raw.on_missing.unwrap_or_default(),
         count_when,
         block_for,
+        max_hold,
     })
 }
 
@@ -458,6 +520,7 @@ fn algorithm_name(algorithm: AlgorithmName) -> &'static str {
         AlgorithmName::FixedWindow => "fixed-window",
         AlgorithmName::SlidingLog => "sliding-log",
         AlgorithmName::SlidingWindow => "sliding-window",
+        AlgorithmName::Concurrency => "concurrency",
     }
 }
 
@@ -471,7 +534,7 @@ fn policy_error_field(error: &PolicyError) -> &'static str {
 }
 
 /// The algorithms as the file names them.
-#[derive(Deserialize, Clone, Copy)]
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 enum AlgorithmName {
     TokenBucket,
@@ -481,6 +544,7 @@ enum AlgorithmName {
     FixedWindow,
     SlidingLog,
     SlidingWindow,
+    Concurrency,
 }
 
 /// A `[policies.NAME]` table as the file spells it.
@@ -507,6 +571,7 @@ pub(super) struct RawPolicy {
     on_missing: Option<OnMissing>,
     count_when: Option<RawCountWhen>,
     block_for: Option<String>,
+    max_hold: Option<String>,
 }
 
 /// A policy's `token_cache` as the file spells it.

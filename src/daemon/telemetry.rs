@@ -152,6 +152,10 @@ fn describe() {
         "ratemesh_decisions_total",
         "Decisions by policy and outcome (allowed, denied, shadow_denied)"
     );
+    describe_counter!(
+        "ratemesh_concurrency_reclaimed_total",
+        "Slots of a concurrency policy reclaimed after max_hold, their response still running (the only way past its limit)"
+    );
     describe_gauge!(
         "ratemesh_config_mismatch",
         "Live peers whose configuration digest (mesh policies, key_secret, env) differs from \

@@ -22,6 +22,7 @@ use http::{Request, Response, StatusCode};
 use crate::clock::Clock;
 use crate::http::answer::{DenialHook, denial, identity_too_long, with_fields};
 use crate::http::identity::{AuthenticatedUser, ClientTier, IdentityTooLong, client_ip, identify};
+use crate::http::slots::{Held, HoldingBody};
 use crate::rules::{
     Claims, GraphQlRefusal, Identity, Outcome, Planned, Refusal, RequestFacts, RequestParts, Rules,
 };
@@ -196,6 +197,8 @@ impl Gate {
             settle,
             peer,
         } = matched;
+        // Whether the answer is the protected service's (not a forward-auth check's).
+        let seen = settle;
         let (identity, planned) = match matched {
             Ok(matched) => matched,
             Err(too_long) => return Box::pin(std::future::ready(Ok(identity_too_long(&too_long)))),
@@ -243,8 +246,9 @@ impl Gate {
                 let answer = denial(&outcome, self.on_denied.as_ref(), legacy);
                 return Box::pin(std::future::ready(Ok(answer)));
             }
-            // Kept across the call only to settle `count_when` charges by the response.
-            let settle = (settle && !outcome.pending.is_empty()).then(|| Guard::into_inner(rules));
+            // Kept across the call only to settle `count_when` charges by the response and
+            // give concurrency slots back at its end.
+            let settle = (!outcome.pending.is_empty()).then(|| Guard::into_inner(rules));
             if outcome.delay_ns == 0 && settle.is_none() {
                 let forwarded = inner(request);
                 return Box::pin(async move {
@@ -252,7 +256,8 @@ impl Gate {
                     Ok(with_fields(response, &outcome, legacy))
                 });
             }
-            return Box::pin(answered(outcome, settle, legacy, inner, request));
+            let after = After::new(settle, seen, &self.clock);
+            return Box::pin(answered(outcome, after, legacy, inner, request));
         }
         let gate = Arc::clone(self);
         let rules = Guard::into_inner(rules);
@@ -263,18 +268,39 @@ impl Gate {
             if !outcome.allowed {
                 return Ok(denial(&outcome, gate.on_denied.as_ref(), legacy));
             }
-            let settle = (settle && !outcome.pending.is_empty()).then_some(rules);
-            answered(outcome, settle, legacy, inner, request).await
+            let settle = (!outcome.pending.is_empty()).then_some(rules);
+            let after = After::new(settle, seen, &gate.clock);
+            answered(outcome, after, legacy, inner, request).await
         })
     }
 }
 
+/// What happens to an admitted request's pending charges once it is answered: the rules
+/// that charged them, and whether the answer is the protected service's.
+struct After {
+    rules: Option<Arc<Rules>>,
+    seen: bool,
+    clock: Arc<dyn Clock>,
+}
+
+impl After {
+    fn new(rules: Option<Arc<Rules>>, seen: bool, clock: &Arc<dyn Clock>) -> After {
+        After {
+            rules,
+            seen,
+            clock: Arc::clone(clock),
+        }
+    }
+}
+
 /// `inner`'s answer to an admitted `request`: after the shaping delay, with the `RateLimit`
-/// fields, its `count_when` charges settled by its status on `settle` (the rules that
-/// charged them) when given.
+/// fields; its `count_when` charges settled by its status, and its concurrency slots held
+/// until its body ends, when the answer is the protected service's. A forward-auth check's
+/// answer goes to another gateway: its `count_when` charges are kept, and its slots are
+/// held only while it is made.
 async fn answered<B, F, Fut, ResBody, E>(
     outcome: Outcome,
-    settle: Option<Arc<Rules>>,
+    after: After,
     legacy: bool,
     inner: F,
     request: Request<B>,
@@ -288,11 +314,21 @@ where
     if outcome.delay_ns > 0 {
         tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
     }
+    // Dropped with this future (the client went away) or on the service's error: the
+    // slots go back then.
+    let held = after
+        .rules
+        .as_ref()
+        .and_then(|rules| Held::of(&outcome, rules, &after.clock));
     let response = inner(request).await?;
-    if let Some(rules) = settle {
+    if let Some(rules) = after.rules.filter(|_| after.seen) {
         settle_by(rules, &outcome, response.status());
     }
-    Ok(with_fields(response, &outcome, legacy))
+    let response = with_fields(response, &outcome, legacy);
+    Ok(match held.filter(|_| after.seen) {
+        Some(held) => response.map(|body| HoldingBody::wrap(body, held)),
+        None => response,
+    })
 }
 
 /// How long a body read for its fields may take to arrive.
@@ -382,7 +418,7 @@ fn request_parts<'a, B>(
 /// policy's at once, a `redis` policy's in a task of its own (the response does not wait).
 fn settle_by(rules: Arc<Rules>, outcome: &Outcome, status: StatusCode) {
     let status = status.as_u16();
-    for pending in &outcome.pending {
+    for pending in outcome.pending.iter().filter(|p| !p.holds_slots()) {
         if !pending.needs_io() {
             let _ = rules.settle(pending, status);
             continue;

@@ -27,6 +27,9 @@ pub(super) enum Remote {
     Exact(u32),
 }
 
+/// The longest a concurrency policy's denial says to wait, and its reset: a second.
+const SLOT_RETRY_NS: Nanos = 1_000_000_000;
+
 pub(super) struct CompiledPolicy {
     pub(super) named: NamedPolicy,
     pub(super) name: &'static str,
@@ -210,6 +213,16 @@ impl CompiledPolicy {
     }
 
     pub(super) fn report(&self, decision: Decision) -> PolicyReport {
+        let decision = match self.named.max_hold {
+            // A slot comes free when a response ends, which nothing here foresees: the log's
+            // own times (when an entry would be reclaimed) say nothing of it.
+            Some(_) => Decision {
+                reset_after_ns: decision.reset_after_ns.min(SLOT_RETRY_NS),
+                retry_after_ns: decision.retry_after_ns.min(SLOT_RETRY_NS),
+                ..decision
+            },
+            None => decision,
+        };
         let window_s = self.named.policy.window_ns().div_ceil(1_000_000_000);
         let field = || {
             let item = [("q", decision.limit), ("w", window_s)];
@@ -359,6 +372,12 @@ pub(super) fn compile(
         .enumerate()
         .map(|(index, named)| {
             let previous = previous.and_then(|old| old.iter().find(|old| old.named == *named));
+            if named.max_hold.is_some() {
+                // Shown from the start, at 0 (a scrape that finds none reads it as such).
+                let name = intern(&named.name);
+                metrics::counter!("ratemesh_concurrency_reclaimed_total", "policy" => name)
+                    .increment(0);
+            }
             let kept = previous.map(|old| Arc::clone(&old.store));
             let overrides = previous
                 .map(|old| Arc::clone(&old.overrides))

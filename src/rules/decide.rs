@@ -228,6 +228,8 @@ impl<'r> Passage<'r> {
         outcome.backend_unavailable = self.unavailable;
         if allowed {
             // `count_when` policies: settled by the response's status.
+            // Concurrency policies: given back when the response ends.
+            let holds = |p: usize| self.rules.policies[p].named.max_hold.is_some();
             let pending = |p: usize, key: u64| Pending {
                 policy: p,
                 key,
@@ -237,8 +239,12 @@ impl<'r> Passage<'r> {
                 sent: None,
                 route: None,
                 mesh: None,
+                holds: holds(p),
             };
-            let counts_by_status = |p: usize| self.rules.policies[p].named.count_when.is_some();
+            let counts_by_status = |p: usize| {
+                let named = &self.rules.policies[p].named;
+                named.count_when.is_some() || named.max_hold.is_some()
+            };
             for (i, &(p, key)) in self.local.iter().enumerate() {
                 if counts_by_status(p) {
                     let charge = self.charges.charge_of(i);
@@ -285,9 +291,50 @@ impl Rules {
             .count_when
             .as_ref()
             .is_none_or(|when| when.contains(status));
-        if counted {
+        if counted || pending.holds {
             return None;
         }
+        self.give_back(pending)
+    }
+
+    /// Give back a concurrency policy's slots that an admitted request held
+    /// ([`Pending::holds_slots`]), its response over at `now`. Call it once per such pending
+    /// charge, on the rules that decided it. A slot held `max_hold` or longer was reclaimed
+    /// by then (it left the policy's log, and another request may hold it): it is counted in
+    /// `ratemesh_concurrency_reclaimed_total{policy}`, not given back (as is a `redis` slot
+    /// Redis no longer finds). A `redis` policy's
+    /// slots go back by the future it returns (spawn it), its `max_hold` counted from when
+    /// the call that took them was sent, less a sixteenth for the clocks' disagreement.
+    pub fn release(&self, pending: &Pending, now: Nanos) -> Option<RefundFuture<'_>> {
+        let policy = self.policies.get(pending.policy)?;
+        let hold = crate::clock::duration_to_nanos(policy.named.max_hold?);
+        let held = match pending.sent {
+            Some(sent) => crate::clock::duration_to_nanos(sent.elapsed()).saturating_add(hold / 16),
+            None => now.saturating_sub(pending.at),
+        };
+        let reclaimed = || {
+            metrics::counter!("ratemesh_concurrency_reclaimed_total", "policy" => policy.name)
+                .increment(1);
+        };
+        if held >= hold {
+            reclaimed();
+            return None;
+        }
+        let refund = self.give_back(pending)?;
+        Some(Box::pin(async move {
+            let given_back = refund.await;
+            // Redis found no entry of the call's (it left the log): reclaimed at `max_hold`.
+            if matches!(given_back, Ok(false)) {
+                reclaimed();
+            }
+            given_back
+        }))
+    }
+
+    /// Give a pending charge back: a local or `mesh` one before it returns, a `redis` one by
+    /// the future it returns.
+    fn give_back(&self, pending: &Pending) -> Option<RefundFuture<'_>> {
+        let policy = self.policies.get(pending.policy)?;
         if let Some(charge) = pending.mesh {
             self.refund_mesh(pending.policy, pending.key, pending.cost, charge);
             return None;

@@ -49,6 +49,11 @@ pub enum DirectError {
     /// The policy's `redis` backend could not be reached and the policy fails closed.
     #[error("the Redis backend of policy `{0}` is unavailable")]
     Unavailable(String),
+    /// A concurrency policy: its slots are held by a response, which a decision has not.
+    #[error(
+        "policy `{0}` limits requests in flight: its slots are held until a response ends, which a decision has not"
+    )]
+    HeldByResponses(String),
 }
 
 /// The attributes of a request, as the decision API names them.
@@ -81,6 +86,9 @@ impl Rules {
         cost: u64,
         now: Nanos,
     ) -> Result<Decision, DirectError> {
+        if (self.policies.iter()).any(|c| c.name == policy && c.named.max_hold.is_some()) {
+            return Err(DirectError::HeldByResponses(policy.to_string()));
+        }
         let (p, route, key) = self.direct_address(policy, attributes)?;
         let compiled = &self.policies[p];
         let capacity = compiled.named.policy.capacity();

@@ -221,6 +221,8 @@ pub struct Pending {
     pub(super) route: Option<&'static str>,
     /// A `mesh` policy's: what its admission took from the node's lease.
     pub(super) mesh: Option<crate::decision::MeshCharge>,
+    /// A concurrency policy's slots, held until the response ends.
+    pub(super) holds: bool,
 }
 
 impl Pending {
@@ -228,6 +230,13 @@ impl Pending {
     /// [`Rules::settle`](super::Rules::settle) then returns a future to drive.
     pub fn needs_io(&self) -> bool {
         self.sent.is_some()
+    }
+
+    /// Tell whether it holds a concurrency policy's slots, to give back with
+    /// [`Rules::release`](super::Rules::release) when the response ends (its body sent, the
+    /// client gone, the service failed), not by its status.
+    pub fn holds_slots(&self) -> bool {
+        self.holds
     }
 }
 

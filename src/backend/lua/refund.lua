@@ -20,6 +20,23 @@ if algorithm == 'token_bucket' or algorithm == 'gcra' then
   end
   return 1
 end
+if algorithm == 'sliding_log' then
+  -- A log has no windows to cross: its entries leave one by one. The earliest entry of
+  -- this cost made in [now - within - 1 s, now] and still in the log (made less than a
+  -- window ago) goes: the call's own, or an older one that would have left sooner (the
+  -- one left counts until later: never less). The second of slack covers a refund that
+  -- waited behind other commands longer than `within` allows for.
+  local from = math.max(now - within - 1000000, now - unit + 1)
+  local entries = redis.call('ZRANGEBYSCORE', KEYS[1], int(from), int(now))
+  for i = 1, #entries do
+    local c = tonumber(string.match(entries[i], ':(%d+)$'))
+    if c == cost then
+      redis.call('ZREM', KEYS[1], entries[i])
+      return 1
+    end
+  end
+  return 0
+end
 -- Windows: the charge was made in the window of every instant of [now - within, now], or
 -- it is not given back.
 local index = math.floor(now / unit)
@@ -31,18 +48,5 @@ if algorithm == 'fixed_window' or algorithm == 'sliding_window' then
   local count = tonumber(stored[2]) or 0
   redis.call('HSET', KEYS[1], 'c', int(math.max(count - cost, 0)))
   return 1
-end
-if algorithm == 'sliding_log' then
-  -- The earliest entry of this cost made in [now - within, now]: if another request of the
-  -- same cost was made then too, the one left counts until later (never less).
-  local entries = redis.call('ZRANGEBYSCORE', KEYS[1], int(now - within), int(now))
-  for i = 1, #entries do
-    local c = tonumber(string.match(entries[i], ':(%d+)$'))
-    if c == cost then
-      redis.call('ZREM', KEYS[1], entries[i])
-      return 1
-    end
-  end
-  return 0
 end
 return 0

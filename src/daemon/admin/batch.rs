@@ -85,6 +85,7 @@ fn kind(error: &DirectError) -> &'static str {
         DirectError::BadAttribute(..) => "bad_attribute",
         DirectError::Missing { .. } => "missing_part",
         DirectError::Unavailable(_) => "unavailable",
+        DirectError::HeldByResponses(_) => "held_by_responses",
     }
 }
 
@@ -175,6 +176,10 @@ mod tests {
                 "missing_part",
             ),
             (DirectError::Unavailable("p".into()), "unavailable"),
+            (
+                DirectError::HeldByResponses("p".into()),
+                "held_by_responses",
+            ),
         ];
         for (error, expected) in cases {
             let json = Answer::failed(&error).to_json();

@@ -61,6 +61,7 @@ pub(super) fn direct_error(e: &DirectError) -> Response {
         DirectError::BadAttribute(..) => (StatusCode::BAD_REQUEST, "bad_attribute"),
         DirectError::Missing { .. } => (StatusCode::BAD_REQUEST, "missing_part"),
         DirectError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        DirectError::HeldByResponses(_) => (StatusCode::BAD_REQUEST, "held_by_responses"),
     };
     error(status, kind, e)
 }
