@@ -657,8 +657,7 @@ impl NodeFile {
         })
     }
 
-    /// Return the mesh node's configuration: this node, its peers and the policy file's
-    /// `mesh` policies.
+    /// Return the mesh node's configuration: this node, its peers and the `mesh` policies.
     pub fn node_config(&self) -> NodeConfig {
         let members: Vec<NodeId> = std::iter::once(self.id)
             .chain(self.peers.iter().map(|(id, _)| *id))
