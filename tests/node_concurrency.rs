@@ -257,7 +257,8 @@ async fn a_redis_policy_holds_its_limit_across_nodes_and_a_killed_nodes_slots_co
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(killed.elapsed() < Duration::from_secs(4));
+    // Back at `max_hold` (3 s after they were taken), not later.
+    assert!(killed.elapsed() < Duration::from_secs(5));
     for h in hanging {
         h.abort();
     }
