@@ -271,3 +271,53 @@ async fn the_decision_api_refuses_a_concurrency_policy() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn a_call_dropped_in_a_shaping_delay_gives_its_slot_back() {
+    let text = "env = \"test\"\ndefault_tier = \"api\"\n\n\
+                [policies.in_flight]\nalgorithm = \"concurrency\"\nlimit = 1\n\n\
+                [policies.shaper]\nalgorithm = \"leaky-bucket-shape\"\nrate = 1\nperiod = \"10s\"\n\
+                max_wait = \"60s\"\nby = [\"header:x-shape\"]\n\n\
+                [tiers.api]\npolicies = [\"in_flight\", \"shaper\"]\n";
+    let config = GatewayConfig::from_toml_str(text, "shaped.toml").unwrap();
+    let layer = RateLimitLayer::with_clock(config, Arc::new(ManualClock::new(T0))).unwrap();
+    let upstream = Upstream::default();
+    let mut g = Gateway {
+        service: layer.layer(upstream.clone()),
+        upstream,
+        clock: ManualClock::new(T0),
+    };
+    let shaped = |shape: &str| {
+        http::Request::builder()
+            .uri("/")
+            .header("x-api-key", "one-client")
+            .header("x-shape", shape)
+            .body(Body::empty())
+            .unwrap()
+    };
+    // The shaper's first request passes at once; its answer ends.
+    let first = g
+        .service
+        .ready()
+        .await
+        .unwrap()
+        .call(shaped("a"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    finish(&g, first, 0).await;
+    // The second waits 10 s to be shaped, holding the slot, and is dropped while it waits.
+    let waiting = g.service.ready().await.unwrap().call(shaped("a"));
+    let waiting = tokio::time::timeout(std::time::Duration::from_millis(20), waiting).await;
+    assert!(waiting.is_err(), "shaped, so still waiting");
+    // Its slot went back with it.
+    let other = g
+        .service
+        .ready()
+        .await
+        .unwrap()
+        .call(shaped("b"))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 200);
+}

@@ -256,7 +256,7 @@ impl Gate {
                     Ok(with_fields(response, &outcome, legacy))
                 });
             }
-            let after = After::new(settle, seen, &self.clock);
+            let after = After::new(settle, seen, &self.clock, &outcome);
             return Box::pin(answered(outcome, after, legacy, inner, request));
         }
         let gate = Arc::clone(self);
@@ -269,27 +269,33 @@ impl Gate {
                 return Ok(denial(&outcome, gate.on_denied.as_ref(), legacy));
             }
             let settle = (!outcome.pending.is_empty()).then_some(rules);
-            let after = After::new(settle, seen, &gate.clock);
+            let after = After::new(settle, seen, &gate.clock, &outcome);
             answered(outcome, after, legacy, inner, request).await
         })
     }
 }
 
 /// What happens to an admitted request's pending charges once it is answered: the rules
-/// that charged them, and whether the answer is the protected service's.
+/// that charged them, whether the answer is the protected service's, and the concurrency
+/// slots it holds (taken as soon as it is admitted: dropped with the answer's future, even
+/// one never polled or still in a shaping delay, they go back).
 struct After {
     rules: Option<Arc<Rules>>,
     seen: bool,
-    clock: Arc<dyn Clock>,
+    held: Option<Held>,
 }
 
 impl After {
-    fn new(rules: Option<Arc<Rules>>, seen: bool, clock: &Arc<dyn Clock>) -> After {
-        After {
-            rules,
-            seen,
-            clock: Arc::clone(clock),
-        }
+    fn new(
+        rules: Option<Arc<Rules>>,
+        seen: bool,
+        clock: &Arc<dyn Clock>,
+        outcome: &Outcome,
+    ) -> After {
+        let held = rules
+            .as_ref()
+            .and_then(|rules| Held::of(outcome, rules, clock));
+        After { rules, seen, held }
     }
 }
 
@@ -314,18 +320,12 @@ where
     if outcome.delay_ns > 0 {
         tokio::time::sleep(Duration::from_nanos(outcome.delay_ns)).await;
     }
-    // Dropped with this future (the client went away) or on the service's error: the
-    // slots go back then.
-    let held = after
-        .rules
-        .as_ref()
-        .and_then(|rules| Held::of(&outcome, rules, &after.clock));
     let response = inner(request).await?;
     if let Some(rules) = after.rules.filter(|_| after.seen) {
         settle_by(rules, &outcome, response.status());
     }
     let response = with_fields(response, &outcome, legacy);
-    Ok(match held.filter(|_| after.seen) {
+    Ok(match after.held.filter(|_| after.seen) {
         Some(held) => response.map(|body| HoldingBody::wrap(body, held)),
         None => response,
     })
