@@ -244,6 +244,12 @@ fn the_file_says_what_a_concurrency_policy_cannot_take() {
     assert!(error("max_hold = \"2d\"").contains("max_hold"));
     assert!(error("count_when = { status = [500] }").contains("whatever its status"));
     assert!(error("block_for = \"1m\"").contains("locks no key out"));
+    let cached = file(
+        3,
+        "backend = \"redis\"\ntoken_cache = { batch = 1, ttl = \"1s\" }",
+    ) + "\n[redis]\nurl = \"redis://127.0.0.1:1\"\n";
+    let cached = GatewayConfig::from_toml_str(&cached, "c.toml").expect_err("token_cache");
+    assert!(cached.to_string().contains("token_cache"), "{cached}");
     let mesh = format!("key_secret = \"s\"\n{}", file(3, "backend = \"mesh\""));
     let mesh = GatewayConfig::from_toml_str(&mesh, "c.toml").expect_err("mesh");
     assert!(

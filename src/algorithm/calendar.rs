@@ -200,6 +200,11 @@ pub(crate) struct Window {
 }
 
 impl Window {
+    /// Its length in ns.
+    pub(crate) fn len(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+
     /// Whether `now_ns` lies in `[start_ns, end_ns)`.
     #[inline]
     pub(crate) fn contains(&self, now_ns: u64) -> bool {

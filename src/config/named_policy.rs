@@ -419,26 +419,31 @@ pub(super) fn build_policy(
             Some(block)
         }
     };
-    let max_hold = (raw.algorithm == AlgorithmName::Concurrency).then(|| policy.window_ns());
+    // A concurrency policy's log is as long as its `max_hold`.
+    let max_hold = (raw.algorithm == AlgorithmName::Concurrency)
+        .then(|| Duration::from_nanos(policy.window_ns()));
     if max_hold.is_some() {
-        let refuse = |key: &str, reason: &str| Err(fail(key, reason.into()));
-        match () {
-            _ if raw.shadow => refuse("shadow", "a concurrency policy enforces or is left out")?,
-            _ if raw.count_when.is_some() => refuse(
+        let refused = [
+            (
+                raw.shadow,
+                "shadow",
+                "a concurrency policy enforces or is left out",
+            ),
+            (
+                raw.count_when.is_some(),
                 "count_when",
                 "a concurrency policy gives every slot back when the response ends, whatever its status",
-            )?,
-            _ if raw.block_for.is_some() => {
-                refuse("block_for", "a concurrency policy locks no key out")?
-            }
-            _ if raw.token_cache.is_some() => refuse(
-                "token_cache",
-                "a token cache needs a token-bucket or gcra policy",
-            )?,
-            _ => {}
+            ),
+            (
+                raw.block_for.is_some(),
+                "block_for",
+                "a concurrency policy locks no key out",
+            ),
+        ];
+        if let Some((_, key, reason)) = refused.into_iter().find(|(bad, ..)| *bad) {
+            return Err(fail(key, reason.into()));
         }
     }
-    let max_hold = max_hold.map(Duration::from_nanos);
     Ok(NamedPolicy {
         name: name.to_string(),
         policy,

@@ -133,9 +133,9 @@ impl Authority {
             key,
             version: 1,
             window: window.index,
-            start: window.start,
-            end: window.end,
-            next_start: window.end,
+            start: window.start_ns,
+            end: window.end_ns,
+            next_start: window.end_ns,
             previous: 0,
             forgiven: 0,
             forgiven_before: 0,
@@ -169,7 +169,7 @@ impl Authority {
             return a;
         }
         let window = policy.window_at(offset.to_peer(now).saturating_sub(offset.error));
-        let start = offset.latest_local(window.start).min(now);
+        let start = offset.latest_local(window.start_ns).min(now);
         a.window = window.index;
         a.start = start;
         a.end = start.saturating_add(window.len());
@@ -470,7 +470,7 @@ impl Authority {
         }
         let next = self.window.saturating_add(1);
         // This clock minus the schedule's, at the next window's start.
-        let shift = i128::from(self.next_start) - i128::from(policy.window(next).start);
+        let shift = i128::from(self.next_start) - i128::from(policy.window(next).start_ns);
         let on_schedule = u64::try_from(i128::from(now) - shift).unwrap_or(0);
         let at = policy.window_at(on_schedule);
         let at = if at.index < next {
@@ -509,9 +509,9 @@ impl Authority {
         self.start = if skipped == 0 {
             self.next_start
         } else {
-            place(at.start)
+            place(at.start_ns)
         };
-        self.end = place(at.end);
+        self.end = place(at.end_ns);
         self.next_start = self.end;
         self.version += 1;
         // Holders with nothing in either window need no record, unless they wait: the record

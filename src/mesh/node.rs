@@ -514,7 +514,7 @@ impl Node {
                     let reset = if p.algorithm().is_rate_based() {
                         cost.saturating_mul(p.interval_ns())
                     } else {
-                        p.window_at(now).end.saturating_sub(now)
+                        p.window_at(now).end_ns.saturating_sub(now)
                     };
                     let decision = Decision::allowed(p.capacity(), p.capacity() - cost, reset);
                     return Admit::Now(decision, None);

@@ -10,7 +10,7 @@
 
 use std::ops::Deref;
 
-use crate::algorithm::calendar::CalendarWindow;
+use crate::algorithm::calendar::{CalendarWindow, Window};
 use crate::clock::Nanos;
 use crate::policy::Policy;
 
@@ -23,24 +23,6 @@ pub(crate) struct MeshPolicy {
     calendar: Option<CalendarWindow>,
 }
 
-/// One window: its index, and `[start, end)` on the schedule's clock (UNIX ns).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Span {
-    /// The window's index.
-    pub(crate) index: u64,
-    /// Its first instant.
-    pub(crate) start: Nanos,
-    /// The first instant of the next window.
-    pub(crate) end: Nanos,
-}
-
-impl Span {
-    /// Its length in ns.
-    pub(crate) fn len(&self) -> Nanos {
-        self.end.saturating_sub(self.start)
-    }
-}
-
 impl MeshPolicy {
     /// `policy`, whose windows (if it counts windows) are `calendar`'s periods, or lengths
     /// from the epoch (`None`).
@@ -49,38 +31,36 @@ impl MeshPolicy {
         MeshPolicy { policy, calendar }
     }
 
+    /// The same windows with a limit of `limit` (a window keeps its length, a bucket its
+    /// time to fill); unchanged if no policy of the kind takes it.
+    pub(crate) fn with_limit(self, limit: u64) -> Self {
+        MeshPolicy {
+            policy: self.policy.with_limit(limit).unwrap_or(self.policy),
+            calendar: self.calendar,
+        }
+    }
+
     /// The window containing `now`.
-    pub(crate) fn window_at(&self, now: Nanos) -> Span {
+    pub(crate) fn window_at(&self, now: Nanos) -> Window {
         match &self.calendar {
-            Some(c) => {
-                let w = c.window_at(now);
-                Span {
-                    index: w.index,
-                    start: w.start_ns,
-                    end: w.end_ns,
-                }
-            }
+            Some(c) => c.window_at(now),
             None => self.window(now / self.policy.window_ns().max(1)),
         }
     }
 
     /// Window `index`.
-    pub(crate) fn window(&self, index: u64) -> Span {
-        match &self.calendar {
-            Some(c) => Span {
-                index,
-                start: c.start_of(index),
-                end: c.end_of(index),
-            },
+    pub(crate) fn window(&self, index: u64) -> Window {
+        let (start_ns, end_ns) = match &self.calendar {
+            Some(c) => (c.start_of(index), c.end_of(index)),
             None => {
-                let w = self.policy.window_ns();
-                let start = index.saturating_mul(w);
-                Span {
-                    index,
-                    start,
-                    end: start.saturating_add(w),
-                }
+                let start = index.saturating_mul(self.policy.window_ns());
+                (start, start.saturating_add(self.policy.window_ns()))
             }
+        };
+        Window {
+            index,
+            start_ns,
+            end_ns,
         }
     }
 
@@ -120,8 +100,8 @@ mod tests {
     fn lengths_from_the_epoch() {
         let p = MeshPolicy::from(Policy::global_fixed_window(10, Duration::from_secs(60)).unwrap());
         let w = p.window_at(125 * S);
-        assert_eq!((w.index, w.start, w.end), (2, 120 * S, 180 * S));
-        assert_eq!(p.window(3).start, 180 * S);
+        assert_eq!((w.index, w.start_ns, w.end_ns), (2, 120 * S, 180 * S));
+        assert_eq!(p.window(3).start_ns, 180 * S);
         assert_eq!(p.length_of(7), 60 * S);
     }
 
@@ -134,7 +114,7 @@ mod tests {
         let w = p.window_at(feb_15_2028());
         assert_eq!(w.len(), 29 * 86_400 * S);
         assert_eq!(p.length_of(w.index + 1), 31 * 86_400 * S);
-        assert_eq!(p.window(w.index + 1).start, w.end);
+        assert_eq!(p.window(w.index + 1).start_ns, w.end_ns);
         // A bucket has no windows: its calendar is dropped.
         let bucket = Policy::token_bucket(10, Duration::from_secs(1), 10).unwrap();
         let calendar = CalendarWindow::from_zone_name(Calendar::Day, "UTC").unwrap();

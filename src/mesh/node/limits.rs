@@ -59,20 +59,14 @@ impl Enforcement {
     /// (a window keeps its length, a bucket its time to fill); `None` for a policy the node
     /// does not have.
     pub(super) fn of_key(&self, key: &KeyRef) -> Option<MeshPolicy> {
-        let index = key.policy as usize;
-        let policy = *self.enforced.get(index)?;
-        let overridden = match self.overrides.is_empty() {
-            true => None,
-            false => self.overrides.get(key),
-        };
-        let policy = match overridden {
-            Some(&limit) => policy.with_limit(limit).unwrap_or(policy),
+        let policy = self.of_policy(key.policy)?;
+        if self.overrides.is_empty() {
+            return Some(policy);
+        }
+        Some(match self.overrides.get(key) {
+            Some(&limit) => policy.with_limit(limit),
             None => policy,
-        };
-        Some(MeshPolicy::new(
-            policy,
-            self.calendars.get(index).cloned().flatten(),
-        ))
+        })
     }
 
     /// Policy number `index` as enforced now, with its windows.
