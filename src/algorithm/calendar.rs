@@ -201,6 +201,7 @@ pub(crate) struct Window {
 
 impl Window {
     /// Its length in ns.
+    #[cfg(feature = "mesh")]
     pub(crate) fn len(&self) -> u64 {
         self.end_ns.saturating_sub(self.start_ns)
     }
